@@ -1,0 +1,40 @@
+# lossbed: every target sets itself up first. Run as root for the kernel features (namespaces,
+# tc, nftables); `make setup` installs missing system packages with apt when run as root.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Rebuilt only when the dependencies change: a second `make setup` takes seconds.
+STAMP := $(VENV)/.lossbed-installed
+
+SYSTEM_PACKAGES := iproute2 nftables ethtool openssh-server iputils-ping procps
+
+.PHONY: setup system-packages test lint clean
+
+setup: system-packages $(STAMP)
+
+system-packages:
+	@missing=""; \
+	for p in $(SYSTEM_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then echo "missing system packages:$$missing (run 'sudo make setup')"; exit 0; fi; \
+	echo "installing system packages:$$missing"; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing \
+	  || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; }
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: setup
+	$(VENV)/bin/pytest --strict-markers tests
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+# Removes every cluster lossbed made on this machine (found by name prefix), then caches.
+clean:
+	@if [ -x $(VENV)/bin/lossbed ]; then $(VENV)/bin/lossbed down --all; fi
+	rm -rf .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -not -path './$(VENV)/*' -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""lossbed's training side: transports, lossy collectives, model and data, metrics, bench."""

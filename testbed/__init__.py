@@ -1,0 +1,1 @@
+"""lossbed's network side: hosts, clusters, impairment profiles, kernel backends, verification."""

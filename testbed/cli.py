@@ -1,0 +1,133 @@
+"""The `lossbed` command. Thin: parse, call the library, print, map errors to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+
+from testbed import clusters, netns_cluster
+from testbed.errors import LossbedError, UsageError
+
+log = logging.getLogger("lossbed")
+
+
+def _cmd_up(args) -> int:
+    spec = netns_cluster.ClusterSpec(
+        hosts=args.hosts, name=args.name, mtu=args.mtu, subnet=args.subnet, ssh=args.ssh
+    )
+    cluster = netns_cluster.up(spec)
+    print(f"cluster {cluster.name}: {len(cluster.hosts)} hosts on {cluster.subnet}, "
+          f"MTU {cluster.mtu}{', sshd on each host' if cluster.ssh else ''}")
+    return 0
+
+
+def _cmd_down(args) -> int:
+    if args.all:
+        names = clusters.known_clusters()
+    else:
+        names = [clusters.resolve_name(args.name, "lossbed down NAME")]
+    for name in names:
+        report = clusters.down(name)
+        print(f"cluster {name}: removed {report['namespaces']} namespaces, "
+              f"stopped {report['processes']} processes")
+    if args.all and not names:
+        print("no lossbed cluster or leftover found")
+    return 0
+
+
+def _cmd_status(args) -> int:
+    cluster = clusters.load(args.name, "lossbed status NAME")
+    status = cluster.status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"cluster {status['name']} ({status['kind']}), subnet {status['subnet']}, "
+          f"MTU {status['mtu']}")
+    print(f"{'host':<6} {'address':<16} {'if':<6} {'mtu':>6} {'offloads':<9} {'state':<6} sshd")
+    for h in status["hosts"]:
+        offloads = "on" if any(h["offloads"].values()) else "off"
+        sshd_pid = h["sshd_pid"]
+        sshd_text = f"pid {sshd_pid}" if sshd_pid else ("down" if "ssh" in status else "-")
+        print(f"{h['name']:<6} {h['address']:<16} {h['interface']:<6} {h['mtu']:>6} "
+              f"{offloads:<9} {h['state']:<6} {sshd_text}")
+    if "ssh" in status:
+        s = status["ssh"]
+        print(f"ssh: ssh -i {s['key']} -o UserKnownHostsFile={s['known_hosts']} "
+              f"{s['user']}@ADDRESS")
+    return 0
+
+
+def _cmd_exec(args) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise UsageError("CMD", "no command given", "Use: lossbed exec HOST -- CMD ...")
+    host = clusters.load(args.cluster).host(args.host)
+    sys.stdout.flush()
+    # Replace this process: output, input, signals and the exit code pass straight through.
+    os.execvp("ip", host.exec_argv(command))
+    return 127  # not reached
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lossbed", description="Kernel-level network emulation for training under loss."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("up", help="build a local cluster of namespace hosts")
+    p.add_argument("--hosts", type=int, required=True, help="number of hosts (1 or more)")
+    p.add_argument("--name", default="local", help="cluster name (default: local)")
+    p.add_argument("--mtu", type=int, default=1500, help="link MTU, 68..65535 (default 1500)")
+    p.add_argument("--subnet", help="IPv4 CIDR for host addresses (default: a free 10.201.x.0/24)")
+    p.add_argument("--ssh", action="store_true", help="run sshd on each host's address")
+    p.set_defaults(func=_cmd_up)
+
+    p = sub.add_parser("down", help="remove a cluster and any leftovers of it")
+    p.add_argument("name", nargs="?", metavar="NAME", help="default: the only cluster up")
+    p.add_argument("--all", action="store_true", help="every lossbed cluster on this machine")
+    p.set_defaults(func=_cmd_down)
+
+    p = sub.add_parser("status", help="show a cluster's hosts as the kernel reports them")
+    p.add_argument("name", nargs="?", metavar="NAME", help="default: the only cluster up")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("exec", help="run a command inside a host")
+    p.add_argument("--cluster", help="default: the only cluster up")
+    p.add_argument("host", metavar="HOST")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
+    p.set_defaults(func=_cmd_exec)
+    return parser
+
+
+def _raise_interrupt(signum, frame):
+    # SIGTERM takes the same path as Ctrl-C, so half-built work is torn down.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
+    )
+    # pyroute2 logs every netlink retry at INFO; keep the console for lossbed's own lines.
+    logging.getLogger("pyroute2").setLevel(logging.WARNING)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return args.func(args)
+    except LossbedError as err:
+        print(f"lossbed: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("lossbed: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

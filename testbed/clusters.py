@@ -1,0 +1,51 @@
+"""Find clusters by name, whatever their kind, and take them down."""
+
+from __future__ import annotations
+
+from testbed import netns_cluster, state
+from testbed.errors import ClusterError
+
+
+def known_clusters() -> list[str]:
+    """Clusters with a record here, and clusters that left objects behind without one."""
+    return sorted(set(state.recorded_clusters()) | netns_cluster.leftover_clusters())
+
+
+def resolve_name(name: str | None, how: str = "--cluster NAME") -> str:
+    """The cluster the user means: the one named, or else the only one that is up."""
+    if name:
+        return name
+    names = known_clusters()
+    if not names:
+        raise ClusterError("no cluster is up: start one with: lossbed up --hosts 4")
+    if len(names) > 1:
+        raise ClusterError(
+            f"several clusters are up ({', '.join(names)}): say which with {how}"
+        )
+    return names[0]
+
+
+def load(name: str | None, how: str = "--cluster NAME"):
+    """The cluster object of a cluster that is fully up."""
+    name = resolve_name(name, how)
+    record = state.read(name)
+    if record is None:
+        raise ClusterError(
+            f"cluster {name!r} is not up (leftovers may exist: lossbed down {name} removes them)"
+        )
+    if record.get("status") != "up":
+        raise ClusterError(
+            f"cluster {name!r} is incomplete (status {record.get('status')!r}, its `up` "
+            f"was interrupted): remove it with: lossbed down {name}"
+        )
+    if record["kind"] == netns_cluster.KIND:
+        return netns_cluster.LocalCluster.from_record(record)
+    raise ClusterError(f"cluster {name!r} has unknown kind {record['kind']!r}")
+
+
+def down(name: str) -> dict:
+    record = state.read(name) or {}
+    kind = record.get("kind", netns_cluster.KIND)
+    if kind == netns_cluster.KIND:
+        return netns_cluster.down(name)
+    raise ClusterError(f"cluster {name!r} has unknown kind {kind!r}")

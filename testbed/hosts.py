@@ -1,0 +1,162 @@
+"""A host: something that runs commands and has a netlink session, wherever it lives.
+
+The rest of lossbed (impairment backends, verification, the training launcher) talks to hosts
+only through this interface, so the same code drives a namespace on this machine, a VM, or a
+real machine over SSH.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from pyroute2 import IPRoute, netns
+from pyroute2.ethtool.ioctl import IoctlEthtool
+
+log = logging.getLogger(__name__)
+
+# Offloads that merge packets into super-packets larger than the MTU. With them on, a loss
+# rule would drop one 64 KB GSO packet where the wire would have lost one 1500 B packet.
+# Matched by the kernel's feature names (ethtool -k names them), because the list grows with
+# kernels: 6.18 added tx-tcp-accecn-segmentation, which the legacy TSO switch does not cover.
+_MERGING_FEATURE = re.compile(r"(-segmentation$|^tx-gso-|^rx-gro|^rx-lro$|^rx-udp-gro-forwarding$)")
+
+
+class Host(Protocol):
+    name: str
+    address: str
+    ifname: str
+
+    def run(
+        self, argv: Sequence[str], *, check: bool = False, timeout: float | None = None,
+        input: bytes | None = None,
+    ) -> subprocess.CompletedProcess: ...
+
+    def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen: ...
+
+    def netlink(self) -> IPRoute: ...
+
+
+@dataclass(frozen=True)
+class NamespaceHost:
+    """A host that is a network namespace on this machine."""
+
+    name: str
+    namespace: str
+    address: str
+    ifname: str
+
+    def exec_argv(self, argv: Sequence[str]) -> list[str]:
+        # pyroute2 has no API to start a process the way `ip netns exec` does: besides setns()
+        # it enters a private mount namespace with /etc/netns/<ns>/hosts bound over /etc/hosts,
+        # which is how each host resolves the others by name. So this one step shells out.
+        return ["ip", "netns", "exec", self.namespace, *argv]
+
+    def run(self, argv, *, check=False, timeout=None, input=None):
+        return subprocess.run(
+            self.exec_argv(argv), capture_output=True, check=check, timeout=timeout, input=input
+        )
+
+    def popen(self, argv, **kwargs):
+        return subprocess.Popen(self.exec_argv(argv), **kwargs)
+
+    def netlink(self) -> IPRoute:
+        return IPRoute(netns=self.namespace)
+
+    def socket(self, family=socket.AF_INET, kind=socket.SOCK_DGRAM) -> socket.socket:
+        """A socket that lives in this host's namespace, made without a subprocess."""
+        return netns.create_socket(self.namespace, family, kind)
+
+    def offloads(self, ifname: str | None = None) -> dict[str, bool]:
+        return read_offloads(self.socket(), ifname or self.ifname)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _ethtool_in(sock: socket.socket, ifname: str) -> IoctlEthtool:
+    # pyroute2's ioctl ethtool works on the namespace of its socket: hand it one made inside
+    # the host's namespace instead of the one it opens in ours.
+    tool = IoctlEthtool()
+    tool.sock.close()
+    tool.sock = sock
+    tool.change_ifname(ifname)
+    return tool
+
+
+def read_offloads(sock: socket.socket, ifname: str) -> dict[str, bool]:
+    """Each packet-merging feature the device offers, and whether it is on now."""
+    tool = _ethtool_in(sock, ifname)
+    try:
+        features = tool.get_features()
+        return {
+            name: bool(features.is_active(name))
+            for name in features.keys()
+            if _MERGING_FEATURE.search(name) and features.is_available(name)
+        }
+    finally:
+        tool.close()
+
+
+def disable_offloads(sock: socket.socket, ifname: str) -> None:
+    """Turn every segmentation/GRO/LRO offload off, so one packet on the link is one
+    MTU-sized packet."""
+    tool = _ethtool_in(sock, ifname)
+    try:
+        features = tool.get_features()
+        for name in features.keys():
+            if _MERGING_FEATURE.search(name) and features.is_available(name):
+                features.set_value(name, False)
+        tool.set_features(features)
+    finally:
+        tool.close()
+
+
+def processes_in_namespaces(namespaces: Sequence[str]) -> dict[str, list[int]]:
+    """PIDs of the processes living in each of the given namespaces (by namespace inode)."""
+    wanted = set(namespaces)
+    return {ns: pids for ns, pids in netns.ns_pids().items() if ns in wanted}
+
+
+def kill_namespace_processes(namespaces: Sequence[str], grace_s: float = 2.0) -> int:
+    """SIGTERM every process inside the namespaces, SIGKILL what is left after grace_s.
+
+    Only processes whose network namespace is one of ours are touched: never a pattern match
+    on command lines.
+    """
+    victims = [pid for pids in processes_in_namespaces(namespaces).values() for pid in pids]
+    for pid in victims:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    alive = victims
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [pid for pid in alive if is_running(pid)]
+    for pid in alive:
+        log.warning("process %d did not stop on SIGTERM: killing it", pid)
+        _signal(pid, signal.SIGKILL)
+    return len(victims)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def is_running(pid: int) -> bool:
+    """True while the process runs; a zombie (dead, not yet reaped by its parent) is not."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
