@@ -1,0 +1,9 @@
+"""Ports lossbed keeps reliable by default, in one place."""
+
+SSH = 22
+# torch.distributed's rendezvous store (MASTER_PORT) as lossbed launches it.
+RENDEZVOUS = 29500
+# lossbed's own control channel (agent, leases) on remote hosts.
+CONTROL = 29499
+
+ALWAYS_RELIABLE_TCP = (SSH, CONTROL, RENDEZVOUS)

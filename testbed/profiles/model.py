@@ -1,0 +1,341 @@
+"""What an impairment profile can say, as typed models. Units are in the field names.
+
+A profile describes the network between the hosts of a cluster:
+
+    impairment   applied to every path between two hosts, unless overridden
+    direction    where it is applied: "ingress" (the receiver's, default), "egress", "both"
+    match        which traffic is impaired (by default: all but SSH and lossbed's own ports)
+    hosts        per-host overrides: fields that replace the default on paths *into* that
+                 host (ingress) or *out of* it (egress)
+    links        per-path overrides: {src, dst, ...fields} for the path src -> dst
+
+A profile's loss is the probability that one packet from one host to another is lost. With
+direction "ingress" (the default) each path crosses exactly one impairment point, the
+receiver's ingress, so 10% means 10% end to end. "both" impairs each path twice.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from testbed import ports
+
+Percent = Annotated[float, Field(ge=0, le=100)]
+Probability100 = Annotated[float, Field(ge=0, le=100, description="percent")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---- loss models -------------------------------------------------------------------------
+
+
+class Bernoulli(_Strict):
+    """Each packet is lost independently with probability loss_pct (netem's `loss random`).
+
+    correlation_pct: netem's loss correlation (each draw leans towards the previous one). Only
+    the netem backend implements it.
+    """
+
+    model: Literal["bernoulli"] = "bernoulli"
+    loss_pct: Percent
+    correlation_pct: Percent = 0.0
+
+    @model_validator(mode="after")
+    def _correlation_needs_loss(self):
+        if self.correlation_pct > 0 and self.loss_pct == 0:
+            raise ValueError(
+                "correlation_pct is set but loss_pct is 0: correlation needs loss. "
+                "Set loss_pct > 0 or remove correlation_pct"
+            )
+        return self
+
+    def stationary_loss(self) -> float:
+        return self.loss_pct / 100
+
+    def mean_burst_length(self) -> float:
+        p = self.stationary_loss()
+        return 1 / (1 - p) if p < 1 else float("inf")
+
+
+class GilbertElliott(_Strict):
+    """Two-state bursty loss (netem's `loss gemodel p r 1-h 1-k`).
+
+    In the Good state a packet is lost with loss_in_good_pct (1-k), in the Bad state with
+    loss_in_bad_pct (1-h). Each packet, Good -> Bad with p_pct, Bad -> Good with r_pct.
+    Give either p_pct and r_pct, or loss_pct and mean_burst_packets (the simple Gilbert
+    model: loss only in Bad, none in Good), from which p and r are derived.
+    """
+
+    model: Literal["gilbert_elliott"] = "gilbert_elliott"
+    p_pct: Probability100 | None = None
+    r_pct: Probability100 | None = None
+    loss_in_bad_pct: Percent = 100.0
+    loss_in_good_pct: Percent = 0.0
+    loss_pct: Annotated[float, Field(ge=0, lt=100)] | None = None
+    mean_burst_packets: Annotated[float, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one_parametrisation(self):
+        by_rates = self.p_pct is not None or self.r_pct is not None
+        by_loss = self.loss_pct is not None or self.mean_burst_packets is not None
+        if by_rates and by_loss:
+            raise ValueError(
+                "give either p_pct and r_pct, or loss_pct and mean_burst_packets, not both"
+            )
+        if by_loss:
+            if self.loss_pct is None or self.mean_burst_packets is None:
+                raise ValueError("loss_pct and mean_burst_packets go together: give both")
+            if self.loss_in_bad_pct != 100 or self.loss_in_good_pct != 0:
+                raise ValueError(
+                    "loss_pct/mean_burst_packets describe the simple Gilbert model "
+                    "(loss_in_bad_pct 100, loss_in_good_pct 0): give p_pct and r_pct instead"
+                )
+        elif self.p_pct is None or self.r_pct is None:
+            raise ValueError("give p_pct and r_pct (or loss_pct and mean_burst_packets)")
+        elif self.r_pct == 0 and self.p_pct > 0:
+            raise ValueError("r_pct is 0: the Bad state is never left. Set r_pct > 0")
+        return self
+
+    @property
+    def p(self) -> float:
+        """Good -> Bad transition probability (a fraction)."""
+        if self.p_pct is not None:
+            return self.p_pct / 100
+        loss = self.loss_pct / 100
+        return loss * self.r / (1 - loss)
+
+    @property
+    def r(self) -> float:
+        """Bad -> Good transition probability (a fraction)."""
+        if self.r_pct is not None:
+            return self.r_pct / 100
+        return 1 / self.mean_burst_packets
+
+    def stationary_loss(self) -> float:
+        p, r = self.p, self.r
+        if p + r == 0:
+            return self.loss_in_good_pct / 100
+        bad = p / (p + r)
+        return bad * self.loss_in_bad_pct / 100 + (1 - bad) * self.loss_in_good_pct / 100
+
+    def mean_burst_length(self) -> float:
+        """Mean run of consecutive losses, for the simple Gilbert model (1-h=100%, 1-k=0)."""
+        return 1 / self.r if self.r > 0 else float("inf")
+
+
+class FourState(_Strict):
+    """netem's 4-state Markov loss (`loss state p13 p31 p32 p23 p14`): states 1 (good, no
+    loss), 2 (bad burst, loss), 3 (good burst, no loss), 4 (isolated loss)."""
+
+    model: Literal["four_state"] = "four_state"
+    p13_pct: Percent
+    p31_pct: Percent = 100.0
+    p32_pct: Percent = 0.0
+    p23_pct: Percent = 100.0
+    p14_pct: Percent = 0.0
+
+    def transition_matrix(self) -> list[list[float]]:
+        """Rows: from state 1..4, columns: to state 1..4, as netem walks the chain."""
+        p13, p31, p32 = self.p13_pct / 100, self.p31_pct / 100, self.p32_pct / 100
+        p23, p14 = self.p23_pct / 100, self.p14_pct / 100
+        return [
+            [1 - p13 - p14, 0.0, p13, p14],
+            [0.0, 1 - p23, p23, 0.0],
+            [p31, p32, 1 - p31 - p32, 0.0],
+            [1.0, 0.0, 0.0, 0.0],
+        ]
+
+    def stationary_loss(self) -> float:
+        """Fraction of packets lost: the chain's time in states 2 and 4. Power iteration on
+        the lazy chain (I + T) / 2, which has the same stationary law and always converges."""
+        t = self.transition_matrix()
+        pi = [0.25] * 4
+        for _ in range(1_000_000):
+            nxt = [(pi[j] + sum(pi[i] * t[i][j] for i in range(4))) / 2 for j in range(4)]
+            if max(abs(a - b) for a, b in zip(nxt, pi, strict=True)) < 1e-13:
+                pi = nxt
+                break
+            pi = nxt
+        return pi[1] + pi[3]
+
+    def mean_burst_length(self) -> float:
+        p23 = self.p23_pct / 100
+        return 1 / p23 if p23 > 0 else float("inf")
+
+    @model_validator(mode="after")
+    def _rows_are_probabilities(self):
+        if self.p13_pct + self.p14_pct > 100:
+            raise ValueError("p13_pct + p14_pct leave state 1 with more than 100%")
+        if self.p31_pct + self.p32_pct > 100:
+            raise ValueError("p31_pct + p32_pct leave state 3 with more than 100%")
+        return self
+
+
+LossModel = Annotated[Bernoulli | GilbertElliott | FourState, Field(discriminator="model")]
+
+
+# ---- the other impairments ---------------------------------------------------------------
+
+
+class Slot(_Strict):
+    """netem's slotting: packets leave in bursts at slot boundaries (e.g. Wi-Fi, DOCSIS)."""
+
+    min_delay_ms: Annotated[float, Field(ge=0)]
+    max_delay_ms: Annotated[float, Field(ge=0)]
+    max_packets: Annotated[int, Field(ge=0)] = 0
+    max_bytes: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.max_delay_ms < self.min_delay_ms:
+            raise ValueError("max_delay_ms is below min_delay_ms: swap them")
+        return self
+
+
+class Impairment(_Strict):
+    """What happens to packets on one path. Every field is optional; nothing set = clean."""
+
+    loss: LossModel | None = None
+    delay_ms: Annotated[float, Field(ge=0)] = 0.0
+    jitter_ms: Annotated[float, Field(ge=0)] = 0.0
+    delay_correlation_pct: Percent = 0.0
+    delay_distribution: Literal["uniform", "normal", "pareto", "paretonormal"] | None = None
+    rate_mbit: Annotated[float, Field(gt=0)] | None = None
+    reorder_pct: Percent = 0.0
+    reorder_correlation_pct: Percent = 0.0
+    duplicate_pct: Percent = 0.0
+    duplicate_correlation_pct: Percent = 0.0
+    corrupt_pct: Percent = 0.0
+    corrupt_correlation_pct: Percent = 0.0
+    ecn: bool = Field(False, description="mark ECN-capable packets instead of dropping them")
+    slot: Slot | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
+    limit_packets: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _dependencies(self):
+        pairs = [
+            ("delay_correlation_pct", self.delay_correlation_pct, "jitter_ms", self.jitter_ms),
+            ("delay_distribution", self.delay_distribution, "jitter_ms", self.jitter_ms),
+            ("reorder_pct", self.reorder_pct, "delay_ms", self.delay_ms),
+            ("reorder_correlation_pct", self.reorder_correlation_pct, "reorder_pct",
+             self.reorder_pct),
+            ("duplicate_correlation_pct", self.duplicate_correlation_pct, "duplicate_pct",
+             self.duplicate_pct),
+            ("corrupt_correlation_pct", self.corrupt_correlation_pct, "corrupt_pct",
+             self.corrupt_pct),
+            ("ecn", self.ecn, "loss", self.loss),
+        ]
+        for name, value, needs, present in pairs:
+            if value and not present:
+                raise ValueError(f"{name} is set but {needs} is not: {name} needs {needs}. "
+                                 f"Set {needs}, or remove {name}")
+        return self
+
+    def is_clean(self) -> bool:
+        return self == Impairment()
+
+
+# ---- which traffic -----------------------------------------------------------------------
+
+
+class PortRange(_Strict):
+    """Ports `first`..`last` inclusive. In YAML also written as "5000-5100" or 22."""
+
+    first: Annotated[int, Field(ge=0, le=65535)]
+    last: Annotated[int, Field(ge=0, le=65535)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, value):
+        if isinstance(value, int):
+            return {"first": value, "last": value}
+        if isinstance(value, str):
+            first, sep, last = value.partition("-")
+            try:
+                return {"first": int(first), "last": int(last) if sep else int(first)}
+            except ValueError:
+                raise ValueError(f"{value!r} is not a port or a range like 5000-5100") from None
+        return value
+
+    @model_validator(mode="after")
+    def _not_empty(self):
+        if self.last < self.first:
+            raise ValueError(
+                f"port range {self.first}-{self.last} is empty: write it as "
+                f"{self.last}-{self.first}"
+            )
+        return self
+
+    def __str__(self) -> str:
+        return str(self.first) if self.first == self.last else f"{self.first}-{self.last}"
+
+
+Protocol = Literal["udp", "tcp"]
+
+
+class Flow(_Strict):
+    """Traffic of one protocol whose source *or* destination port is in `ports` (so both
+    directions of a connection to that port)."""
+
+    protocol: Protocol
+    ports: list[PortRange] = Field(default_factory=list, description="empty: any port")
+
+
+def _default_exclusions() -> list[Flow]:
+    return [Flow(protocol="tcp", ports=[PortRange(first=p, last=p)])
+            for p in ports.ALWAYS_RELIABLE_TCP]
+
+
+class Match(_Strict):
+    """Which packets are impaired. `include` empty means all IPv4 traffic between hosts;
+    `exclude` always wins. The default keeps SSH and lossbed's control and rendezvous
+    ports reliable."""
+
+    include: list[Flow] = Field(default_factory=list)
+    exclude: list[Flow] = Field(default_factory=_default_exclusions)
+
+
+# ---- the profile --------------------------------------------------------------------------
+
+
+class LinkOverride(Impairment):
+    src: str
+    dst: str
+
+
+class Profile(_Strict):
+    name: str
+    description: str = ""
+    impairment: Impairment = Field(default_factory=Impairment)
+    direction: Literal["ingress", "egress", "both"] = "ingress"
+    match: Match = Field(default_factory=Match)
+    hosts: dict[str, Impairment] = Field(default_factory=dict)
+    links: list[LinkOverride] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _links_unique(self):
+        seen = set()
+        for i, link in enumerate(self.links):
+            if link.src == link.dst:
+                raise ValueError(f"links[{i}]: src and dst are both {link.src!r}")
+            if (link.src, link.dst) in seen:
+                raise ValueError(f"links[{i}]: {link.src} -> {link.dst} is given twice")
+            seen.add((link.src, link.dst))
+        return self
+
+    def impairment_for(self, src: str, dst: str, at: str) -> Impairment:
+        """The impairment of path src -> dst as applied at `at` (dst for ingress, src for
+        egress): the default, then the host's override, then the link's, field by field."""
+        merged = self.impairment.model_dump(exclude_unset=False)
+        host = self.hosts.get(at)
+        if host is not None:
+            merged.update(host.model_dump(exclude_unset=True))
+        for link in self.links:
+            if (link.src, link.dst) == (src, dst):
+                merged.update(link.model_dump(exclude_unset=True, exclude={"src", "dst"}))
+        return Impairment.model_validate(merged)
