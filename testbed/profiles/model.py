@@ -287,8 +287,8 @@ class Flow(_Strict):
 
 
 def _default_exclusions() -> list[Flow]:
-    return [Flow(protocol="tcp", ports=[PortRange(first=p, last=p)])
-            for p in ports.ALWAYS_RELIABLE_TCP]
+    return [Flow(protocol="tcp",
+                 ports=[PortRange(first=p, last=p) for p in ports.ALWAYS_RELIABLE_TCP])]
 
 
 class Match(_Strict):
