@@ -72,6 +72,60 @@ def _cmd_exec(args) -> int:
     return 127  # not reached
 
 
+def _cmd_apply(args) -> int:
+    from testbed import profiles
+    from testbed.impair import engine
+
+    profile = profiles.load(args.profile, args.set or [])
+    cluster = clusters.load(args.cluster)
+    only = [h for item in args.hosts or [] for h in item.split(",") if h]
+    the_plan, choice = engine.make_plan(cluster, profile, backend=args.backend, only=only)
+    print(f"backend: {choice.backend} ({choice.reason})")
+    if args.dry_run:
+        print(the_plan.describe())
+        if args.json:
+            print(json.dumps(the_plan.to_dict(), indent=2))
+        return 0
+    engine.apply(cluster, the_plan, choice)
+    print(f"applied profile {profile.name} on {len(the_plan.hosts)} hosts of {cluster.name}")
+    return 0
+
+
+def _cmd_clear(args) -> int:
+    from testbed.impair import engine
+
+    cluster = clusters.load(args.cluster)
+    cleared = engine.clear(cluster)
+    print(f"cleared {len(cleared)} host impairments on {cluster.name}" if cleared
+          else f"nothing was applied on {cluster.name}")
+    return 0
+
+
+def _cmd_show(args) -> int:
+    from testbed.impair import engine
+
+    cluster = clusters.load(args.cluster)
+    record = engine.read_record(cluster)
+    if record is None:
+        print(json.dumps(None) if args.json else f"nothing is applied on {cluster.name}")
+        return 0
+    the_plan, record = engine.applied_plan(cluster)
+    if args.json:
+        print(json.dumps({"record": record, "plan": the_plan.to_dict()}, indent=2))
+    else:
+        print(f"backend: {record['backend']} ({record['reason']})")
+        print(the_plan.describe())
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    from testbed import verify
+
+    report = verify.verify(clusters.load(args.cluster))
+    print(json.dumps(report.to_dict(), indent=2) if args.json else verify.format_report(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lossbed", description="Kernel-level network emulation for training under loss."
@@ -102,6 +156,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("host", metavar="HOST")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
     p.set_defaults(func=_cmd_exec)
+    p = sub.add_parser("apply", help="impair a cluster's links with a profile")
+    p.add_argument("profile", metavar="PROFILE", help="a name in netem_profiles/ or a path")
+    p.add_argument("--cluster", help="default: the only cluster up")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a profile field, e.g. --set loss_pct=10 (repeatable)")
+    p.add_argument("--hosts", action="append", metavar="H1,H2",
+                   help="impair only at these hosts (default: all)")
+    p.add_argument("--backend", choices=["netem", "bpf", "nft"],
+                   help="force a backend (default: the most capable one the kernel has)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
+    p.set_defaults(func=_cmd_apply)
+
+    p = sub.add_parser("clear", help="remove the impairment from every host")
+    p.add_argument("--cluster", help="default: the only cluster up")
+    p.set_defaults(func=_cmd_clear)
+
+    p = sub.add_parser("show", help="show the profile applied now")
+    p.add_argument("--cluster", help="default: the only cluster up")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_show)
+
+    p = sub.add_parser("verify", help="measure the applied loss from the kernel's counters")
+    p.add_argument("--cluster", help="default: the only cluster up")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_verify)
     return parser
 
 

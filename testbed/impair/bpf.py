@@ -149,7 +149,9 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
             out.append(LinkCounters(
                 host=plan.host, direction=rule.direction, peer=rule.peer,
                 path=rule.path(plan.host), seen_packets=v["seen_packets"],
-                seen_bytes=v["seen_bytes"], dropped_packets=v["dropped_packets"],
+                dropped_packets=v["dropped_packets"],
+                mean_packet_bytes=(v["seen_bytes"] / v["seen_packets"]
+                                   if v["seen_packets"] else None),
                 bursts=v["bursts"], max_burst=v["max_burst"],
             ))
         return out

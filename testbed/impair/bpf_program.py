@@ -24,8 +24,21 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from testbed.impair.bpf_asm import FP, HELPER_MAP_LOOKUP_ELEM, R0, R1, R2, R3, R4, R5, R6, R7
-from testbed.impair.bpf_asm import R8, R9, Asm
+from testbed.impair.bpf_asm import (
+    FP,
+    HELPER_MAP_LOOKUP_ELEM,
+    R0,
+    R1,
+    R2,
+    R3,
+    R4,
+    R5,
+    R6,
+    R7,
+    R8,
+    R9,
+    Asm,
+)
 from testbed.profiles.model import Bernoulli, GilbertElliott, Match
 
 FIELDS = ("model", "thr_loss", "thr_p", "thr_r", "thr_bad", "thr_good", "rng", "ge_state",

@@ -12,8 +12,8 @@ class LinkCounters:
     peer: str
     path: str           # "h2->h1"
     seen_packets: int   # matched packets that reached the impairment point
-    seen_bytes: int     # their IP-level bytes (for the mean packet size)
     dropped_packets: int
+    mean_packet_bytes: float | None  # IP-level size of the packets seen (GSO detector)
     bursts: int | None = None      # runs of consecutive drops (bpf backend only)
     max_burst: int | None = None
 

@@ -212,6 +212,16 @@ def qdisc_message(index: int, handle: int, parent: int, opts: dict) -> NetemTcms
     return msg
 
 
+def create(ipr, msg: NetemTcmsg) -> None:
+    """Send a new-qdisc request built here through a pyroute2 IPRoute (waits for the ack)."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_NEWQDISC
+
+    # pyroute2 0.9's sync IPRoute reads this key in nlm_request but never sets it.
+    ipr.status.setdefault("nlm_generator", False)
+    ipr.nlm_request(msg, RTM_NEWQDISC, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
+
+
 def encode(msg: NetemTcmsg) -> bytes:
     msg.encode()
     return bytes(msg.data[: msg["header"]["length"]])

@@ -101,7 +101,8 @@ def probe(host) -> str | None:
     """None if nftables works on the host, else why not."""
     if shutil.which("nft") is None:
         return "the nft tool is missing (install nftables)"
-    check = f"table {FAMILY} lossbed_probe {{\n  chain c {{\n    numgen random mod 2 < 1 drop\n  }}\n}}\n"
+    check = (f"table {FAMILY} lossbed_probe {{\n"
+             "  chain c {\n    numgen random mod 2 < 1 drop\n  }\n}\n")
     result = host.run(["nft", "-c", "-f", "-"], input=check.encode())
     if result.returncode != 0:
         return f"nft cannot load a numgen rule: {result.stderr.decode().strip()}"
@@ -113,16 +114,17 @@ def _has_table(host) -> bool:
     return result.returncode == 0 and f"table {FAMILY} {TABLE}" in result.stdout.decode()
 
 
-def apply(host, plan: HostPlan) -> None:
+def apply(host, plan: HostPlan) -> dict:
     text = render(plan)
     result = host.run(["nft", "-f", "-"], input=text.encode())
     if result.returncode != 0:
         # nft -f is one transaction: on failure nothing of it was applied.
         raise LossbedError(f"nft on host {plan.host} refused the rules: "
                            f"{result.stderr.decode().strip()}")
+    return {}
 
 
-def clear(host) -> bool:
+def clear(host, ifname: str) -> bool:
     """Remove lossbed's table from the host. True if there was one."""
     if shutil.which("nft") is None or not _has_table(host):
         return False
@@ -133,7 +135,7 @@ def clear(host) -> bool:
     return True
 
 
-def read_counters(host, plan: HostPlan) -> list[LinkCounters]:
+def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
     result = host.run(["nft", "-j", "list", "counters", "table", FAMILY, TABLE])
     if result.returncode != 0:
         raise LossbedError(f"no lossbed nft table on host {plan.host}: is a profile applied? "
@@ -152,7 +154,7 @@ def read_counters(host, plan: HostPlan) -> list[LinkCounters]:
             seen_bytes -= ETH_HEADER_BYTES * seen_packets
         out.append(LinkCounters(
             host=plan.host, direction=rule.direction, peer=rule.peer, path=rule.path(plan.host),
-            seen_packets=seen_packets, seen_bytes=seen_bytes,
-            dropped_packets=values.get(f"drop_{tag}", (0, 0))[0],
+            seen_packets=seen_packets, dropped_packets=values.get(f"drop_{tag}", (0, 0))[0],
+            mean_packet_bytes=seen_bytes / seen_packets if seen_packets else None,
         ))
     return out

@@ -22,6 +22,7 @@ class PlannedHost:
     name: str
     address: str
     ifname: str
+    mtu: int = 1500
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class HostPlan:
     ifname: str
     match: Match
     rules: tuple[LinkRule, ...] = field(default_factory=tuple)
+    mtu: int = 1500
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class Plan:
             "profile": self.profile.model_dump(mode="json"),
             "backend": self.backend,
             "hosts": [
-                {"host": hp.host, "address": hp.address, "ifname": hp.ifname,
+                {"host": hp.host, "address": hp.address, "ifname": hp.ifname, "mtu": hp.mtu,
                  "rules": [{"direction": r.direction, "peer": r.peer,
                             "peer_address": r.peer_address, "path": r.path(hp.host),
                             "impairment": r.impairment.model_dump(mode="json",
@@ -151,7 +153,7 @@ def build(profile: Profile, hosts: Sequence[PlannedHost], backend: str,
                                       peer_address=by_name[peer.name].address,
                                       impairment=profile.impairment_for(src, dst, at=h.name)))
         plans.append(HostPlan(host=h.name, address=h.address, ifname=h.ifname,
-                              match=profile.match, rules=tuple(rules)))
+                              match=profile.match, rules=tuple(rules), mtu=h.mtu))
     return Plan(profile=profile, backend=backend, hosts=tuple(plans))
 
 

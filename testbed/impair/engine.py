@@ -1,0 +1,168 @@
+"""Apply, clear and show a profile on every host of a cluster, all or nothing.
+
+    profile -> choose a backend the hosts' kernels have and that can express the profile
+            -> plan (pure) -> record the intent -> apply host by host
+            -> on any failure (or Ctrl-C) clear every host, so none stays impaired
+
+What is applied is recorded in the cluster's state folder (impairment.json): the profile as
+validated, the backend, and what each backend needs to find its objects again. Clearing
+removes lossbed's objects of *every* backend from every host, so it also finishes the job
+after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from testbed import state
+from testbed.errors import LossbedError, UsageError
+from testbed.impair import bpf, features, netem, nft, plan
+from testbed.profiles.model import Profile
+
+log = logging.getLogger(__name__)
+
+BACKENDS = {"netem": netem, "bpf": bpf, "nft": nft}
+PREFERENCE = ("netem", "bpf", "nft")  # most capable first
+RECORD = "impairment.json"
+
+
+@dataclass
+class Choice:
+    backend: str
+    reason: str
+    probes: dict[str, str | None]
+
+
+def probe(host) -> dict[str, str | None]:
+    """Backend name -> None when the host's kernel has it, else why not."""
+    results = {}
+    for name in PREFERENCE:
+        try:
+            results[name] = BACKENDS[name].probe(host)
+        except Exception as err:  # a probe must never take the run down: report it instead
+            results[name] = f"probe failed: {err}"
+    return results
+
+
+def choose(profile: Profile, hosts, probes: dict[str, str | None],
+           forced: str | None = None) -> Choice:
+    """The first available backend that can express every path of the profile."""
+    needs = set()
+    for src in hosts:
+        for dst in hosts:
+            if src.name != dst.name:
+                at = dst.name if profile.direction != "egress" else src.name
+                needs |= features.needed(profile.impairment_for(src.name, dst.name, at))
+    if forced is not None:
+        if forced not in BACKENDS:
+            raise UsageError("--backend", f"unknown backend {forced!r}",
+                             f"Use one of: {', '.join(PREFERENCE)}")
+        if probes.get(forced):
+            raise LossbedError(f"backend {forced} is not available here: {probes[forced]}")
+        missing = needs - BACKENDS[forced].SUPPORTS
+        if missing:
+            raise LossbedError(
+                f"profile {profile.name} needs {features.describe(missing)}, which the "
+                f"{forced} backend cannot do. Leave --backend out to let lossbed choose")
+        return Choice(forced, "chosen with --backend", probes)
+    unavailable = []
+    for name in PREFERENCE:
+        if probes.get(name):
+            unavailable.append(f"{name}: {probes[name]}")
+            continue
+        missing = needs - BACKENDS[name].SUPPORTS
+        if not missing:
+            why = "the most capable backend this kernel has" if not unavailable else (
+                "; ".join(unavailable) + f"; so {name}")
+            return Choice(name, why, probes)
+        unavailable.append(f"{name} cannot do {features.describe(missing)}")
+    can = [n for n in PREFERENCE if not (needs - BACKENDS[n].SUPPORTS)]
+    raise LossbedError(
+        f"profile {profile.name} needs {features.describe(needs)}; no backend on these hosts "
+        f"can apply all of it ({'; '.join(unavailable)}). "
+        + (f"Backends that could: {', '.join(can)} — " if can else "")
+        + "use hosts whose kernel has sch_netem (lossbed up --kind vm), or a profile "
+          "without what is missing. lossbed never approximates a profile.")
+
+
+def planned_hosts(cluster) -> list[plan.PlannedHost]:
+    return [plan.PlannedHost(h.name, h.address, h.ifname, cluster.mtu) for h in cluster.hosts]
+
+
+def make_plan(cluster, profile: Profile, *, backend: str | None = None,
+              only: list[str] | None = None) -> tuple[plan.Plan, Choice]:
+    """Probe the hosts' kernel, choose the backend, build the plan. Touches nothing."""
+    plan.build(profile, planned_hosts(cluster), "?", only)  # names checked before probing
+    probes = probe(cluster.hosts[0])
+    choice = choose(profile, cluster.hosts, probes, backend)
+    return plan.build(profile, planned_hosts(cluster), choice.backend, only), choice
+
+
+def apply(cluster, the_plan: plan.Plan, choice: Choice | None = None) -> dict:
+    """Apply on every host of the plan, or on none."""
+    if read_record(cluster) is not None:
+        log.info("cluster %s: clearing the profile applied before", cluster.name)
+        clear(cluster)
+    record = {"status": "applying", "backend": the_plan.backend,
+              "profile": the_plan.profile.model_dump(mode="json"),
+              "only": [hp.host for hp in the_plan.hosts], "handles": {},
+              "reason": choice.reason if choice else "", "applied_at": time.time()}
+    _write(cluster, record)
+    module = BACKENDS[the_plan.backend]
+    started = time.monotonic()
+    try:
+        for hp in the_plan.hosts:
+            record["handles"][hp.host] = module.apply(cluster.host(hp.host), hp)
+        record["status"] = "applied"
+        _write(cluster, record)
+    except BaseException:
+        log.error("applying profile %s failed: clearing every host", the_plan.profile.name)
+        clear(cluster)
+        raise
+    log.info("profile %s applied with %s on %d hosts in %.2f s", the_plan.profile.name,
+             the_plan.backend, len(the_plan.hosts), time.monotonic() - started)
+    return record
+
+
+def clear(cluster) -> list[str]:
+    """Remove lossbed's impairment objects of every backend from every host."""
+    cleared = []
+    errors = []
+    for host in cluster.hosts:
+        for name in PREFERENCE:
+            try:
+                if BACKENDS[name].clear(host, host.ifname):
+                    cleared.append(f"{host.name}:{name}")
+            except Exception as err:
+                errors.append(f"{host.name} ({name}): {err}")
+    if errors:
+        raise LossbedError("could not clear everything: " + "; ".join(errors))
+    (state.cluster_dir(cluster.name) / RECORD).unlink(missing_ok=True)
+    return cleared
+
+
+def read_record(cluster) -> dict | None:
+    try:
+        return json.loads((state.cluster_dir(cluster.name) / RECORD).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def applied_plan(cluster) -> tuple[plan.Plan, dict]:
+    """The plan of what is applied now, rebuilt from the record (plans are deterministic)."""
+    record = read_record(cluster)
+    if record is None or record.get("status") != "applied":
+        raise LossbedError(f"no profile is applied on cluster {cluster.name}: "
+                           f"apply one with: lossbed apply PROFILE --cluster {cluster.name}")
+    profile = Profile.model_validate(record["profile"])
+    return plan.build(profile, planned_hosts(cluster), record["backend"], record["only"]), record
+
+
+def _write(cluster, record: dict) -> None:
+    path = state.cluster_dir(cluster.name) / RECORD
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)

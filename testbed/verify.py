@@ -1,0 +1,151 @@
+"""Measure the impairment the kernel really applied, instead of trusting the configuration.
+
+For every impaired path: the packets the impairment point saw and dropped (from the kernel:
+nft counters, the BPF map, netem's qdisc stats), the measured loss with a 95% interval
+against the profile's target, the mean packet size (a packet larger than the MTU means
+segmentation offloads merged packets and loss hits super-packets, not wire packets), and for
+the bpf backend the runs of consecutive drops. Per host: the UDP receive-buffer drops from
+/proc/net/snmp, loss the receiver inflicted on itself that must not be taken for emulated
+loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from testbed import stats
+from testbed.impair import engine
+from testbed.profiles.model import GilbertElliott
+
+# A measured loss farther than this from the target, in standard deviations, is flagged.
+# Under a correct impairment a 4-sigma excursion happens about once in 16,000 paths.
+FLAG_SIGMA = 4.0
+
+
+@dataclass
+class PathReport:
+    path: str
+    host: str
+    direction: str
+    target_loss: float
+    seen_packets: int
+    dropped_packets: int
+    measured_loss: float | None
+    interval95: tuple[float, float] | None
+    sigma_from_target: float | None
+    mean_packet_bytes: float | None
+    superpackets: bool
+    bursts: int | None = None
+    mean_burst: float | None = None
+    target_mean_burst: float | None = None
+    max_burst: int | None = None
+    flags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    cluster: str
+    profile: str
+    backend: str
+    mtu: int
+    paths: list[PathReport]
+    rcvbuf_errors: dict[str, int]
+    udp_in_datagrams: dict[str, int]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def total_seen(self) -> int:
+        return sum(p.seen_packets for p in self.paths)
+
+    @property
+    def total_dropped(self) -> int:
+        return sum(p.dropped_packets for p in self.paths)
+
+
+def read_udp_snmp(host) -> dict[str, int]:
+    """The host's UDP counters (its own /proc/net/snmp, read inside its namespace)."""
+    result = host.run(["cat", "/proc/net/snmp"], check=True)
+    rows = [line.split() for line in result.stdout.decode().splitlines()
+            if line.startswith("Udp:")]
+    return {name: int(value) for name, value in zip(rows[0][1:], rows[1][1:], strict=True)}
+
+
+def _path_report(counters, rule, mtu: int) -> PathReport:
+    loss = rule.impairment.loss
+    target = loss.stationary_loss() if loss else 0.0
+    inflation = 1.0
+    if isinstance(loss, GilbertElliott) and loss.loss_in_bad_pct == 100 \
+            and loss.loss_in_good_pct == 0:
+        inflation = stats.markov_inflation(loss.p, loss.r)
+    n, k = counters.seen_packets, counters.dropped_packets
+    report = PathReport(
+        path=counters.path, host=counters.host, direction=counters.direction,
+        target_loss=target, seen_packets=n, dropped_packets=k,
+        measured_loss=k / n if n else None,
+        interval95=stats.wilson_interval(k, n, inflation=inflation) if n else None,
+        sigma_from_target=stats.sigma_distance(k, n, target, inflation) if n else None,
+        mean_packet_bytes=counters.mean_packet_bytes,
+        superpackets=bool(counters.mean_packet_bytes and counters.mean_packet_bytes > mtu),
+        bursts=counters.bursts, max_burst=counters.max_burst,
+        mean_burst=k / counters.bursts if counters.bursts else None,
+        target_mean_burst=loss.mean_burst_length() if loss else None,
+    )
+    if report.superpackets:
+        report.flags.append(f"mean packet {counters.mean_packet_bytes:.0f} B > MTU {mtu}: "
+                            "segmentation offloads are on, loss hits super-packets")
+    if report.sigma_from_target is not None and report.sigma_from_target > FLAG_SIGMA \
+            and (target > 0 or k > 0):
+        report.flags.append(f"measured loss is {report.sigma_from_target:.1f} sigma from the "
+                            "target")
+    return report
+
+
+def verify(cluster) -> Report:
+    the_plan, record = engine.applied_plan(cluster)
+    module = engine.BACKENDS[the_plan.backend]
+    paths = []
+    for hp in the_plan.hosts:
+        host = cluster.host(hp.host)
+        counters = module.read_counters(host, hp, record["handles"].get(hp.host, {}))
+        for c, rule in zip(counters, hp.rules, strict=True):
+            paths.append(_path_report(c, rule, cluster.mtu))
+    snmp = {h.name: read_udp_snmp(h) for h in cluster.hosts}
+    return Report(
+        cluster=cluster.name, profile=the_plan.profile.name, backend=the_plan.backend,
+        mtu=cluster.mtu, paths=paths,
+        rcvbuf_errors={name: s.get("RcvbufErrors", 0) for name, s in snmp.items()},
+        udp_in_datagrams={name: s.get("InDatagrams", 0) for name, s in snmp.items()},
+    )
+
+
+def format_report(report: Report) -> str:
+    lines = [f"cluster {report.cluster}: profile {report.profile}, backend {report.backend}"]
+    lines.append(f"{'path':<12} {'seen':>9} {'dropped':>8} {'target':>8} {'measured':>9} "
+                 f"{'95% interval':>17} {'pkt B':>6} {'burst':>11}")
+    for p in report.paths:
+        measured = f"{p.measured_loss * 100:.3f}%" if p.measured_loss is not None else "-"
+        interval = (f"{p.interval95[0] * 100:.2f}-{p.interval95[1] * 100:.2f}%"
+                    if p.interval95 else "-")
+        size = f"{p.mean_packet_bytes:.0f}" if p.mean_packet_bytes else "-"
+        burst = "-"
+        if p.mean_burst is not None:
+            burst = f"{p.mean_burst:.2f}/{p.target_mean_burst:.2f}"
+        lines.append(f"{p.path:<12} {p.seen_packets:>9} {p.dropped_packets:>8} "
+                     f"{p.target_loss * 100:>7.3f}% {measured:>9} {interval:>17} {size:>6} "
+                     f"{burst:>11}")
+        for flag in p.flags:
+            lines.append(f"  ! {flag}")
+    total_seen, total_dropped = report.total_seen, report.total_dropped
+    if total_seen:
+        lines.append(f"all paths: {total_dropped}/{total_seen} dropped "
+                     f"({total_dropped / total_seen * 100:.3f}%)")
+    self_inflicted = {h: n for h, n in report.rcvbuf_errors.items() if n}
+    if self_inflicted:
+        lines.append("receivers dropped datagrams themselves (UDP RcvbufErrors, not emulated "
+                     "loss): " + ", ".join(f"{h} {n}" for h, n in self_inflicted.items()))
+    else:
+        lines.append("receivers' own UDP drops (RcvbufErrors): none")
+    lines.append("burst column: measured mean run of drops / model mean (bpf backend only)")
+    return "\n".join(lines)

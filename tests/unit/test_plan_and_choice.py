@@ -1,0 +1,103 @@
+"""Plans are pure: who applies what, and which backend may apply a profile."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed import profiles
+from testbed.errors import LossbedError, UsageError
+from testbed.impair import engine, nft, plan
+
+HOSTS = [plan.PlannedHost(f"h{i}", f"10.201.0.{i}", "eth0", 1500) for i in (1, 2, 3, 4)]
+ALL_AVAILABLE = {"netem": None, "bpf": None, "nft": None}
+NO_NETEM = {"netem": "the kernel has no sch_netem", "bpf": None, "nft": None}
+
+
+def test_by_default_every_path_crosses_exactly_one_impairment_point():
+    p = plan.build(profiles.load("random-loss", ["loss_pct=10"]), HOSTS, "bpf")
+    points = {}
+    for hp in p.hosts:
+        for rule in hp.rules:
+            assert rule.direction == "ingress"
+            points.setdefault(rule.path(hp.host), []).append(hp.host)
+    # 4 hosts: 12 directed paths, each impaired once, at its receiver.
+    assert len(points) == 12
+    assert all(len(at) == 1 and path.endswith(f"->{at[0]}") for path, at in points.items())
+
+
+def test_direction_both_impairs_each_path_twice():
+    p = plan.build(profiles.load("random-loss", ["direction=both"]), HOSTS, "bpf")
+    count = {}
+    for hp in p.hosts:
+        for rule in hp.rules:
+            count[rule.path(hp.host)] = count.get(rule.path(hp.host), 0) + 1
+    assert set(count.values()) == {2}
+
+
+def test_overrides_host_then_link_field_by_field():
+    prof = profiles.load("asymmetric", ["hosts.h4.delay_ms=5", "hosts.h4.loss=null"])
+    p = plan.build(prof, HOSTS, "netem")
+    rules = {r.path(hp.host): r.impairment for hp in p.hosts for r in hp.rules}
+    assert rules["h1->h2"].loss.loss_pct == 5.0          # link override
+    assert rules["h2->h1"].loss.loss_pct == 0.1          # the other direction differs
+    assert rules["h1->h3"].loss.model == "gilbert_elliott"  # host override (into h3)
+    assert rules["h2->h4"].delay_ms == 5 and rules["h2->h4"].loss is None
+    assert rules["h3->h1"].loss.loss_pct == 0.5          # default
+
+
+def test_hosts_subset_and_unknown_hosts():
+    p = plan.build(profiles.load("random-loss"), HOSTS, "nft", only=["h2"])
+    assert [hp.host for hp in p.hosts] == ["h2"]
+    with pytest.raises(UsageError, match=r"hosts.h9.*no host 'h9'.*h1, h2, h3, h4"):
+        plan.build(profiles.load("random-loss", ["hosts.h9.delay_ms=1"]), HOSTS, "netem")
+    with pytest.raises(UsageError, match=r"links\[0\].dst"):
+        plan.build(profiles.load("random-loss", ["links=[{src: h1, dst: h7}]"]), HOSTS, "nft")
+    with pytest.raises(UsageError, match="--hosts"):
+        plan.build(profiles.load("random-loss"), HOSTS, "nft", only=["h5"])
+
+
+def test_describe_and_dict_are_printable():
+    p = plan.build(profiles.load("burst-loss", ["loss_pct=10"]), HOSTS[:2], "bpf")
+    text = p.describe()
+    assert "h2->h1" in text and "GE p=1.111% r=10%" in text and "except tcp 22" in text
+    d = p.to_dict()
+    assert d["hosts"][0]["rules"][0]["path"] == "h2->h1"
+
+
+@pytest.mark.parametrize("profile,probes,expected", [
+    ("random-loss", ALL_AVAILABLE, "netem"),
+    ("random-loss", NO_NETEM, "bpf"),
+    ("burst-loss", NO_NETEM, "bpf"),
+    ("random-loss", {"netem": "no", "bpf": "no bpf", "nft": None}, "nft"),
+    ("wan", ALL_AVAILABLE, "netem"),
+])
+def test_backend_choice(profile, probes, expected):
+    assert engine.choose(profiles.load(profile), HOSTS, probes).backend == expected
+
+
+def test_a_profile_no_available_backend_can_express_is_refused_with_what_would_work():
+    with pytest.raises(LossbedError) as err:
+        engine.choose(profiles.load("wan"), HOSTS, NO_NETEM)
+    msg = str(err.value)
+    assert "needs delay" in msg and "rate limit" in msg
+    assert "bpf cannot do" in msg and "Backends that could: netem" in msg
+    assert "--kind vm" in msg and "never approximates" in msg
+    with pytest.raises(LossbedError, match="Gilbert-Elliott"):
+        engine.choose(profiles.load("burst-loss"), HOSTS, {"netem": "x", "bpf": "x", "nft": None})
+    with pytest.raises(LossbedError, match="needs a fixed random seed, which the nft backend cannot do"):
+        engine.choose(profiles.load("random-loss", ["seed=7"]), HOSTS, ALL_AVAILABLE, "nft")
+    with pytest.raises(LossbedError, match="loss correlation"):
+        engine.choose(profiles.load("random-loss", ["correlation_pct=5"]), HOSTS, NO_NETEM)
+
+
+def test_nft_ruleset_text():
+    prof = profiles.load("random-loss", ["loss_pct=10",
+                                         "match.include=[{protocol: udp, ports: [5000-5100]}]"])
+    text = nft.render(plan.build(prof, HOSTS[:2], "nft").hosts[0])
+    assert 'type filter hook ingress device "eth0" priority -500' in text
+    assert "meta l4proto tcp th sport { 22, 29499, 29500 } accept" in text
+    assert "ip saddr 10.201.0.2 jump in_h2" in text
+    assert "meta l4proto udp th dport { 5000-5100 } goto impair_in_h2" in text
+    assert "numgen random mod 1000000000 < 100000000" in text
+    clean = nft.render(plan.build(profiles.load("clean"), HOSTS[:2], "nft").hosts[0])
+    assert 'counter name "seen_in_h2"' in clean and "numgen" not in clean
