@@ -94,9 +94,8 @@ def apply(host, plan: HostPlan) -> dict:
     return {"map_id": map_id, "map_name": map_name}
 
 
-def _remove(ipr, index: int) -> bool:
-    """Delete lossbed's filters, and the clsact qdisc if nothing else uses it."""
-    removed = False
+def _our_filters(ipr, index: int) -> list:
+    found = []
     for parent in PARENTS.values():
         try:
             filters = ipr.get_filters(index=index, parent=parent)
@@ -106,9 +105,17 @@ def _remove(ipr, index: int) -> bool:
             opts = f.get_attr("TCA_OPTIONS")
             name = opts.get_attr("TCA_BPF_NAME") if opts is not None else None
             if f.get_attr("TCA_KIND") == "bpf" and name and name.startswith(FILTER_NAME):
-                # `info` carries the filter's priority and protocol, as the kernel gave it.
-                ipr.tc("del-filter", "bpf", index, parent=parent, info=f["info"])
-                removed = True
+                found.append((parent, f))
+    return found
+
+
+def _remove(ipr, index: int) -> bool:
+    """Delete lossbed's filters, and the clsact qdisc if nothing else uses it."""
+    removed = False
+    for parent, f in _our_filters(ipr, index):
+        # `info` carries the filter's priority and protocol, as the kernel gave it.
+        ipr.tc("del-filter", "bpf", index, parent=parent, info=f["info"])
+        removed = True
     remaining = 0
     for parent in PARENTS.values():
         try:
@@ -133,6 +140,14 @@ def clear(host, ifname: str) -> bool:
 
 
 def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
+    with host.netlink() as ipr:
+        found = ipr.link_lookup(ifname=plan.ifname)
+        attached = bool(found) and bool(_our_filters(ipr, found[0]))
+    if not attached:
+        # The map can outlive its filters for a moment (freed after an RCU grace period):
+        # without lossbed's filters on the interface, its counters describe nothing.
+        raise LossbedError(f"the bpf filters of host {plan.host} are gone: was the profile "
+                           "cleared behind lossbed's back?")
     try:
         fd = bpf_syscall.map_fd_by_id(handles["map_id"])
     except LossbedError:

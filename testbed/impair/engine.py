@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from testbed import state
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 BACKENDS = {"netem": netem, "bpf": bpf, "nft": nft}
 PREFERENCE = ("netem", "bpf", "nft")  # most capable first
 RECORD = "impairment.json"
+PARALLEL_HOSTS = 8
 
 
 @dataclass
@@ -127,17 +129,25 @@ def apply(cluster, the_plan: plan.Plan, choice: Choice | None = None) -> dict:
     return record
 
 
+def _clear_host(host) -> tuple[list[str], list[str]]:
+    cleared, errors = [], []
+    for name in PREFERENCE:
+        try:
+            if BACKENDS[name].clear(host, host.ifname):
+                cleared.append(f"{host.name}:{name}")
+        except Exception as err:
+            errors.append(f"{host.name} ({name}): {err}")
+    return cleared, errors
+
+
 def clear(cluster) -> list[str]:
-    """Remove lossbed's impairment objects of every backend from every host."""
-    cleared = []
-    errors = []
-    for host in cluster.hosts:
-        for name in PREFERENCE:
-            try:
-                if BACKENDS[name].clear(host, host.ifname):
-                    cleared.append(f"{host.name}:{name}")
-            except Exception as err:
-                errors.append(f"{host.name} ({name}): {err}")
+    """Remove lossbed's impairment objects of every backend from every host (hosts in
+    parallel: each waits on its own netlink socket and nft process)."""
+    cleared, errors = [], []
+    with ThreadPoolExecutor(max_workers=PARALLEL_HOSTS) as pool:
+        for host_cleared, host_errors in pool.map(_clear_host, cluster.hosts):
+            cleared += host_cleared
+            errors += host_errors
     if errors:
         raise LossbedError("could not clear everything: " + "; ".join(errors))
     (state.cluster_dir(cluster.name) / RECORD).unlink(missing_ok=True)

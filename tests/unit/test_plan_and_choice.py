@@ -83,8 +83,9 @@ def test_a_profile_no_available_backend_can_express_is_refused_with_what_would_w
     assert "bpf cannot do" in msg and "Backends that could: netem" in msg
     assert "--kind vm" in msg and "never approximates" in msg
     with pytest.raises(LossbedError, match="Gilbert-Elliott"):
-        engine.choose(profiles.load("burst-loss"), HOSTS, {"netem": "x", "bpf": "x", "nft": None})
-    with pytest.raises(LossbedError, match="needs a fixed random seed, which the nft backend cannot do"):
+        engine.choose(profiles.load("burst-loss"), HOSTS,
+                      {"netem": "x", "bpf": "x", "nft": None})
+    with pytest.raises(LossbedError, match="seed, which the nft backend cannot do"):
         engine.choose(profiles.load("random-loss", ["seed=7"]), HOSTS, ALL_AVAILABLE, "nft")
     with pytest.raises(LossbedError, match="loss correlation"):
         engine.choose(profiles.load("random-loss", ["correlation_pct=5"]), HOSTS, NO_NETEM)
