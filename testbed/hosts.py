@@ -44,6 +44,8 @@ class Host(Protocol):
 
     def netlink(self) -> IPRoute: ...
 
+    def agent_call(self, op: str, payload: dict): ...
+
 
 @dataclass(frozen=True)
 class NamespaceHost:
@@ -78,8 +80,42 @@ class NamespaceHost:
     def offloads(self, ifname: str | None = None) -> dict[str, bool]:
         return read_offloads(self.socket(), ifname or self.ifname)
 
+    def agent_call(self, op: str, payload: dict):
+        """Host-side work (testbed.agent) runs in this process, reaching into the namespace."""
+        from testbed import agent
+
+        return agent.dispatch(self, op, payload)
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class LocalHost:
+    """The machine this process runs on, as a host: what the agent uses inside a VM or on a
+    remote machine."""
+
+    name: str = "local"
+    address: str = ""
+    ifname: str = ""
+
+    def run(self, argv, *, check=False, timeout=None, input=None):
+        return subprocess.run(list(argv), capture_output=True, check=check, timeout=timeout,
+                              input=input)
+
+    def popen(self, argv, **kwargs):
+        return subprocess.Popen(list(argv), **kwargs)
+
+    def netlink(self) -> IPRoute:
+        return IPRoute()
+
+    def socket(self, family=socket.AF_INET, kind=socket.SOCK_DGRAM) -> socket.socket:
+        return socket.socket(family, kind)
+
+    def agent_call(self, op: str, payload: dict):
+        from testbed import agent
+
+        return agent.dispatch(self, op, payload)
 
 
 def _ethtool_in(sock: socket.socket, ifname: str) -> IoctlEthtool:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from testbed import stats
 from testbed.impair import engine
+from testbed.impair.counters import LinkCounters
 from testbed.profiles.model import GilbertElliott
 
 # A measured loss farther than this from the target, in standard deviations, is flagged.
@@ -66,10 +67,7 @@ class Report:
 
 def read_udp_snmp(host) -> dict[str, int]:
     """The host's UDP counters (its own /proc/net/snmp, read inside its namespace)."""
-    result = host.run(["cat", "/proc/net/snmp"], check=True)
-    rows = [line.split() for line in result.stdout.decode().splitlines()
-            if line.startswith("Udp:")]
-    return {name: int(value) for name, value in zip(rows[0][1:], rows[1][1:], strict=True)}
+    return host.agent_call("udp_snmp", {})
 
 
 def _path_report(counters, rule, mtu: int) -> PathReport:
@@ -104,11 +102,12 @@ def _path_report(counters, rule, mtu: int) -> PathReport:
 
 def verify(cluster) -> Report:
     the_plan, record = engine.applied_plan(cluster)
-    module = engine.BACKENDS[the_plan.backend]
     paths = []
     for hp in the_plan.hosts:
         host = cluster.host(hp.host)
-        counters = module.read_counters(host, hp, record["handles"].get(hp.host, {}))
+        counters = [LinkCounters(**c) for c in host.agent_call("counters", {
+            "backend": the_plan.backend, "plan": hp.to_dict(),
+            "handles": record["handles"].get(hp.host, {})})]
         for c, rule in zip(counters, hp.rules, strict=True):
             paths.append(_path_report(c, rule, cluster.mtu))
     snmp = {h.name: read_udp_snmp(h) for h in cluster.hosts}

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 
 from testbed import state
 from testbed.errors import LossbedError, UsageError
-from testbed.impair import bpf, features, netem, nft, plan
+from testbed.impair import features, plan
+from testbed.impair.registry import BACKENDS, PREFERENCE
 from testbed.profiles.model import Profile
 
 log = logging.getLogger(__name__)
 
-BACKENDS = {"netem": netem, "bpf": bpf, "nft": nft}
-PREFERENCE = ("netem", "bpf", "nft")  # most capable first
 RECORD = "impairment.json"
 PARALLEL_HOSTS = 8
 
@@ -40,13 +39,7 @@ class Choice:
 
 def probe(host) -> dict[str, str | None]:
     """Backend name -> None when the host's kernel has it, else why not."""
-    results = {}
-    for name in PREFERENCE:
-        try:
-            results[name] = BACKENDS[name].probe(host)
-        except Exception as err:  # a probe must never take the run down: report it instead
-            results[name] = f"probe failed: {err}"
-    return results
+    return host.agent_call("probe", {})
 
 
 def choose(profile: Profile, hosts, probes: dict[str, str | None],
@@ -113,11 +106,11 @@ def apply(cluster, the_plan: plan.Plan, choice: Choice | None = None) -> dict:
               "only": [hp.host for hp in the_plan.hosts], "handles": {},
               "reason": choice.reason if choice else "", "applied_at": time.time()}
     _write(cluster, record)
-    module = BACKENDS[the_plan.backend]
     started = time.monotonic()
     try:
         for hp in the_plan.hosts:
-            record["handles"][hp.host] = module.apply(cluster.host(hp.host), hp)
+            record["handles"][hp.host] = cluster.host(hp.host).agent_call(
+                "apply", {"backend": the_plan.backend, "plan": hp.to_dict()})
         record["status"] = "applied"
         _write(cluster, record)
     except BaseException:
@@ -130,14 +123,10 @@ def apply(cluster, the_plan: plan.Plan, choice: Choice | None = None) -> dict:
 
 
 def _clear_host(host) -> tuple[list[str], list[str]]:
-    cleared, errors = [], []
-    for name in PREFERENCE:
-        try:
-            if BACKENDS[name].clear(host, host.ifname):
-                cleared.append(f"{host.name}:{name}")
-        except Exception as err:
-            errors.append(f"{host.name} ({name}): {err}")
-    return cleared, errors
+    try:
+        return [f"{host.name}:{name}" for name in host.agent_call("clear", {})], []
+    except Exception as err:
+        return [], [str(err)]
 
 
 def clear(cluster) -> list[str]:

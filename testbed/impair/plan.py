@@ -46,6 +46,25 @@ class HostPlan:
     mtu: int = 1500
 
 
+    def to_dict(self) -> dict:
+        return {"host": self.host, "address": self.address, "ifname": self.ifname,
+                "mtu": self.mtu, "match": self.match.model_dump(mode="json"),
+                "rules": [{"direction": r.direction, "peer": r.peer,
+                           "peer_address": r.peer_address,
+                           "impairment": r.impairment.model_dump(mode="json")}
+                          for r in self.rules]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HostPlan:
+        """The inverse of to_dict: how a plan travels to an agent on a VM or remote host."""
+        return cls(host=d["host"], address=d["address"], ifname=d["ifname"], mtu=d["mtu"],
+                   match=Match.model_validate(d["match"]),
+                   rules=tuple(LinkRule(direction=r["direction"], peer=r["peer"],
+                                        peer_address=r["peer_address"],
+                                        impairment=Impairment.model_validate(r["impairment"]))
+                               for r in d["rules"]))
+
+
 @dataclass(frozen=True)
 class Plan:
     profile: Profile
