@@ -16,12 +16,24 @@ log = logging.getLogger("lossbed")
 
 
 def _cmd_up(args) -> int:
-    spec = netns_cluster.ClusterSpec(
-        hosts=args.hosts, name=args.name, mtu=args.mtu, subnet=args.subnet, ssh=args.ssh
-    )
-    cluster = netns_cluster.up(spec)
-    print(f"cluster {cluster.name}: {len(cluster.hosts)} hosts on {cluster.subnet}, "
-          f"MTU {cluster.mtu}{', sshd on each host' if cluster.ssh else ''}")
+    if args.kind == "vm":
+        from testbed.vm import cluster as vm_cluster
+
+        cluster = vm_cluster.up(vm_cluster.VMSpec(
+            hosts=args.hosts, name=args.name, mtu=args.mtu, subnet=args.subnet, ssh=args.ssh,
+            rdma=args.rdma, memory_mb=args.memory_mb))
+        extra = f", {cluster.accel.upper()}, kernel {cluster.kernel}"
+    else:
+        if args.rdma:
+            raise UsageError("--rdma", "namespace hosts cannot carry Soft-RoCE traffic "
+                             "(kernel 6.1 rxe devices do not work from namespaces)",
+                             "Use --kind vm --rdma")
+        cluster = netns_cluster.up(netns_cluster.ClusterSpec(
+            hosts=args.hosts, name=args.name, mtu=args.mtu, subnet=args.subnet, ssh=args.ssh))
+        extra = ""
+    print(f"cluster {cluster.name} ({cluster.kind}): {len(cluster.hosts)} hosts on "
+          f"{cluster.subnet}, MTU {cluster.mtu}{extra}"
+          f"{', sshd on each host' if cluster.ssh else ''}")
     return 0
 
 
@@ -67,9 +79,7 @@ def _cmd_exec(args) -> int:
         raise UsageError("CMD", "no command given", "Use: lossbed exec HOST -- CMD ...")
     host = clusters.load(args.cluster).host(args.host)
     sys.stdout.flush()
-    # Replace this process: output, input, signals and the exit code pass straight through.
-    os.execvp("ip", host.exec_argv(command))
-    return 127  # not reached
+    return host.exec_passthrough(command)
 
 
 def _cmd_apply(args) -> int:
@@ -139,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mtu", type=int, default=1500, help="link MTU, 68..65535 (default 1500)")
     p.add_argument("--subnet", help="IPv4 CIDR for host addresses (default: a free 10.201.x.0/24)")
     p.add_argument("--ssh", action="store_true", help="run sshd on each host's address")
+    p.add_argument("--kind", choices=["netns", "vm"], default="netns",
+                   help="netns: namespaces on this kernel (default); vm: qemu VMs with the "
+                        "distribution's kernel (netem, IFB, Soft-RoCE)")
+    p.add_argument("--rdma", action="store_true", help="VM hosts: a Soft-RoCE device each")
+    p.add_argument("--memory-mb", type=int, default=768, help="VM hosts: memory per VM")
     p.set_defaults(func=_cmd_up)
 
     p = sub.add_parser("down", help="remove a cluster and any leftovers of it")
@@ -185,8 +200,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_MAIN_PID = os.getpid()
+
+
 def _raise_interrupt(signum, frame):
-    # SIGTERM takes the same path as Ctrl-C, so half-built work is torn down.
+    # SIGTERM takes the same path as Ctrl-C, so half-built work is torn down. A forked child
+    # (pyroute2 forks to open sockets in namespaces) inherits this handler: it must simply
+    # die, never run the parent's cleanup.
+    if os.getpid() != _MAIN_PID:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -198,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     # pyroute2 logs every netlink retry at INFO; keep the console for lossbed's own lines.
     logging.getLogger("pyroute2").setLevel(logging.WARNING)
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return args.func(args)

@@ -40,12 +40,17 @@ def load(name: str | None, how: str = "--cluster NAME"):
         )
     if record["kind"] == netns_cluster.KIND:
         return netns_cluster.LocalCluster.from_record(record)
+    if record["kind"] == "vm":
+        from testbed.vm.cluster import VMCluster
+
+        return VMCluster.from_record(record)
     raise ClusterError(f"cluster {name!r} has unknown kind {record['kind']!r}")
 
 
 def down(name: str) -> dict:
     record = state.read(name) or {}
     kind = record.get("kind", netns_cluster.KIND)
-    if kind == netns_cluster.KIND:
+    if kind in (netns_cluster.KIND, "vm"):
+        # VM hosts' qemu processes live in the switch namespace: the same teardown finds them.
         return netns_cluster.down(name)
     raise ClusterError(f"cluster {name!r} has unknown kind {kind!r}")

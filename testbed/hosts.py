@@ -70,6 +70,12 @@ class NamespaceHost:
     def popen(self, argv, **kwargs):
         return subprocess.Popen(self.exec_argv(argv), **kwargs)
 
+    def exec_passthrough(self, argv) -> int:
+        """Become the command inside the host: output, input, signals and exit code pass
+        straight through."""
+        os.execvp("ip", self.exec_argv(argv))
+        return 127  # not reached
+
     def netlink(self) -> IPRoute:
         return IPRoute(netns=self.namespace)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pyroute2 import IPRoute, netns
 
-from testbed import addressing, naming, preflight, sshd, state
+from testbed import addressing, naming, preflight, sshd, state, switch
 from testbed.errors import ClusterError, UsageError
 from testbed.hosts import (
     NamespaceHost,
@@ -218,34 +218,20 @@ def up(spec: ClusterSpec) -> LocalCluster:
 def _build(cluster: LocalCluster) -> None:
     n = len(cluster.hosts)
     progress = Progress(f"up {cluster.name}", total=3 * n + (n if cluster.ssh else 0))
-    switch_ns = cluster.switch_namespace
-    netns.create(switch_ns)
+    switch.create(cluster.name)
     for h in cluster.hosts:
         netns.create(h.namespace)
         progress.advance("namespaces")
 
-    bridge = naming.bridge_ifname(cluster.name)
-    with IPRoute(netns=switch_ns) as sw:
-        sw.link("set", index=sw.link_lookup(ifname="lo")[0], state="up")
-        sw.link("add", ifname=bridge, kind="bridge", br_forward_delay=0)
-        bridge_index = sw.link_lookup(ifname=bridge)[0]
-        for h in cluster.hosts:
-            port = naming.switch_port_ifname(cluster.name, h.name)
+    ports = [naming.switch_port_ifname(cluster.name, h.name) for h in cluster.hosts]
+    with IPRoute(netns=cluster.switch_namespace) as sw:
+        for h, port in zip(cluster.hosts, ports, strict=True):
             # Made inside the switch namespace with its peer placed straight into the host's,
             # so the pair never exists in the machine's own namespace.
             sw.link("add", ifname=port, kind="veth", mtu=cluster.mtu,
                     peer={"ifname": h.ifname, "net_ns_fd": h.namespace, "mtu": cluster.mtu})
-            port_index = sw.link_lookup(ifname=port)[0]
-            sw.link("set", index=port_index, master=bridge_index, state="up")
             progress.advance("links")
-        sw.link("set", index=bridge_index, mtu=cluster.mtu, state="up")
-
-    switch_sock = netns.create_socket(switch_ns)
-    try:
-        for h in cluster.hosts:
-            disable_offloads(switch_sock.dup(), naming.switch_port_ifname(cluster.name, h.name))
-    finally:
-        switch_sock.close()
+    switch.plug(cluster.name, ports, cluster.mtu)
 
     for h in cluster.hosts:
         with h.netlink() as ipr:
@@ -296,7 +282,7 @@ def down(cluster: str) -> dict:
     without a record (after a crash), finding objects by the cluster's prefix."""
     record = state.read(cluster) or {}
     namespaces = set(cluster_namespaces(cluster))
-    namespaces |= {h["namespace"] for h in record.get("hosts", [])}
+    namespaces |= {h["namespace"] for h in record.get("hosts", []) if "namespace" in h}
     if record.get("switch_namespace"):
         namespaces.add(record["switch_namespace"])
     present = sorted(ns for ns in namespaces if ns in set(netns.listnetns()))

@@ -127,3 +127,81 @@ def _drain(sockets, by_index, result: MeshResult) -> int:
             else:
                 path.received[seq] = 1
     return got
+
+
+# ---- the same traffic between two processes (hosts that are VMs or remote machines) -------
+
+
+def send(to: str, port: int, count: int, rate_pps: float, payload_bytes: int = 1000) -> float:
+    """Send `count` numbered datagrams to (to, port) at about rate_pps; returns seconds."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    filler = b"\0" * max(payload_bytes - HEADER.size, 0)
+    started = time.monotonic()
+    for seq in range(count):
+        due = started + seq / rate_pps
+        wait = due - time.monotonic()
+        if wait > 0.0005:
+            time.sleep(wait)
+        sock.sendto(HEADER.pack(0, 0, seq) + filler, (to, port))
+    sock.close()
+    return time.monotonic() - started
+
+
+def receive(bind: str, port: int, count: int, idle_s: float, first_timeout_s: float) -> PathCount:
+    """Count numbered datagrams until none came for idle_s (after the first one)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER_BYTES)
+    sock.bind((bind, port))
+    path = PathCount(count, bytearray(count))
+    sock.settimeout(first_timeout_s)
+    try:
+        while True:
+            data = sock.recv(65536)
+            sock.settimeout(idle_s)
+            if len(data) >= HEADER.size:
+                seq = HEADER.unpack_from(data)[2]
+                if seq < count:
+                    path.received[seq] = 1
+    except TimeoutError:
+        pass
+    finally:
+        sock.close()
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m testbed.traffic",
+                                     description="numbered UDP datagrams, counted")
+    sub = parser.add_subparsers(dest="mode", required=True)
+    s = sub.add_parser("send")
+    s.add_argument("--to", required=True)
+    s.add_argument("--port", type=int, default=5000)
+    s.add_argument("--count", type=int, required=True)
+    s.add_argument("--rate-pps", type=float, default=5000)
+    s.add_argument("--size", type=int, default=1000, help="payload bytes")
+    r = sub.add_parser("recv")
+    r.add_argument("--bind", default="0.0.0.0")
+    r.add_argument("--port", type=int, default=5000)
+    r.add_argument("--count", type=int, required=True)
+    r.add_argument("--idle-s", type=float, default=2.0)
+    r.add_argument("--first-timeout-s", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    if args.mode == "send":
+        seconds = send(args.to, args.port, args.count, args.rate_pps, args.size)
+        print(json.dumps({"sent": args.count, "seconds": seconds}))
+        return 0
+    path = receive(args.bind, args.port, args.count, args.idle_s, args.first_timeout_s)
+    runs = path.loss_runs()
+    print(json.dumps({"sent": path.sent, "received": path.arrived, "lost": path.lost,
+                      "bursts": len(runs), "max_burst": max(runs, default=0),
+                      "mean_burst": sum(runs) / len(runs) if runs else None}))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -107,10 +107,17 @@ def apply(cluster, the_plan: plan.Plan, choice: Choice | None = None) -> dict:
               "reason": choice.reason if choice else "", "applied_at": time.time()}
     _write(cluster, record)
     started = time.monotonic()
+
+    def apply_host(hp):
+        return hp.host, cluster.host(hp.host).agent_call(
+            "apply", {"backend": the_plan.backend, "plan": hp.to_dict()})
+
     try:
-        for hp in the_plan.hosts:
-            record["handles"][hp.host] = cluster.host(hp.host).agent_call(
-                "apply", {"backend": the_plan.backend, "plan": hp.to_dict()})
+        # Hosts in parallel (each waits on its own netlink session, VM or SSH channel); the
+        # first failure stops the rest and the except clause below clears them all.
+        with ThreadPoolExecutor(max_workers=PARALLEL_HOSTS) as pool:
+            for host, handles in pool.map(apply_host, the_plan.hosts):
+                record["handles"][host] = handles
         record["status"] = "applied"
         _write(cluster, record)
     except BaseException:

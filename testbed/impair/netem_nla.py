@@ -88,7 +88,8 @@ class NetemOptions(nla):
             fields = (("p13", "I"), ("p31", "I"), ("p32", "I"), ("p14", "I"), ("p23", "I"))
 
         class gemodel(nla):
-            # h is the loss probability in the Bad state (1-h), k1 in the Good state (1-k)
+            # The kernel wants h itself (P(no loss | Bad): it loses when a draw exceeds h)
+            # but k1 = 1-k (P(loss | Good)): tc's "1-h" is converted, as iproute2 does.
             fields = (("p", "I"), ("r", "I"), ("h", "I"), ("k1", "I"))
 
 
@@ -159,7 +160,8 @@ def options(imp: Impairment, limit: int) -> dict:
     elif isinstance(loss, GilbertElliott):
         attrs.append(["TCA_NETEM_LOSS", {"attrs": [["NETEM_LOSS_GE", {
             "p": percent(loss.p * 100), "r": percent(loss.r * 100),
-            "h": percent(loss.loss_in_bad_pct), "k1": percent(loss.loss_in_good_pct)}]]}])
+            "h": U32_MAX - percent(loss.loss_in_bad_pct),
+            "k1": percent(loss.loss_in_good_pct)}]]}])
     elif isinstance(loss, FourState):
         attrs.append(["TCA_NETEM_LOSS", {"attrs": [["NETEM_LOSS_GI", {
             "p13": percent(loss.p13_pct), "p31": percent(loss.p31_pct),

@@ -128,8 +128,10 @@ class GilbertElliott(_Strict):
 
 
 class FourState(_Strict):
-    """netem's 4-state Markov loss (`loss state p13 p31 p32 p23 p14`): states 1 (good, no
-    loss), 2 (bad burst, loss), 3 (good burst, no loss), 4 (isolated loss)."""
+    """netem's 4-state Markov loss (`loss state p13 p31 p32 p23 p14`, Salvo/Sorrentino GI):
+    state 1 receives in a gap, 2 receives in a burst, 3 loses in a burst, 4 is an isolated
+    loss. A packet is lost when the chain steps into (or stays in) state 3, or into 4;
+    from 4 the chain always returns to 1 (netem's loss_4state())."""
 
     model: Literal["four_state"] = "four_state"
     p13_pct: Percent
@@ -139,7 +141,7 @@ class FourState(_Strict):
     p14_pct: Percent = 0.0
 
     def transition_matrix(self) -> list[list[float]]:
-        """Rows: from state 1..4, columns: to state 1..4, as netem walks the chain."""
+        """Rows: from state 1..4, columns: to state 1..4."""
         p13, p31, p32 = self.p13_pct / 100, self.p31_pct / 100, self.p32_pct / 100
         p23, p14 = self.p23_pct / 100, self.p14_pct / 100
         return [
@@ -149,22 +151,35 @@ class FourState(_Strict):
             [1.0, 0.0, 0.0, 0.0],
         ]
 
-    def stationary_loss(self) -> float:
-        """Fraction of packets lost: the chain's time in states 2 and 4. Power iteration on
-        the lazy chain (I + T) / 2, which has the same stationary law and always converges."""
+    def stationary(self) -> list[float]:
+        """The chain's stationary law. Power iteration on the lazy chain (I + T) / 2, which
+        has the same stationary law and always converges."""
         t = self.transition_matrix()
         pi = [0.25] * 4
         for _ in range(1_000_000):
             nxt = [(pi[j] + sum(pi[i] * t[i][j] for i in range(4))) / 2 for j in range(4)]
-            if max(abs(a - b) for a, b in zip(nxt, pi, strict=True)) < 1e-13:
-                pi = nxt
-                break
+            if max(abs(a - b) for a, b in zip(nxt, pi, strict=True)) < 1e-14:
+                return nxt
             pi = nxt
-        return pi[1] + pi[3]
+        return pi
+
+    def stationary_loss(self) -> float:
+        """Fraction of packets lost: the chain's time in states 3 and 4."""
+        pi = self.stationary()
+        return pi[2] + pi[3]
 
     def mean_burst_length(self) -> float:
-        p23 = self.p23_pct / 100
-        return 1 / p23 if p23 > 0 else float("inf")
+        """Mean run of consecutive losses: isolated losses (4) last one packet, bursts in
+        state 3 last 1 / (p31 + p32) on average."""
+        pi = self.stationary()
+        p13, p31, p32 = self.p13_pct / 100, self.p31_pct / 100, self.p32_pct / 100
+        p23, p14 = self.p23_pct / 100, self.p14_pct / 100
+        isolated = pi[0] * p14
+        bursts = pi[0] * p13 + pi[1] * p23
+        if isolated + bursts == 0:
+            return 0.0
+        burst_len = 1 / (p31 + p32) if p31 + p32 > 0 else float("inf")
+        return (isolated + bursts * burst_len) / (isolated + bursts)
 
     @model_validator(mode="after")
     def _rows_are_probabilities(self):

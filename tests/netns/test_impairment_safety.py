@@ -89,7 +89,7 @@ def test_a_failure_on_the_third_host_leaves_no_host_impaired(cluster, monkeypatc
     the_plan, choice = engine.make_plan(cluster, profiles.load("random-loss"), backend=backend)
     with pytest.raises(type(failure)):
         engine.apply(cluster, the_plan, choice)
-    assert calls == ["h1", "h2", "h3"]
+    assert len(calls) >= 3  # hosts are applied in parallel: the fourth may have started too
     assert lossbed_objects(cluster) == {}
     assert not (state.cluster_dir(cluster.name) / engine.RECORD).exists()
 

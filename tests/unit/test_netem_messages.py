@@ -83,8 +83,10 @@ def test_every_profile_path_decodes_to_the_intended_kernel_structures(imp, host_
         assert attr_type & NLA_F_NESTED
         (inner_type, ge), = rtattrs(payload)
         assert inner_type == 2  # NETEM_LOSS_GE
+        # struct tc_netem_gemodel: the kernel loses in Bad when a draw exceeds h, so h is
+        # P(no loss | Bad) = U32_MAX - (1-h); k1 is P(loss | Good) as given.
         assert struct.unpack("=4I", ge) == (pct(imp.loss.p * 100), pct(imp.loss.r * 100),
-                                             pct(imp.loss.loss_in_bad_pct),
+                                             U32_MAX - pct(imp.loss.loss_in_bad_pct),
                                              pct(imp.loss.loss_in_good_pct))
     if isinstance(imp.loss, FourState):
         expected.add("LOSS")

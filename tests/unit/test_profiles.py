@@ -52,6 +52,11 @@ def test_four_state_stationary_loss_matches_a_direct_solution():
     # Only 1 <-> 4 moves: state 4 is left at once, so pi4 = p14 * pi1 and all loss is in 4.
     fs = FourState(p13_pct=0, p14_pct=10)
     assert fs.stationary_loss() == pytest.approx(0.1 / 1.1)
+    assert fs.mean_burst_length() == pytest.approx(1.0)
+    # Only 1 <-> 3: a two-state chain; loss = p13 / (p13 + p31), bursts of 1 / p31.
+    two = FourState(p13_pct=2, p31_pct=40, p32_pct=0, p14_pct=0)
+    assert two.stationary_loss() == pytest.approx(0.02 / 0.42)
+    assert two.mean_burst_length() == pytest.approx(2.5)
 
 
 def _problems(name: str, sets: list[str]) -> str:

@@ -1,0 +1,35 @@
+"""A cluster's switch: a namespace holding a Linux bridge that every host's link joins."""
+
+from __future__ import annotations
+
+from pyroute2 import IPRoute, netns
+
+from testbed import naming
+from testbed.hosts import disable_offloads
+
+
+def create(cluster: str) -> None:
+    """The switch namespace with its loopback up and an empty bridge."""
+    namespace = naming.switch_namespace(cluster)
+    netns.create(namespace)
+    with IPRoute(netns=namespace) as sw:
+        sw.link("set", index=sw.link_lookup(ifname="lo")[0], state="up")
+        sw.link("add", ifname=naming.bridge_ifname(cluster), kind="bridge", br_forward_delay=0)
+
+
+def plug(cluster: str, ports: list[str], mtu: int) -> None:
+    """Join existing links of the switch namespace to the bridge: MTU set, offloads off, up."""
+    namespace = naming.switch_namespace(cluster)
+    with IPRoute(netns=namespace) as sw:
+        bridge_index = sw.link_lookup(ifname=naming.bridge_ifname(cluster))[0]
+        for port in ports:
+            index = sw.link_lookup(ifname=port)[0]
+            sw.link("set", index=index, mtu=mtu)
+            sw.link("set", index=index, master=bridge_index, state="up")
+        sw.link("set", index=bridge_index, mtu=mtu, state="up")
+    sock = netns.create_socket(namespace)
+    try:
+        for port in ports:
+            disable_offloads(sock.dup(), port)
+    finally:
+        sock.close()

@@ -1,0 +1,361 @@
+"""The VM cluster kind: each host a qemu VM with the distribution's kernel, its virtio NIC on
+a tap device joined to the cluster's switch (the same switch, addressing, MTU and offload
+rules as the namespace kind), its exec channel on virtio-serial.
+
+qemu runs inside the switch namespace, so its tap devices are made there and `lossbed down`
+finds the qemu processes by that namespace, also after the controller was SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed import naming, netns_cluster, preflight, state, switch
+from testbed.errors import ClusterError, EnvironmentProblem, LossbedError, UsageError
+from testbed.progress import Progress
+from testbed.vm import channel, image
+
+log = logging.getLogger(__name__)
+
+KIND = "vm"
+DEFAULT_MEMORY_MB = 768
+QEMU_OVERHEAD_MB = 160      # qemu's own memory beside the guest's
+KEEP_FREE_MB = 1024         # never plan the machine into swapping
+BOOT_TIMEOUT_S = 180        # TCG on a busy 2-core machine is slow
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+RDMA_COMMANDS = ("rdma", "ibv_devices")
+PYVERBS = Path("/usr/lib/python3/dist-packages/pyverbs")
+
+
+@dataclass
+class VMSpec:
+    hosts: int
+    name: str = naming.DEFAULT_CLUSTER_NAME
+    mtu: int = 1500
+    subnet: str | None = None
+    ssh: bool = False
+    rdma: bool = False
+    memory_mb: int = DEFAULT_MEMORY_MB
+
+
+@dataclass(frozen=True)
+class VMHost:
+    """A host that is a VM: commands go through its exec channel, host-side lossbed work
+    through `python -m testbed.agent` inside it."""
+
+    name: str
+    address: str
+    ifname: str
+    channel: str
+    python: str = sys.executable
+    project: str = str(PROJECT_ROOT)
+
+    def run(self, argv, *, check=False, timeout=None, input=None):
+        return channel.run(Path(self.channel), argv, check=check, timeout=timeout, input=input,
+                           env={"PYTHONPATH": self.project}, cwd=self.project)
+
+    def exec_passthrough(self, argv) -> int:
+        data = b"" if sys.stdin.isatty() else sys.stdin.buffer.read()
+        result = self.run(argv, input=data)
+        sys.stdout.buffer.write(result.stdout)
+        sys.stderr.buffer.write(result.stderr)
+        sys.stdout.flush()
+        return result.returncode
+
+    def popen(self, argv, **kwargs):
+        raise LossbedError(f"host {self.name} is a VM: long-running processes start through "
+                           "its exec channel (run), not as local children")
+
+    def netlink(self):
+        raise LossbedError(f"host {self.name} is a VM: its netlink work runs inside it "
+                           "(testbed.agent), not from the controller")
+
+    def agent_call(self, op: str, payload: dict):
+        """testbed.agent's operation, served by the guest process itself (see guest.py)."""
+        reply = channel.call(Path(self.channel), {
+            "agent_op": op, "payload": payload,
+            "host": {"name": self.name, "address": self.address, "ifname": self.ifname}},
+            timeout_s=300)
+        if "error" in reply:
+            raise LossbedError(f"host {self.name}: {reply['error']}")
+        return reply["result"]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "address": self.address, "ifname": self.ifname,
+                "channel": self.channel, "python": self.python, "project": self.project}
+
+
+@dataclass
+class VMCluster:
+    name: str
+    subnet: ipaddress.IPv4Network
+    mtu: int
+    ssh: bool
+    rdma: bool
+    memory_mb: int
+    accel: str
+    kernel: str
+    hosts: list[VMHost]
+    kind: str = field(default=KIND, init=False)
+
+    @property
+    def switch_namespace(self) -> str:
+        return naming.switch_namespace(self.name)
+
+    @property
+    def state_dir(self) -> Path:
+        return state.cluster_dir(self.name)
+
+    def host(self, name: str) -> VMHost:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise UsageError("HOST", f"cluster {self.name!r} has no host {name!r}",
+                         f"Use one of: {', '.join(h.name for h in self.hosts)}")
+
+    def record(self, status: str) -> dict:
+        return {"kind": KIND, "name": self.name, "status": status, "subnet": str(self.subnet),
+                "mtu": self.mtu, "ssh": self.ssh, "rdma": self.rdma,
+                "memory_mb": self.memory_mb, "accel": self.accel, "kernel": self.kernel,
+                "switch_namespace": self.switch_namespace,
+                "hosts": [h.to_dict() for h in self.hosts]}
+
+    @classmethod
+    def from_record(cls, record: dict) -> VMCluster:
+        return cls(name=record["name"], subnet=ipaddress.ip_network(record["subnet"]),
+                   mtu=record["mtu"], ssh=record["ssh"], rdma=record["rdma"],
+                   memory_mb=record["memory_mb"], accel=record["accel"],
+                   kernel=record["kernel"], hosts=[VMHost(**h) for h in record["hosts"]])
+
+    def status(self) -> dict:
+        """What each VM's kernel says now: address, MTU, offloads, sshd, RDMA device."""
+        with ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
+            hosts = list(pool.map(_guest_status, self.hosts))
+        out = {"name": self.name, "kind": KIND, "subnet": str(self.subnet), "mtu": self.mtu,
+               "accel": self.accel, "kernel": self.kernel,
+               "switch_namespace": self.switch_namespace, "hosts": hosts}
+        if self.ssh:
+            from testbed import sshd
+            out["ssh"] = {"user": "root", "port": sshd.SSH_PORT,
+                          "key": str(sshd.client_key(self.state_dir)),
+                          "known_hosts": str(sshd.known_hosts(self.state_dir))}
+        return out
+
+
+_STATUS_SCRIPT = r"""
+import json, re, subprocess, os
+def sh(*a):
+    return subprocess.run(a, capture_output=True, text=True).stdout
+link = json.loads(sh("ip", "-j", "link", "show", "eth0"))[0]
+addrs = json.loads(sh("ip", "-j", "addr", "show", "eth0"))[0]["addr_info"]
+merging = re.compile(r"(-segmentation$|^tx-gso-|^rx-gro|^rx-lro$|^rx-udp-gro-forwarding$)")
+offloads = {}
+for line in sh("ethtool", "-k", "eth0").splitlines():
+    name, _, value = line.strip().partition(": ")
+    if merging.search(name):
+        offloads[name] = value.startswith("on")
+sshd = subprocess.run(["pgrep", "-x", "sshd"], capture_output=True, text=True).stdout.split()
+rdma = sh("rdma", "link", "show").split() if os.path.exists("/sys/class/infiniband") else []
+print(json.dumps({"mtu": link["mtu"], "state": link["operstate"],
+                  "kernel_addresses": [f"{a['local']}/{a['prefixlen']}" for a in addrs],
+                  "offloads": offloads, "sshd_pid": int(sshd[0]) if sshd else None,
+                  "kernel": os.uname().release, "rdma": " ".join(rdma) or None}))
+"""
+
+
+def _guest_status(host: VMHost) -> dict:
+    result = host.run(["python3", "-c", _STATUS_SCRIPT], timeout=60)
+    if result.returncode != 0:
+        raise LossbedError(f"host {host.name}: status failed: {result.stderr.decode()[-500:]}")
+    found = json.loads(result.stdout)
+    return {"name": host.name, "interface": host.ifname, "address": host.address, **found}
+
+
+# ---- up ----------------------------------------------------------------------------------
+
+
+def _check_memory(spec: VMSpec) -> None:
+    available_mb = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                available_mb = int(line.split()[1]) // 1024
+    need = spec.hosts * (spec.memory_mb + QEMU_OVERHEAD_MB)
+    if need > available_mb - KEEP_FREE_MB:
+        fits = max((available_mb - KEEP_FREE_MB) // (spec.memory_mb + QEMU_OVERHEAD_MB), 0)
+        raise UsageError("--hosts", f"{spec.hosts} VMs of {spec.memory_mb} MB need about "
+                         f"{need} MB, and {available_mb} MB are available (keeping "
+                         f"{KEEP_FREE_MB} MB free)",
+                         f"Use --hosts {fits} or fewer, or a smaller --memory-mb")
+
+
+def _check_rdma() -> None:
+    missing = [c for c in RDMA_COMMANDS if shutil.which(c) is None]
+    if missing or not PYVERBS.is_dir():
+        raise EnvironmentProblem(
+            "--rdma needs rdma-core on this machine (the VMs run its tools): missing "
+            + ", ".join(missing + ([] if PYVERBS.is_dir() else ["pyverbs"]))
+            + ". Install rdma-core ibverbs-utils python3-pyverbs (make setup-rdma does)")
+
+
+def validate(spec: VMSpec):
+    if spec.memory_mb < 256:
+        raise UsageError("--memory-mb", f"{spec.memory_mb} MB is too little for a VM that "
+                         "runs Python", "Use --memory-mb 512 or more")
+    base = netns_cluster.validate(netns_cluster.ClusterSpec(
+        hosts=spec.hosts, name=spec.name, mtu=spec.mtu, subnet=spec.subnet, ssh=spec.ssh))
+    _check_memory(spec)
+    return base
+
+
+def up(spec: VMSpec) -> VMCluster:
+    preflight.require_root("lossbed up --kind vm")
+    preflight.require_namespaces()
+    image.require_qemu()
+    kernel, version = image.find_kernel()
+    if spec.rdma:
+        _check_rdma()
+    base = validate(spec)
+    if netns_cluster.cluster_namespaces(spec.name) and not state.read(spec.name):
+        raise ClusterError(f"objects of an earlier cluster {spec.name!r} are still present: "
+                           f"remove them with: lossbed down {spec.name}")
+    state_dir = state.claim(spec.name)
+    cluster = VMCluster(
+        name=spec.name, subnet=base.subnet, mtu=spec.mtu, ssh=spec.ssh, rdma=spec.rdma,
+        memory_mb=spec.memory_mb, accel="?", kernel=version,
+        hosts=[VMHost(name=h.name, address=h.address, ifname="eth0",
+                      channel=str(state_dir / f"{h.name}.sock")) for h in base.hosts])
+    started = time.monotonic()
+    try:
+        state.write(spec.name, cluster.record("building"))
+        _build(cluster, kernel)
+        state.write(spec.name, cluster.record("up"))
+    except BaseException:
+        log.error("building VM cluster %s failed: removing what was created", spec.name)
+        netns_cluster.down(spec.name)
+        raise
+    log.info("VM cluster %s: %d hosts up in %.1f s (%s)", spec.name, len(cluster.hosts),
+             time.monotonic() - started, cluster.accel)
+    return cluster
+
+
+def _accel(kernel: Path, initramfs: Path, workdir: Path) -> str:
+    forced = os.environ.get("LOSSBED_VM_ACCEL")
+    if forced in ("kvm", "tcg"):
+        return forced
+    cache = state.state_root() / ".vm-accel.json"
+    try:
+        cached = json.loads(cache.read_text())
+        if cached.get("kernel") == str(kernel):
+            return cached["accel"]
+    except (OSError, ValueError):
+        pass
+    accel = "kvm" if image.kvm_works(kernel, initramfs, workdir) else "tcg"
+    cache.write_text(json.dumps({"kernel": str(kernel), "accel": accel}))
+    return accel
+
+
+def _mac(cluster: str, index: int) -> str:
+    digest = hashlib.sha256(cluster.encode()).digest()
+    return f"52:54:{digest[0]:02x}:{digest[1]:02x}:{index // 256:02x}:{index % 256:02x}"
+
+
+def _qemu_argv(cluster: VMCluster, host: VMHost, index: int, kernel: Path, initramfs: Path,
+               tap: str) -> list[str]:
+    d = cluster.state_dir
+    no_offloads = ",".join(f"{feature}=off" for feature in (
+        "csum", "gso", "guest_csum", "guest_tso4", "guest_tso6", "guest_ecn", "guest_ufo",
+        "host_tso4", "host_tso6", "host_ecn", "host_ufo", "mrg_rxbuf"))
+    accel = ["-enable-kvm"] if cluster.accel == "kvm" else ["-accel", "tcg"]
+    return [
+        image.QEMU, *accel, "-m", str(cluster.memory_mb), "-smp", "1",
+        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+        "-daemonize", "-pidfile", str(d / f"{host.name}.pid"),
+        "-serial", f"file:{d / f'{host.name}.console'}",
+        "-kernel", str(kernel), "-initrd", str(initramfs),
+        "-append", "console=ttyS0 quiet panic=-1",
+        "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,"
+                   "multidevs=remap",
+        "-fw_cfg", f"name={image.FW_CFG_COMMAND},file={d / f'{host.name}.cmd'}",
+        "-fw_cfg", f"name={image.FW_CFG_CONFIG},file={d / f'{host.name}.json'}",
+        "-device", "virtio-serial-pci",
+        "-chardev", f"socket,id=exec,path={host.channel},server=on,wait=off",
+        "-device", "virtserialport,chardev=exec,name=lossbed.0",
+        "-netdev", f"tap,id=net0,ifname={tap},script=no,downscript=no",
+        "-device", f"virtio-net-pci,netdev=net0,mac={_mac(cluster.name, index)},"
+                   f"host_mtu={cluster.mtu},{no_offloads}",
+    ]
+
+
+def _guest_config(cluster: VMCluster, host: VMHost) -> dict:
+    cfg = {"name": host.name, "address": host.address, "prefixlen": cluster.subnet.prefixlen,
+           "mtu": cluster.mtu, "hosts": {h.name: h.address for h in cluster.hosts},
+           "rdma": cluster.rdma, "modules": []}
+    if cluster.ssh:
+        from testbed import sshd
+        d = sshd.ssh_dir(cluster.state_dir)
+        cfg["ssh"] = {"host_key": (d / "ssh_host_ed25519_key").read_text(),
+                      "authorized_key": (d / "authorized_keys").read_text()}
+    return cfg
+
+
+def _build(cluster: VMCluster, kernel: Path) -> None:
+    n = len(cluster.hosts)
+    progress = Progress(f"up {cluster.name} (VMs)", total=2 * n + 1, show_after_s=0)
+    d = cluster.state_dir
+    initramfs = image.build_initramfs(cluster.kernel, d / "initramfs.gz")
+    cluster.accel = _accel(kernel, initramfs, d)
+    log.info("VM cluster %s: kernel %s, %s", cluster.name, cluster.kernel,
+             "KVM" if cluster.accel == "kvm" else "TCG (software emulation; no working KVM)")
+    state.write(cluster.name, cluster.record("building"))
+    switch.create(cluster.name)
+    if cluster.ssh:
+        from testbed import sshd
+        sshd.prepare(d, cluster.hosts)
+    progress.advance("switch")
+    taps = []
+    for index, host in enumerate(cluster.hosts):
+        tap = naming.switch_port_ifname(cluster.name, host.name)
+        (d / f"{host.name}.json").write_text(json.dumps(_guest_config(cluster, host)))
+        (d / f"{host.name}.cmd").write_text(
+            f"cd {host.project} && PYTHONPATH={host.project} exec {host.python} "
+            "-m testbed.vm.guest")
+        argv = _qemu_argv(cluster, host, index, kernel, initramfs, tap)
+        # qemu starts inside the switch namespace: its tap device is born there.
+        result = subprocess.run(["ip", "netns", "exec", cluster.switch_namespace, *argv],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise EnvironmentProblem(f"qemu did not start host {host.name}: "
+                                     f"{result.stderr.strip()}")
+        taps.append(tap)
+        progress.advance("VMs started")
+    switch.plug(cluster.name, taps, cluster.mtu)
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        infos = list(pool.map(lambda h: _wait_guest(cluster, h), cluster.hosts))
+    for host, info in zip(cluster.hosts, infos, strict=True):
+        problems = info.get("errors", [])
+        if problems:
+            raise EnvironmentProblem(f"host {host.name} came up with errors: {problems}")
+        progress.advance("guests ready")
+    progress.finish()
+
+
+def _wait_guest(cluster: VMCluster, host: VMHost) -> dict:
+    try:
+        return channel.wait_ready(Path(host.channel), BOOT_TIMEOUT_S)
+    except (TimeoutError, ClusterError, OSError):
+        console = cluster.state_dir / f"{host.name}.console"
+        tail = console.read_text(errors="replace")[-1500:] if console.exists() else "(none)"
+        raise EnvironmentProblem(f"host {host.name} did not come up within {BOOT_TIMEOUT_S} s. "
+                                 f"Its console ends with:\n{tail}") from None
