@@ -96,6 +96,15 @@ class NetemOptions(nla):
 class NetemTcmsg(tcmsg):
     """tcmsg whose TCA_OPTIONS for kind "netem" is NetemOptions (encode and decode)."""
 
+    # pyroute2 compiles a message class's attribute table on first use and caches it on the
+    # class; a subclass first used *after* its parent would find the parent's cache and with
+    # it tcmsg's own netem encoder, which silently drops every attribute it does not know
+    # (seen for real: delay vanished on VM hosts after pyroute2 had made an HTB qdisc).
+    # These give this class a cache of its own.
+    _nlmsg_base__compiled_nla = False
+    _nlmsg_base__t_nla_map = None
+    _nlmsg_base__r_nla_map = None
+
     @staticmethod
     def get_options(self, *argv, **kwarg):
         if self.get_attr("TCA_KIND") == "netem":

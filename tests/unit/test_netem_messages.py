@@ -183,3 +183,30 @@ def test_u32_filters_pick_the_path_and_the_match():
                      "0x13880000/0xfffe0000+20"], "prio": 10,
             "target": netem.class_id(0)} in paths
     assert any(f["keys"][2] == "0x00001388/0x0000fffe+20" for f in paths)
+
+
+def test_encoding_survives_pyroute2_using_its_own_tcmsg_first():
+    """Regression: pyroute2 caches compiled attribute tables per class; once its tcmsg had
+    encoded a message, lossbed's subclass inherited that cache and lost LATENCY64 and more.
+    Needs a fresh interpreter, where nothing was encoded before."""
+    import subprocess
+    import sys
+
+    script = (
+        "from pyroute2.netlink.rtnl.tcmsg import tcmsg\n"
+        "m = tcmsg(); m['index'] = 1; m['handle'] = 0x10000; m['parent'] = 0xffffffff\n"
+        "m['attrs'] = [['TCA_KIND', 'htb'], ['TCA_OPTIONS', {'attrs': [['TCA_HTB_INIT', "
+        "{'version': 3, 'rate2quantum': 10, 'defcls': 0, 'debug': 0, 'direct_pkts': 0}]]}]]\n"
+        "m.encode()\n"
+        "from testbed.impair import netem_nla as n\n"
+        "from testbed.profiles.model import Impairment\n"
+        "imp = Impairment(delay_ms=40, seed=3)\n"
+        "raw = n.encode(n.qdisc_message(1, 0x100000, 0xb0ed0010, n.options(imp, 1000)))\n"
+        "print(raw.hex())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    _, qopt, attrs = decode_netem(bytes.fromhex(out))
+    assert qopt[0] > 0                                      # latency in ticks
+    assert struct.unpack("=q", attrs["LATENCY64"][1]) == (40_000_000,)
+    assert struct.unpack("=Q", attrs["PRNG_SEED"][1]) == (3,)

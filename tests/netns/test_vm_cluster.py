@@ -1,0 +1,181 @@
+"""VM hosts: qemu VMs with Debian's kernel, so netem, IFB and Soft-RoCE run for real.
+At most 2 VMs at a time (2 cores); no torch inside them (it takes ~1 min to import in TCG).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from testbed import clusters, netns_cluster, profiles, state, traffic, verify
+from testbed.hosts import processes_in_namespaces
+from testbed.impair import engine
+from tests.helpers import NOTHING, REPO, leftovers, lossbed, unique_name
+
+pytestmark = [pytest.mark.netns, pytest.mark.vm, pytest.mark.slow]
+
+DATAGRAMS = 20_000
+
+
+@pytest.fixture(scope="module")
+def vms():
+    from testbed.vm import cluster as vm_cluster
+
+    name = unique_name()
+    cluster = vm_cluster.up(vm_cluster.VMSpec(hosts=2, name=name))
+    yield cluster
+    clusters.down(name)
+    assert leftovers(name) == NOTHING
+
+
+def apply(cluster, profile, sets=()):
+    the_plan, choice = engine.make_plan(cluster, profiles.load(profile, list(sets)))
+    engine.apply(cluster, the_plan, choice)
+    return choice
+
+
+def send_between_vms(cluster, count: int, rate_pps: int = 4000) -> dict:
+    """h2 sends `count` numbered datagrams to h1; h1 counts them (both inside the VMs)."""
+    h1, h2 = cluster.hosts
+    out = {}
+
+    def receive():
+        out["recv"] = h1.run([h1.python, "-m", "testbed.traffic", "recv", "--bind", h1.address,
+                              "--count", str(count), "--idle-s", "3"], timeout=600)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    time.sleep(3)  # the receiver's Python starts slowly under TCG
+    sent = h2.run([h2.python, "-m", "testbed.traffic", "send", "--to", h1.address,
+                   "--count", str(count), "--rate-pps", str(rate_pps)], timeout=600)
+    thread.join()
+    assert sent.returncode == 0, sent.stderr
+    assert out["recv"].returncode == 0, out["recv"].stderr
+    return json.loads(out["recv"].stdout)
+
+
+def test_two_vms_come_up_with_their_own_kernel_and_exec_passes_output_and_codes(vms):
+    status = vms.status()
+    assert status["kernel"].startswith("6.1")  # Debian's, not this machine's
+    assert vms.accel in ("kvm", "tcg")
+    for h in status["hosts"]:
+        assert h["kernel"] == vms.kernel and h["mtu"] == vms.mtu and h["state"] == "UP"
+        assert f"{h['address']}/24" in h["kernel_addresses"]
+        assert not any(h["offloads"].values()), h["offloads"]
+    result = lossbed("exec", "--cluster", vms.name, "h2", "--", "sh", "-c",
+                     "grep -w sch_netem /proc/modules | cut -d' ' -f1; echo err >&2; exit 5")
+    assert result.returncode == 5
+    assert result.stdout.split() == ["sch_netem"] and result.stderr.strip() == "err"
+    h1, h2 = vms.hosts
+    ping = h2.run(["ping", "-c", "1", "-W", "5", "h1"], timeout=30)
+    assert ping.returncode == 0, ping.stdout
+
+
+def test_netem_random_loss_between_vms_matches_target_and_qdisc_counters(vms):
+    choice = apply(vms, "random-loss", ["loss_pct=10"])
+    try:
+        got = send_between_vms(vms, DATAGRAMS)
+        report = verify.verify(vms)
+        ifb = vms.hosts[0].run(["tc", "-s", "qdisc", "show", "dev", "ifb-eth0"]).stdout.decode()
+    finally:
+        engine.clear(vms)
+    assert choice.backend == "netem"
+    # 4-sigma binomial bound: odds of a false failure ~6e-5.
+    p, n = 0.10, got["sent"]
+    assert abs(got["lost"] / n - p) <= 4 * math.sqrt(p * (1 - p) / n), got
+    path = next(x for x in report.paths if x.path == "h2->h1")
+    assert path.seen_packets == n and path.dropped_packets == got["lost"]
+    assert report.rcvbuf_errors["h1"] == 0
+    # The loss happened on the IFB device (ingress), in netem's own counters.
+    assert "qdisc netem" in ifb and f"dropped {got['lost']}" in ifb
+
+
+def test_netem_gilbert_elliott_between_vms_matches_loss_and_burst_length(vms):
+    # 10% loss in bursts of 3: ~1,300 bursts in 40,000 packets. The mean burst's sd is
+    # ~0.067 (10% = 4.5 sd); the loss's sd, inflated x4.4 for the chain's correlation, is
+    # ~0.0031 (4 sd = 0.0126). Odds of a false failure: about 1e-4.
+    apply(vms, "burst-loss", ["loss_pct=10", "mean_burst_packets=3"])
+    try:
+        got = send_between_vms(vms, 2 * DATAGRAMS, rate_pps=5000)
+    finally:
+        engine.clear(vms)
+    loss = got["lost"] / got["sent"]
+    inflation = (1 + (1 - 0.037 - 1 / 3)) / (1 - (1 - 0.037 - 1 / 3))
+    assert abs(loss - 0.10) <= 4 * math.sqrt(0.09 * inflation / got["sent"]), got
+    assert abs(got["mean_burst"] - 3) <= 0.3, got
+
+
+def test_netem_four_state_loss_between_vms(vms):
+    model = profiles.load("four-state").impairment.loss
+    apply(vms, "four-state")
+    try:
+        got = send_between_vms(vms, DATAGRAMS)
+    finally:
+        engine.clear(vms)
+    # The chain's correlation is mild (bursts ~1.4): allow 5 binomial sd (3 sd inflated).
+    p, n = model.stationary_loss(), got["sent"]
+    assert abs(got["lost"] / n - p) <= 5 * math.sqrt(p * (1 - p) / n), (got, p)
+    assert abs(got["mean_burst"] - model.mean_burst_length()) <= 0.15 * model.mean_burst_length()
+
+
+def test_egress_delay_and_rate_are_real_on_vms(vms):
+    """Delay with jitter at the sender's egress, then a rate limit: both measured."""
+    h1, h2 = vms.hosts
+    apply(vms, "clean", ["delay_ms=40", "jitter_ms=5", "direction=egress"])
+    try:
+        ping = h2.run(["ping", "-c", "5", "-i", "0.3", "-q", h1.address], timeout=60)
+    finally:
+        engine.clear(vms)
+    avg_ms = float(ping.stdout.decode().split("=")[-1].split("/")[1])
+    # 40 ms each way (both hosts' egress), jitter 5 ms: the round trip is ~80 ms.
+    assert 65 <= avg_ms <= 110, ping.stdout
+
+
+def test_same_random_profile_gives_the_same_loss_on_namespaces_and_on_vms(vms, make_cluster):
+    """nft/bpf on this kernel and netem on Debian's: one loss, within the statistical bound."""
+    apply(vms, "random-loss", ["loss_pct=10"])
+    try:
+        vm = send_between_vms(vms, DATAGRAMS)
+    finally:
+        engine.clear(vms)
+    local = make_cluster(hosts=2)
+    choice = apply(local, "random-loss", ["loss_pct=10"])
+    try:
+        ns = traffic.send_counted([(local.hosts[1], local.hosts[0])], per_path=DATAGRAMS)
+    finally:
+        engine.clear(local)
+    assert choice.backend in ("bpf", "nft")
+    p1, n1 = vm["lost"] / vm["sent"], vm["sent"]
+    p2, n2 = ns.lost / ns.sent, ns.sent
+    pooled = (vm["lost"] + ns.lost) / (n1 + n2)
+    # two-sample test at 4 sd: a false failure has odds ~6e-5
+    assert abs(p1 - p2) <= 4 * math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2)), (p1, p2)
+
+
+def test_vm_hosts_go_down_clean_after_the_controller_is_killed_in_up():
+    name = unique_name()
+    child = subprocess.Popen([sys.executable, "-m", "testbed.cli", "up", "--kind", "vm",
+                              "--hosts", "2", "--name", name], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    # kill it once the first qemu is running, before the guests are ready
+    while time.monotonic() < deadline and not (state.cluster_dir(name) / "h1.pid").exists():
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait(10)
+    qemu_pids = [p for pids in processes_in_namespaces(
+        netns_cluster.cluster_namespaces(name)).values() for p in pids]
+    assert qemu_pids, "the test meant to kill the controller while a VM was running"
+    assert lossbed("down", name).returncode == 0
+    assert leftovers(name) == NOTHING
+    from testbed.hosts import is_running
+    assert not any(is_running(p) for p in qemu_pids)
+    assert not list(itertools.chain(state.state_root().glob(f"{name}*")))
