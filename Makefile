@@ -7,7 +7,10 @@ PY := $(VENV)/bin/python
 # Rebuilt only when the dependencies change: a second `make setup` takes seconds.
 STAMP := $(VENV)/.lossbed-installed
 
-SYSTEM_PACKAGES := iproute2 nftables ethtool openssh-server iputils-ping procps
+# VM hosts need qemu, a distribution kernel and busybox; Soft-RoCE needs rdma-core.
+SYSTEM_PACKAGES := iproute2 nftables ethtool openssh-server iputils-ping procps kmod \
+	qemu-system-x86 linux-image-amd64 busybox-static \
+	rdma-core ibverbs-utils python3-pyverbs
 
 .PHONY: setup system-packages test lint clean
 

@@ -28,6 +28,8 @@ INITRAMFS_MODULES = ("virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_p
                      "virtio_pci", "netfs", "fscache", "9pnet", "9pnet_virtio", "9p", "overlay",
                      "qemu_fw_cfg")
 BUSYBOX = Path("/bin/busybox")
+BOOT_DIR = Path("/boot")
+MODULES_DIR = Path("/lib/modules")
 QEMU = "qemu-system-x86_64"
 FW_CFG_COMMAND = "opt/lossbed/cmd"
 FW_CFG_CONFIG = "opt/lossbed/config"
@@ -60,13 +62,13 @@ $B poweroff -f
 def find_kernel() -> tuple[Path, str]:
     """The newest distribution kernel image with its modules installed: (vmlinuz, version)."""
     candidates = []
-    for image in sorted(Path("/boot").glob("vmlinuz-*")):
+    for image in sorted(BOOT_DIR.glob("vmlinuz-*")):
         version = image.name.removeprefix("vmlinuz-")
-        if (Path("/lib/modules") / version / "modules.dep").is_file() and os.access(image, os.R_OK):
+        if (MODULES_DIR / version / "modules.dep").is_file() and os.access(image, os.R_OK):
             candidates.append((image, version))
     if not candidates:
         raise EnvironmentProblem(
-            "no kernel image with modules in /boot and /lib/modules for VM hosts: "
+            f"no kernel image with modules in {BOOT_DIR} and {MODULES_DIR} for VM hosts: "
             "install linux-image-amd64 (make setup does)")
     return candidates[-1]
 
