@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 from pyroute2 import IPRoute, netns
 
 from testbed import naming
 from testbed.hosts import disable_offloads
+
+
+# A switch forwards frames; it must not run them through a host firewall. With
+# br_netfilter in the kernel (built in here) every bridged IP packet takes a detour through
+# the iptables hooks of the switch's namespace unless these are 0 there.
+BRIDGE_NETFILTER_SYSCTLS = ("net.bridge.bridge-nf-call-iptables",
+                            "net.bridge.bridge-nf-call-ip6tables",
+                            "net.bridge.bridge-nf-call-arptables")
 
 
 def create(cluster: str) -> None:
@@ -15,6 +26,11 @@ def create(cluster: str) -> None:
     with IPRoute(netns=namespace) as sw:
         sw.link("set", index=sw.link_lookup(ifname="lo")[0], state="up")
         sw.link("add", ifname=naming.bridge_ifname(cluster), kind="bridge", br_forward_delay=0)
+    if os.path.isdir("/proc/sys/net/bridge"):
+        # pyroute2 has no sysctl API, and these are per-namespace: set them from inside.
+        subprocess.run(["ip", "netns", "exec", namespace, "sysctl", "-q", "-w",
+                        *(f"{name}=0" for name in BRIDGE_NETFILTER_SYSCTLS)],
+                       check=True, capture_output=True)
 
 
 def plug(cluster: str, ports: list[str], mtu: int) -> None:

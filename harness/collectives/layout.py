@@ -1,0 +1,42 @@
+"""How a flat tensor is cut: into one shard per rank (rank j owns shard j), and each shard
+into MTU-sized packets. Pure arithmetic, the same on every rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+
+@dataclass(frozen=True)
+class Layout:
+    numel: int
+    world: int
+    per_packet: int  # float32 values per packet
+
+    def shard_bounds(self, shard: int) -> tuple[int, int]:
+        """[start, end) of a shard; shards differ in size by at most one element, and can be
+        empty when the tensor has fewer elements than there are ranks."""
+        base, extra = divmod(self.numel, self.world)
+        start = shard * base + min(shard, extra)
+        return start, start + base + (1 if shard < extra else 0)
+
+    def shard_size(self, shard: int) -> int:
+        start, end = self.shard_bounds(shard)
+        return end - start
+
+    def packets(self, shard: int) -> int:
+        return len(self._packet_table[shard])
+
+    def packet_bounds(self, shard: int, index: int) -> tuple[int, int]:
+        """[start, end) in the flat tensor of packet `index` of `shard`."""
+        return self._packet_table[shard][index]
+
+    @cached_property
+    def _packet_table(self) -> list[list[tuple[int, int]]]:
+        # computed once per layout: the receive path looks packets up thousands of times
+        table = []
+        for shard in range(self.world):
+            start, end = self.shard_bounds(shard)
+            table.append([(first, min(first + self.per_packet, end))
+                          for first in range(start, end, self.per_packet)])
+        return table

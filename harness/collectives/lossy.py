@@ -1,0 +1,313 @@
+"""The lossy all-reduce: reduce-scatter then broadcast, over an unreliable transport.
+
+    rank r owns shard r. Reduce: every rank sends its contribution to each shard's owner;
+    the owner rebuilds its shard from whatever arrived (rebuild.py). Broadcast: each owner
+    sends its shard to everyone; a rank that misses a packet keeps its own value there.
+
+The two uses of the broadcast:
+    gradient mode    allreduce(): a missing packet of a reduced shard leaves the rank's own
+                     local gradient in that slot.
+    parameter mode   sharded_update(): owners reduce gradients, apply the optimizer to their
+                     shard of the parameters, broadcast parameters; a rank that misses a
+                     packet keeps its stale parameters (the bounded-drift scheme of
+                     arXiv 2507.07114), and resync() makes all ranks equal again, reliably.
+
+Nobody waits for a retransmission: each stage ends when everything expected has arrived or
+its deadline passes. A rank that goes silent is told apart from loss through the rendezvous
+store's heartbeat, and the others stop with a clear error instead of training without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from harness.collectives.deadline import Deadline
+from harness.collectives.layout import Layout
+from harness.collectives.rebuild import ESTIMATORS, rebuild
+from harness.transport import header as hdr
+from harness.transport.udp import APPLIED, DUPLICATE, FUTURE, MALFORMED, STALE
+
+log = logging.getLogger(__name__)
+
+EARLY = "early"
+MAX_STASH = 1 << 16
+
+
+class RankLost(RuntimeError):
+    """A peer stopped taking part (died, or lost the network entirely)."""
+
+
+@dataclass
+class StepStats:
+    step: int
+    seconds: float
+    reduce_expected: int
+    reduce_missing: int
+    broadcast_expected: int
+    broadcast_missing: int
+    reduce_deadline_hit: bool
+    broadcast_deadline_hit: bool
+    silent_sources: tuple[int, ...]
+
+
+class _Step:
+    """What one rank expects and has received in one collective step."""
+
+    def __init__(self, layout: Layout, step: int, bucket: int, rank: int,
+                 contribution: np.ndarray, shared: np.ndarray):
+        self.layout, self.step, self.bucket, self.rank = layout, step, bucket, rank
+        self.shared = shared  # broadcast packets are written here
+        world = layout.world
+        self.own = layout.shard_bounds(rank)
+        self.own_packets = layout.packets(rank)
+        # float32 sums, like gloo's: at 0% loss the result matches it to rounding
+        self.total = contribution[self.own[0]:self.own[1]].copy()
+        self.reduce_got = np.zeros((world, self.own_packets), dtype=bool)
+        self.reduce_left = (world - 1) * self.own_packets
+        self.bcast_got = {j: np.zeros(layout.packets(j), dtype=bool)
+                          for j in range(world) if j != rank}
+        self.bcast_left = sum(len(v) for v in self.bcast_got.values())
+        self.heard_from = np.zeros(world, dtype=bool)
+        self.accept_reduce = True
+        self.last_reduce_at = self.last_bcast_at = 0.0  # when the last packet came
+        self.started = time.monotonic()
+
+    def counts(self) -> np.ndarray:
+        """Contributions per element of the own shard, own included."""
+        per_packet = 1 + self.reduce_got.sum(axis=0)
+        sizes = [e - s for s, e in (self.layout.packet_bounds(self.rank, i)
+                                    for i in range(self.own_packets))]
+        return np.repeat(per_packet, sizes).astype(np.float32)
+
+    def handle(self, head: hdr.Header, payload: memoryview, stash: list) -> str:
+        if head.step != self.step:
+            if head.step < self.step:
+                return STALE
+            if head.step == self.step + 1 and len(stash) < MAX_STASH:
+                stash.append((head, bytes(payload)))
+                return EARLY
+            return FUTURE
+        if head.bucket != self.bucket:
+            return MALFORMED
+        layout = self.layout
+        src = head.source
+        if head.stage == hdr.STAGE_REDUCE:
+            if head.shard != self.rank or head.count != self.own_packets \
+                    or head.index >= self.own_packets:
+                return MALFORMED
+            start, end = layout.packet_bounds(self.rank, head.index)
+            if head.length != 4 * (end - start):
+                return MALFORMED
+            if self.reduce_got[src, head.index]:
+                return DUPLICATE
+            if not self.accept_reduce:
+                return STALE  # the shard was already rebuilt and sent
+            lo, hi = start - self.own[0], end - self.own[0]
+            self.total[lo:hi] += np.frombuffer(payload, dtype=np.float32)
+            self.reduce_got[src, head.index] = True
+            self.reduce_left -= 1
+            self.last_reduce_at = time.monotonic()
+        elif head.stage == hdr.STAGE_BROADCAST:
+            got = self.bcast_got.get(src)
+            if got is None or head.shard != src or head.count != len(got) \
+                    or head.index >= len(got):
+                return MALFORMED
+            start, end = layout.packet_bounds(src, head.index)
+            if head.length != 4 * (end - start):
+                return MALFORMED
+            if got[head.index]:
+                return DUPLICATE
+            # Safe at any time: this rank's contribution to shard `src` was sent before it
+            # started receiving.
+            self.shared[start:end] = np.frombuffer(payload, dtype=np.float32)
+            got[head.index] = True
+            self.bcast_left -= 1
+            self.last_bcast_at = time.monotonic()
+        else:
+            return MALFORMED
+        self.heard_from[src] = True
+        return APPLIED
+
+
+class LossyCollective:
+    def __init__(self, transport, store=None, *, estimator: str = "received_mean",
+                 deadline: Deadline | None = None, key_prefix: str = "lossbed/collective"):
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {estimator!r}: use one of "
+                             f"{', '.join(ESTIMATORS)}")
+        self.transport = transport
+        self.store = store
+        self.estimator = estimator
+        self.deadline = deadline or Deadline()
+        self.rank, self.world = transport.rank, transport.world
+        self.key_prefix = key_prefix
+        self._reduce_expected = 0
+        self._reduce_missing = 0
+
+    @property
+    def loss_rate(self) -> float:
+        """Fraction of expected reduce packets that did not arrive, over the run so far."""
+        if not self._reduce_expected:
+            return 0.0
+        return self._reduce_missing / self._reduce_expected
+
+    # ---- the two stages -------------------------------------------------------------------
+
+    def _send_shard(self, layout: Layout, x: np.ndarray, stage: int, shard: int, dest: int,
+                    step: int, bucket: int) -> None:
+        view = memoryview(x).cast("B")
+        count = layout.packets(shard)
+        for index in range(count):
+            start, end = layout.packet_bounds(shard, index)
+            self.transport.send(dest, stage, step, bucket, shard, index, count,
+                                view[4 * start:4 * end])
+
+    def _receive(self, state: _Step, until, budget: float) -> bool:
+        """Receive until `until()` or the budget runs out; True if the deadline was hit."""
+        deadline = time.monotonic() + budget
+
+        def handle(head, payload):
+            return state.handle(head, payload, self.transport.stash)
+
+        self.transport.receive_until(deadline, until, handle)
+        return not until()
+
+    def _run(self, contribution: np.ndarray, shared: np.ndarray, bucket: int,
+             on_reduced) -> StepStats:
+        """One step. `contribution` is what this rank sends to the owners (gradients);
+        `shared` is what owners broadcast and everyone receives into (the result, or the
+        parameters). on_reduced(start, end, estimate) writes the owner's shard of `shared`."""
+        layout = Layout(contribution.size, self.world, self.transport.per_packet)
+        # Steps are numbered by the transport, so collectives sharing it (several
+        # estimators, or a collective and RPS) never take each other's packets.
+        step = self.transport.next_step()
+        self._heartbeat(step)
+        state = _Step(layout, step, bucket, self.rank, contribution, shared)
+        stash, self.transport.stash = self.transport.stash, []
+        for head, payload in stash:  # packets of this step that came during the last one
+            if state.handle(head, memoryview(payload), self.transport.stash) == APPLIED:
+                self.transport.counters.packets_received += 1
+
+        # Reduce: our contribution to every other owner, then wait for ours.
+        for shard in range(self.world):
+            if shard != self.rank:
+                self._send_shard(layout, contribution, hdr.STAGE_REDUCE, shard, shard, step,
+                                 bucket)
+        kind = f"{contribution.size}"
+        waiting_since = time.monotonic()
+        reduce_hit = self._receive(state, lambda: state.reduce_left == 0,
+                                   self.deadline.budget("reduce:" + kind))
+        self.deadline.observe("reduce:" + kind, max(state.last_reduce_at - waiting_since, 0.0))
+        state.accept_reduce = False
+        reduce_expected = (self.world - 1) * state.own_packets
+        reduce_missing = state.reduce_left
+        self._reduce_expected += reduce_expected
+        self._reduce_missing += reduce_missing
+        start, end = state.own
+        on_reduced(start, end, rebuild(self.estimator, state.total, state.counts(),
+                                       contribution[start:end], self.world, self.loss_rate))
+
+        # Broadcast: our shard to everyone, then wait for the others'.
+        for dest in range(self.world):
+            if dest != self.rank:
+                self._send_shard(layout, shared, hdr.STAGE_BROADCAST, self.rank, dest, step,
+                                 bucket)
+        waiting_since = time.monotonic()
+        bcast_hit = self._receive(state, lambda: state.bcast_left == 0,
+                                  self.deadline.budget("broadcast:" + kind))
+        self.deadline.observe("broadcast:" + kind, max(state.last_bcast_at - waiting_since, 0.0))
+
+        self.transport.counters.missing += reduce_missing + state.bcast_left
+        expecting = [s for s in range(self.world) if s != self.rank
+                     and (state.own_packets or layout.packets(s))]
+        silent = tuple(s for s in expecting if not state.heard_from[s])
+        if silent:
+            self._check_alive(silent, step)
+        return StepStats(step, time.monotonic() - state.started, reduce_expected,
+                         reduce_missing, sum(len(v) for v in state.bcast_got.values()),
+                         state.bcast_left, reduce_hit, bcast_hit, silent)
+
+    # ---- what callers use ---------------------------------------------------------------
+
+    def allreduce(self, tensor: torch.Tensor, bucket: int = 0) -> StepStats:
+        """In place: `tensor` becomes the estimated mean over ranks (gradient mode)."""
+        x = _flat_numpy(tensor)
+
+        def write_mean(start, end, estimate):
+            x[start:end] = estimate
+
+        return self._run(x, x, bucket, write_mean)
+
+    def sharded_update(self, grads: torch.Tensor, params: torch.Tensor, step_fn,
+                       bucket: int = 0) -> StepStats:
+        """Parameter mode. Gradients are reduced to their owners; the owner calls
+        step_fn(start, end, mean_grad) to update params[start:end] in place; the owners'
+        parameters are broadcast. A rank that misses a packet keeps its stale parameters."""
+        if grads.numel() != params.numel():
+            raise ValueError("grads and params must have the same number of elements")
+
+        def owner_step(start, end, estimate):
+            step_fn(start, end, torch.from_numpy(np.ascontiguousarray(estimate,
+                                                                      dtype=np.float32)))
+
+        return self._run(_flat_numpy(grads), _flat_numpy(params), bucket, owner_step)
+
+    def resync(self, params: torch.Tensor) -> None:
+        """Make every rank's parameters equal to the owners' shards, reliably (gloo)."""
+        import torch.distributed as dist
+
+        flat = params.view(-1)
+        layout = Layout(flat.numel(), self.world, self.transport.per_packet)
+        for shard in range(self.world):
+            start, end = layout.shard_bounds(shard)
+            if end > start:
+                view = flat[start:end].clone()
+                dist.broadcast(view, src=shard)
+                flat[start:end] = view
+
+    # ---- liveness ---------------------------------------------------------------------------
+
+    def _heartbeat(self, step: int) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.set(f"{self.key_prefix}/hb/{self.rank}", str(step))
+        except Exception as err:
+            raise RankLost(f"rank {self.rank}: the rendezvous store is unreachable ({err}): "
+                           "rank 0, which hosts it, has died or lost its network") from None
+
+    def _check_alive(self, silent: tuple[int, ...], step: int) -> None:
+        """Nothing at all came from these ranks this step: loss, or are they gone? A live
+        rank has at least started the step before this one; give it the deadline ceiling."""
+        if self.store is None:
+            return
+        give_up = time.monotonic() + self.deadline.ceiling_s
+        for src in silent:
+            while True:
+                try:
+                    seen = int(self.store.get(f"{self.key_prefix}/hb/{src}"))
+                except Exception as err:
+                    raise RankLost(f"rank {self.rank}: the rendezvous store is unreachable "
+                                   f"({err})") from None
+                if seen >= step:
+                    break
+                if time.monotonic() > give_up:
+                    raise RankLost(
+                        f"rank {self.rank}: rank {src} sent nothing in step {step} and has not "
+                        f"started it within {self.deadline.ceiling_s:.1f} s: it died or lost "
+                        "the network")
+                time.sleep(0.01)
+
+
+def _flat_numpy(tensor: torch.Tensor) -> np.ndarray:
+    if tensor.dtype != torch.float32 or tensor.device.type != "cpu" \
+            or not tensor.is_contiguous():
+        raise ValueError("the lossy collective works on contiguous float32 CPU tensors "
+                         f"(got {tensor.dtype} on {tensor.device}, contiguous="
+                         f"{tensor.is_contiguous()}): copy into a staging buffer first")
+    return tensor.view(-1).numpy()

@@ -1,0 +1,95 @@
+"""Start one rank per host of a cluster, torchrun-style, and collect what they print.
+
+Each rank gets RANK, WORLD_SIZE, MASTER_ADDR/MASTER_PORT (rank 0's host; the rendezvous
+port, which profiles keep reliable), GLOO_SOCKET_IFNAME (the host's emulated interface) and
+LOSSBED_ADDRESS/LOSSBED_MTU. If any rank fails, the others are stopped; no rank outlives
+the launch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed import ports
+from testbed.errors import LossbedError
+
+log = logging.getLogger(__name__)
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class RankResult:
+    rank: int
+    host: str
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class LaunchError(LossbedError):
+    pass
+
+
+def rank_env(cluster, rank: int, extra: dict | None = None) -> dict:
+    host = cluster.hosts[rank]
+    env = {
+        "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(cluster.hosts)),
+        "MASTER_ADDR": cluster.hosts[0].address, "MASTER_PORT": str(ports.RENDEZVOUS),
+        "GLOO_SOCKET_IFNAME": host.ifname, "LOSSBED_ADDRESS": host.address,
+        "LOSSBED_MTU": str(cluster.mtu), "PYTHONPATH": str(PROJECT_ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
+    env.update(extra or {})
+    return env
+
+
+def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
+        extra_env: dict | None = None) -> list[RankResult]:
+    """Run `python -m module args` as one rank per host; wait for all; fail if any fails."""
+    procs = []
+    try:
+        for rank, host in enumerate(cluster.hosts):
+            env = {**os.environ, **rank_env(cluster, rank, extra_env)}
+            procs.append(host.popen([sys.executable, "-m", module, *args], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True, cwd=str(PROJECT_ROOT)))
+        outputs = [None] * len(procs)
+
+        def collect(i, p):
+            outputs[i] = p.communicate()
+
+        threads = [threading.Thread(target=collect, args=(i, p), daemon=True)
+                   for i, p in enumerate(procs)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout_s
+        while any(t.is_alive() for t in threads):
+            failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed:
+                # One rank failed: give the others the chance to notice and say why, then
+                # stop them.
+                grace = time.monotonic() + 15
+                while any(t.is_alive() for t in threads) and time.monotonic() < grace:
+                    time.sleep(0.1)
+                break
+            if time.monotonic() > deadline:
+                raise LaunchError(f"{module} did not finish within {timeout_s:.0f} s")
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        for p in procs:
+            p.wait()
+    for t in threads:
+        t.join(5)
+    return [RankResult(rank, cluster.hosts[rank].name, p.returncode, *(outputs[rank] or ("", "")))
+            for rank, p in enumerate(procs)]

@@ -1,0 +1,1 @@
+"""How packets travel: the UDP datagram transport (and, in verbs/, real RDMA queue pairs)."""
