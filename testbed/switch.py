@@ -10,7 +10,6 @@ from pyroute2 import IPRoute, netns
 from testbed import naming
 from testbed.hosts import disable_offloads
 
-
 # A switch forwards frames; it must not run them through a host firewall. With
 # br_netfilter in the kernel (built in here) every bridged IP packet takes a detour through
 # the iptables hooks of the switch's namespace unless these are 0 there.

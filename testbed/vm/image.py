@@ -50,7 +50,9 @@ $B mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/wo
   || {{ echo "lossbed-init: overlay failed"; $B poweroff -f; }}
 $B mount -t proc proc /root/proc; $B mount -t sysfs sys /root/sys
 $B mount -t devtmpfs dev /root/dev; $B mkdir -p /root/dev/pts; $B mount -t devpts devpts /root/dev/pts
-$B mount -t tmpfs tmpfs /root/tmp; $B mount -t tmpfs tmpfs /root/run
+# A fresh /run (no host pid files or sockets). /tmp stays the host's, seen through the
+# overlay (writes stay in the VM): the project or its venv may live under /tmp.
+$B mount -t tmpfs tmpfs /root/run
 CMD=$($B cat /sys/firmware/qemu_fw_cfg/by_name/{FW_CFG_COMMAND}/raw)
 echo "lossbed-init: up, kernel $($B uname -r)"
 $B chroot /root /bin/sh -c "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root; $CMD"
