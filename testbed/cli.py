@@ -136,6 +136,34 @@ def _cmd_verify(args) -> int:
     return 0
 
 
+def _cmd_collective_bench(args) -> int:
+    from harness.bench import collective_bench as cb
+    from testbed import netns_cluster
+
+    spec = cb.BenchSpec(sizes_mib=args.sizes, losses=args.loss, profiles=args.profiles,
+                        algorithms=args.algorithms, iters=args.iters)
+    spec.validate()
+    own = None
+    if args.cluster:
+        cluster = clusters.load(args.cluster)
+    else:
+        own = f"cb{os.getpid() % 100000}"
+        cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=args.hosts, name=own,
+                                                             mtu=args.mtu))
+    try:
+        rows = cb.run(cluster, spec, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    finally:
+        if own:
+            clusters.down(own)
+    print(cb.format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        print(f"wrote {len(rows)} rows to {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lossbed", description="Kernel-level network emulation for training under loss."
@@ -197,6 +225,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", help="default: the only cluster up")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_verify)
+    p = sub.add_parser("collective-bench",
+                       help="lossy all-reduce, RPS and gloo side by side under loss")
+    p.add_argument("--cluster", help="use this cluster (default: build a local one)")
+    p.add_argument("--hosts", type=int, default=4, help="hosts of the local cluster")
+    p.add_argument("--mtu", type=int, default=9000, help="MTU of the local cluster")
+    p.add_argument("--sizes", type=float, nargs="+", default=[1, 4, 16, 64], metavar="MIB")
+    p.add_argument("--loss", type=float, nargs="+", default=[0, 0.01, 0.1],
+                   help="loss rates as fractions (0.1 = 10%%)")
+    p.add_argument("--profiles", nargs="+", default=["random-loss", "burst-loss"])
+    p.add_argument("--algorithms", nargs="+",
+                   default=["gloo", "lossy-zero_fill", "lossy-received_mean",
+                            "lossy-rescale", "rps"])
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--json", metavar="FILE", help="also write one JSON object per line")
+    p.set_defaults(func=_cmd_collective_bench)
     return parser
 
 

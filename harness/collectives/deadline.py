@@ -2,40 +2,54 @@
 
 Adaptive: a multiple of the recent time the last packet of a stage took to arrive (an
 exponential moving average), plus some slack, kept between a floor and a ceiling. The time
-counts from when this rank finished sending, so it includes the other ranks' lateness. A
-stage never seen before gets the ceiling: the first steps (ranks still starting up at
-different times) must not turn lateness into loss.
+counts from when this rank finished sending, so it includes the other ranks' lateness.
+
+That average only sees packets that made it in time, so on its own it would shrink the
+deadline step by step until the ranks' ordinary lateness became loss. Packets that arrive
+after their step ended are the signal that it is too short: each one doubles a boost on
+every budget (up to 16x), which then decays back slowly. A stage never seen before gets the
+ceiling: the first steps (ranks still starting up at different times) must not turn
+lateness into loss.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+MAX_BOOST = 16.0
+BOOST_DECAY = 0.98
 
 
 @dataclass
 class Deadline:
-    floor_s: float = 0.02
+    floor_s: float = 0.005
     ceiling_s: float = 2.0
     multiplier: float = 3.0
     slack_s: float = 0.01
     smoothing: float = 0.2
-    _ewma: dict | None = None
+    boost: float = 1.0
+    _ewma: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not 0 < self.floor_s <= self.ceiling_s:
             raise ValueError(f"deadline floor {self.floor_s} s must be > 0 and <= the ceiling "
                              f"{self.ceiling_s} s")
-        self._ewma = {}
 
     def budget(self, kind: str) -> float:
         """Seconds to wait for a stage of this kind (e.g. "reduce:4194304")."""
         seen = self._ewma.get(kind)
         if seen is None:
             return self.ceiling_s
-        return min(self.ceiling_s, max(self.floor_s, self.multiplier * seen + self.slack_s))
+        wanted = (self.multiplier * seen + self.slack_s) * self.boost
+        return min(self.ceiling_s, max(self.floor_s, wanted))
 
     def observe(self, kind: str, last_arrival_s: float) -> None:
-        """Record when the last packet of a stage arrived (seconds after the stage began)."""
+        """Record when the last packet of a stage arrived (seconds after waiting began)."""
         old = self._ewma.get(kind)
         self._ewma[kind] = last_arrival_s if old is None else (
             (1 - self.smoothing) * old + self.smoothing * last_arrival_s)
+        self.boost = max(1.0, self.boost * BOOST_DECAY)
+
+    def late(self) -> None:
+        """A packet came after its step had ended: the deadline was too short."""
+        self.boost = min(MAX_BOOST, self.boost * 2)

@@ -13,8 +13,9 @@ The two uses of the broadcast:
                      arXiv 2507.07114), and resync() makes all ranks equal again, reliably.
 
 Nobody waits for a retransmission: each stage ends when everything expected has arrived or
-its deadline passes. A rank that goes silent is told apart from loss through the rendezvous
-store's heartbeat, and the others stop with a clear error instead of training without it.
+its deadline passes. Ranks start each step together through the rendezvous store (a
+reliable, unimpaired channel), so one rank's lateness never becomes another's loss; a rank
+that does not arrive has died, and the others stop with a clear error naming it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ class StepStats:
     broadcast_missing: int
     reduce_deadline_hit: bool
     broadcast_deadline_hit: bool
-    silent_sources: tuple[int, ...]
 
 
 class _Step:
@@ -72,7 +72,6 @@ class _Step:
         self.bcast_got = {j: np.zeros(layout.packets(j), dtype=bool)
                           for j in range(world) if j != rank}
         self.bcast_left = sum(len(v) for v in self.bcast_got.values())
-        self.heard_from = np.zeros(world, dtype=bool)
         self.accept_reduce = True
         self.last_reduce_at = self.last_bcast_at = 0.0  # when the last packet came
         self.started = time.monotonic()
@@ -130,7 +129,6 @@ class _Step:
             self.last_bcast_at = time.monotonic()
         else:
             return MALFORMED
-        self.heard_from[src] = True
         return APPLIED
 
 
@@ -172,7 +170,10 @@ class LossyCollective:
         deadline = time.monotonic() + budget
 
         def handle(head, payload):
-            return state.handle(head, payload, self.transport.stash)
+            verdict = state.handle(head, payload, self.transport.stash)
+            if verdict == STALE:
+                self.deadline.late()
+            return verdict
 
         self.transport.receive_until(deadline, until, handle)
         return not until()
@@ -186,7 +187,7 @@ class LossyCollective:
         # Steps are numbered by the transport, so collectives sharing it (several
         # estimators, or a collective and RPS) never take each other's packets.
         step = self.transport.next_step()
-        self._heartbeat(step)
+        self._align(step)
         state = _Step(layout, step, bucket, self.rank, contribution, shared)
         stash, self.transport.stash = self.transport.stash, []
         for head, payload in stash:  # packets of this step that came during the last one
@@ -199,10 +200,10 @@ class LossyCollective:
                 self._send_shard(layout, contribution, hdr.STAGE_REDUCE, shard, shard, step,
                                  bucket)
         kind = f"{contribution.size}"
-        waiting_since = time.monotonic()
-        reduce_hit = self._receive(state, lambda: state.reduce_left == 0,
-                                   self.deadline.budget("reduce:" + kind))
-        self.deadline.observe("reduce:" + kind, max(state.last_reduce_at - waiting_since, 0.0))
+        reduce_since = time.monotonic()
+        reduce_budget = self.deadline.budget("reduce:" + kind)
+        reduce_hit = self._receive(state, lambda: state.reduce_left == 0, reduce_budget)
+        self.deadline.observe("reduce:" + kind, max(state.last_reduce_at - reduce_since, 0.0))
         state.accept_reduce = False
         reduce_expected = (self.world - 1) * state.own_packets
         reduce_missing = state.reduce_left
@@ -217,20 +218,19 @@ class LossyCollective:
             if dest != self.rank:
                 self._send_shard(layout, shared, hdr.STAGE_BROADCAST, self.rank, dest, step,
                                  bucket)
+        # An owner broadcasts once its own reduce stage ends, which may be a whole reduce
+        # budget after ours did (we had everything, it waited for a lost packet): the
+        # broadcast deadline counts from the start of the reduce stage and includes it.
         waiting_since = time.monotonic()
-        bcast_hit = self._receive(state, lambda: state.bcast_left == 0,
-                                  self.deadline.budget("broadcast:" + kind))
+        bcast_budget = (reduce_since + reduce_budget - waiting_since
+                        + self.deadline.budget("broadcast:" + kind))
+        bcast_hit = self._receive(state, lambda: state.bcast_left == 0, bcast_budget)
         self.deadline.observe("broadcast:" + kind, max(state.last_bcast_at - waiting_since, 0.0))
 
         self.transport.counters.missing += reduce_missing + state.bcast_left
-        expecting = [s for s in range(self.world) if s != self.rank
-                     and (state.own_packets or layout.packets(s))]
-        silent = tuple(s for s in expecting if not state.heard_from[s])
-        if silent:
-            self._check_alive(silent, step)
         return StepStats(step, time.monotonic() - state.started, reduce_expected,
                          reduce_missing, sum(len(v) for v in state.bcast_got.values()),
-                         state.bcast_left, reduce_hit, bcast_hit, silent)
+                         state.bcast_left, reduce_hit, bcast_hit)
 
     # ---- what callers use ---------------------------------------------------------------
 
@@ -270,38 +270,48 @@ class LossyCollective:
                 dist.broadcast(view, src=shard)
                 flat[start:end] = view
 
-    # ---- liveness ---------------------------------------------------------------------------
+    # ---- step alignment and liveness --------------------------------------------------
 
-    def _heartbeat(self, step: int) -> None:
+    def _align(self, step: int) -> None:
+        """All ranks start a step together, meeting in the rendezvous store (a reliable
+        channel: its port is never impaired). Without this, a rank that waited out a
+        deadline in the last step would start this one late, and its packets would miss
+        the others' deadlines: lateness would turn into loss. A rank that does not arrive
+        within three deadline ceilings has died (or lost the network), and is named."""
         if self.store is None:
             return
+        from datetime import timedelta
+
+        prefix = self.key_prefix
+        patience = 3 * self.deadline.ceiling_s
         try:
-            self.store.set(f"{self.key_prefix}/hb/{self.rank}", str(step))
+            self.store.set(f"{prefix}/hb/{self.rank}", str(step))
+            if int(self.store.add(f"{prefix}/step/{step}", 1)) == self.world:
+                self.store.set(f"{prefix}/go/{step}", "1")
+                if step >= 2:  # keep the store small over long runs
+                    for key in (f"{prefix}/step/{step - 2}", f"{prefix}/go/{step - 2}"):
+                        self.store.delete_key(key)
+            else:
+                self.store.wait([f"{prefix}/go/{step}"], timedelta(seconds=patience))
         except Exception as err:
+            missing = self._absent(step)
+            if self.rank == 0:
+                # Rank 0 hosts the store: linger so the other ranks can read from it who is
+                # missing, instead of only seeing the store vanish when this process exits.
+                time.sleep(2.0)
+            if missing:
+                raise RankLost(
+                    f"rank {self.rank}: rank {', '.join(map(str, missing))} did not reach step "
+                    f"{step} within {patience:.1f} s: it died or lost the network") from None
             raise RankLost(f"rank {self.rank}: the rendezvous store is unreachable ({err}): "
                            "rank 0, which hosts it, has died or lost its network") from None
 
-    def _check_alive(self, silent: tuple[int, ...], step: int) -> None:
-        """Nothing at all came from these ranks this step: loss, or are they gone? A live
-        rank has at least started the step before this one; give it the deadline ceiling."""
-        if self.store is None:
-            return
-        give_up = time.monotonic() + self.deadline.ceiling_s
-        for src in silent:
-            while True:
-                try:
-                    seen = int(self.store.get(f"{self.key_prefix}/hb/{src}"))
-                except Exception as err:
-                    raise RankLost(f"rank {self.rank}: the rendezvous store is unreachable "
-                                   f"({err})") from None
-                if seen >= step:
-                    break
-                if time.monotonic() > give_up:
-                    raise RankLost(
-                        f"rank {self.rank}: rank {src} sent nothing in step {step} and has not "
-                        f"started it within {self.deadline.ceiling_s:.1f} s: it died or lost "
-                        "the network")
-                time.sleep(0.01)
+    def _absent(self, step: int) -> list[int]:
+        try:
+            return [k for k in range(self.world)
+                    if int(self.store.get(f"{self.key_prefix}/hb/{k}")) < step]
+        except Exception:
+            return []
 
 
 def _flat_numpy(tensor: torch.Tensor) -> np.ndarray:

@@ -70,13 +70,14 @@ def run(path: Path, argv, *, check=False, timeout=None, input=None, env=None,
     return result
 
 
-def wait_ready(path: Path, timeout_s: float) -> dict:
-    """Wait until the guest answers; return what it reported about itself."""
+def wait_ready(path: Path, timeout_s: float, alive=lambda: True) -> dict:
+    """Wait until the guest answers; return what it reported about itself. Gives up at
+    once when alive() says the VM is gone (it powered off: its console says why)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return call(path, {}, min(5.0, max(deadline - time.monotonic(), 0.1)))["info"]
         except (TimeoutError, ClusterError, OSError):
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or not alive():
                 raise
             time.sleep(0.2)

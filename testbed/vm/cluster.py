@@ -351,11 +351,22 @@ def _build(cluster: VMCluster, kernel: Path) -> None:
     progress.finish()
 
 
+def _qemu_running(cluster: VMCluster, host: VMHost) -> bool:
+    from testbed.hosts import is_running
+
+    try:
+        pid = int((cluster.state_dir / f"{host.name}.pid").read_text())
+    except (FileNotFoundError, ValueError):
+        return True  # not written yet
+    return is_running(pid)
+
+
 def _wait_guest(cluster: VMCluster, host: VMHost) -> dict:
     try:
-        return channel.wait_ready(Path(host.channel), BOOT_TIMEOUT_S)
+        return channel.wait_ready(Path(host.channel), BOOT_TIMEOUT_S,
+                                  alive=lambda: _qemu_running(cluster, host))
     except (TimeoutError, ClusterError, OSError):
         console = cluster.state_dir / f"{host.name}.console"
         tail = console.read_text(errors="replace")[-1500:] if console.exists() else "(none)"
-        raise EnvironmentProblem(f"host {host.name} did not come up within {BOOT_TIMEOUT_S} s. "
-                                 f"Its console ends with:\n{tail}") from None
+        raise EnvironmentProblem(f"host {host.name} did not come up (within {BOOT_TIMEOUT_S} "
+                                 f"s, or its VM stopped). Its console ends with:\n{tail}") from None

@@ -1,0 +1,151 @@
+"""`lossbed collective-bench`: the lossy all-reduce and RPS beside gloo, under loss.
+
+For every profile and loss rate: apply the profile to the cluster, run every algorithm on
+every tensor size in one launch of the ranks (so all are measured under the same
+conditions), read the applied loss back from the kernel (verify), clear. Prints
+p50/p99/max latency, algorithm bandwidth, the measured loss and the ratios lossy/gloo from
+the same run, plus the collective's packet rate as a fraction of the raw UDP packet rate
+between two hosts, also measured in the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+
+from harness import launch
+from harness.bench.collective_worker import ALGORITHMS
+from harness.transport import header as hdr
+from testbed import profiles, verify
+from testbed.errors import LossbedError, UsageError
+from testbed.impair import engine
+
+log = logging.getLogger(__name__)
+MIB = 1 << 20
+
+
+@dataclass
+class BenchSpec:
+    sizes_mib: list[float] = field(default_factory=lambda: [1, 4, 16, 64])
+    losses: list[float] = field(default_factory=lambda: [0.0, 0.01, 0.1])
+    profiles: list[str] = field(default_factory=lambda: ["random-loss", "burst-loss"])
+    algorithms: list[str] = field(default_factory=lambda: list(ALGORITHMS))
+    iters: int = 10
+    warmup: int = 2
+
+    def validate(self) -> None:
+        unknown = [a for a in self.algorithms if a not in ALGORITHMS]
+        if unknown:
+            raise UsageError("--algorithms", f"unknown {', '.join(unknown)}",
+                             f"Use some of: {', '.join(ALGORITHMS)}")
+        bad = [x for x in self.losses if not 0 <= x < 1]
+        if bad:
+            raise UsageError("--loss", f"{bad[0]} is not a fraction in [0, 1)",
+                             "Give fractions: --loss 0 0.01 0.1 (0.1 = 10%)")
+        if any(s <= 0 for s in self.sizes_mib):
+            raise UsageError("--sizes", "sizes must be positive (MiB)", "e.g. --sizes 1 4")
+        if self.iters < 1:
+            raise UsageError("--iters", f"{self.iters} is too few", "Use --iters 1 or more")
+
+
+def raw_udp_rate(cluster, seconds: float = 0.5) -> float:
+    """MTU-sized datagrams per second from one Python sender to another host, received."""
+    h1, h2 = cluster.hosts[0], cluster.hosts[1]
+    if not hasattr(h1, "socket"):
+        return float("nan")
+    rx = h1.socket()
+    rx.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)
+    rx.bind((h1.address, 0))
+    rx.setblocking(False)
+    tx = h2.socket()
+    payload = b"\0" * (cluster.mtu - hdr.IPV4_UDP_OVERHEAD)
+    got = 0
+    end = time.monotonic() + seconds
+    started = time.monotonic()
+    while time.monotonic() < end:
+        for _ in range(32):
+            tx.sendto(payload, rx.getsockname())
+        while True:
+            try:
+                rx.recv(65536)
+                got += 1
+            except BlockingIOError:
+                break
+    elapsed = time.monotonic() - started
+    rx.close()
+    tx.close()
+    return got / elapsed
+
+
+def run(cluster, spec: BenchSpec, progress=print) -> list[dict]:
+    spec.validate()
+    if len(cluster.hosts) < 2:
+        raise UsageError("--hosts", "a collective needs 2 or more hosts", "Use --hosts 4")
+    sizes = [max(int(s * MIB) // 4 * 4, 4) for s in spec.sizes_mib]
+    raw_pps = raw_udp_rate(cluster)
+    cases = [("clean", 0.0)] if 0.0 in spec.losses else []
+    cases += [(p, loss) for loss in spec.losses if loss > 0 for p in spec.profiles]
+    rows = []
+    for i, (profile_name, loss) in enumerate(cases, start=1):
+        progress(f"[{i}/{len(cases)}] {profile_name} at {loss:.0%}: "
+                 f"{len(spec.algorithms)} algorithms x {len(sizes)} sizes")
+        sets = [f"loss_pct={loss * 100}"] if loss > 0 else []
+        profile = profiles.load(profile_name, sets)
+        the_plan, choice = engine.make_plan(cluster, profile)
+        engine.apply(cluster, the_plan, choice)
+        try:
+            results = launch.run(cluster, "harness.bench.collective_worker", [
+                "--sizes", *map(str, sizes), "--algorithms", *spec.algorithms,
+                "--iters", str(spec.iters), "--warmup", str(spec.warmup)],
+                timeout_s=3600)
+            report = verify.verify(cluster)
+        finally:
+            engine.clear(cluster)
+        failed = [r for r in results if r.returncode != 0]
+        if failed:
+            raise LossbedError(f"rank {failed[0].rank} ({failed[0].host}) failed: "
+                               f"{failed[0].stderr.strip()[-2000:]}")
+        measured = report.total_dropped / report.total_seen if report.total_seen else 0.0
+        for line in results[0].stdout.splitlines():
+            row = json.loads(line)
+            row.update(profile=profile_name, loss=loss, measured_loss=measured,
+                       backend=report.backend, hosts=len(cluster.hosts), mtu=cluster.mtu,
+                       raw_udp_pps=raw_pps,
+                       raw_rate_fraction=(row["packets_per_s"] / raw_pps
+                                          if row.get("packets_per_s") and raw_pps else None))
+            rows.append(row)
+    _add_ratios(rows)
+    return rows
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    gloo = {(r["profile"], r["loss"], r["size_bytes"]): r for r in rows
+            if r["algorithm"] == "gloo"}
+    for r in rows:
+        ref = gloo.get((r["profile"], r["loss"], r["size_bytes"]))
+        if ref and r["algorithm"] != "gloo":
+            r["p50_vs_gloo"] = r["p50_ms"] / ref["p50_ms"]
+            r["p99_vs_gloo"] = r["p99_ms"] / ref["p99_ms"]
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'profile':<12} {'loss':>5} {'meas':>6} {'size':>6} {'algorithm':<20} "
+            f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'Gbit/s':>7} {'p50/gloo':>8} "
+            f"{'p99/gloo':>8} {'raw%':>5}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ratio50 = f"{r['p50_vs_gloo']:.2f}" if "p50_vs_gloo" in r else "-"
+        ratio99 = f"{r['p99_vs_gloo']:.3f}" if "p99_vs_gloo" in r else "-"
+        raw = f"{r['raw_rate_fraction'] * 100:.0f}" if r.get("raw_rate_fraction") else "-"
+        lines.append(
+            f"{r['profile']:<12} {r['loss']:>5.0%} {r['measured_loss']:>6.2%} "
+            f"{r['size_bytes'] / MIB:>5.0f}M {r['algorithm']:<20} {r['p50_ms']:>8.1f} "
+            f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f} {r['algbw_gbps']:>7.2f} {ratio50:>8} "
+            f"{ratio99:>8} {raw:>5}")
+    if rows:
+        lines.append(f"raw UDP rate between two hosts (one Python sender, MTU "
+                     f"{rows[0]['mtu']}): {rows[0]['raw_udp_pps']:.0f} packets/s")
+    return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""Rank programs for the multi-process tests: `python -m tests.distributed.workers MODE`,
+launched one per host by harness.launch. Rank 0 prints one JSON object (the result)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from harness import runtime
+from harness.collectives.deadline import Deadline
+from harness.collectives.lossy import LossyCollective
+from harness.collectives.rebuild import ESTIMATORS
+from harness.collectives.rps import RPS
+
+SIZES = [1, 3, 7, 1000, 12345, 100003]  # below the world size, not multiples of a packet
+
+
+def data(seed: int, numel: int, mean: float = 0.0) -> torch.Tensor:
+    return torch.randn(numel, generator=torch.Generator().manual_seed(seed)) + mean
+
+
+def exact(r) -> dict:
+    """0% loss: every estimator, both modes and RPS against torch.distributed."""
+    errors = {}
+    collectives = {e: LossyCollective(r.transport, r.store, estimator=e) for e in ESTIMATORS}
+    rps = RPS(r.transport, r.store)
+    for numel in SIZES:
+        x = data(1000 * numel + r.rank, numel)
+        reference = x.clone()
+        dist.all_reduce(reference)
+        reference /= r.world
+        scale = float(sum(data(1000 * numel + k, numel).abs().max() for k in range(r.world)))
+        for name, collective in collectives.items():
+            y = x.clone()
+            collective.allreduce(y)
+            errors[f"gradient/{name}/{numel}"] = float((y - reference).abs().max()) / scale
+            # parameter mode: owners take an SGD step with the reduced gradient
+            params = data(7, numel)  # the same initial parameters on every rank
+            expected = params - 0.1 * reference
+
+            def sgd(start, end, grad, params=params):
+                params[start:end] -= 0.1 * grad
+
+            collective.sharded_update(x.clone(), params, sgd)
+            errors[f"parameter/{name}/{numel}"] = float((params - expected).abs().max()) / scale
+        models = x.clone()
+        rps.average(models)
+        errors[f"rps/{numel}"] = float((models - reference).abs().max()) / scale
+    return {"errors": errors, "counters": r.transport.counters.to_dict()}
+
+
+def unbiased(r, trials: int, numel: int) -> dict:
+    """At real loss: the per-trial mean error of each estimator against the exact mean."""
+    collectives = {e: LossyCollective(r.transport, r.store, estimator=e) for e in ESTIMATORS}
+    errors = {e: [] for e in ESTIMATORS}
+    for t in range(trials):
+        # i.i.d. contributions around a non-zero mean: every rank can rebuild the exact
+        # mean from the seeds, without a (slow, reliable) all-reduce under loss.
+        contributions = [data(10_000 * t + k, numel, mean=1.0) for k in range(r.world)]
+        truth = torch.stack(contributions).mean(0)
+        for name, collective in collectives.items():
+            y = contributions[r.rank].clone()
+            collective.allreduce(y)
+            errors[name].append(float((y - truth).mean()))
+    gathered = [None] * r.world
+    dist.all_gather_object(gathered, errors)
+    return {"errors": gathered, "loss_rate": {e: c.loss_rate for e, c in collectives.items()},
+            "counters": r.transport.counters.to_dict()}
+
+
+def drift(r, steps: int, resync_every: int, out_dir: str) -> dict:
+    """Parameter mode on a least-squares model: save every rank's parameters now and then."""
+    numel = 4000
+    truth = data(99, numel)
+    params = data(5, numel)
+    collective = LossyCollective(r.transport, r.store, estimator="received_mean")
+    gen = torch.Generator().manual_seed(r.rank)
+    for step in range(steps):
+        features = torch.randn(64, numel, generator=gen) / numel ** 0.5
+        target = features @ truth
+        grad = features.T @ (features @ params - target) / 64
+
+        def sgd(start, end, g, params=params):
+            params[start:end] -= 0.5 * g
+
+        collective.sharded_update(grad.contiguous(), params, sgd)
+        if resync_every and (step + 1) % resync_every == 0:
+            collective.resync(params)
+        if step % 10 == 9:
+            np.save(os.path.join(out_dir, f"r{r.rank}-s{step + 1}.npy"), params.numpy())
+    return {"counters": r.transport.counters.to_dict(), "loss_rate": collective.loss_rate}
+
+
+def die(r, at_send: int) -> dict:
+    """Rank 2 exits in the middle of a collective (after `at_send` packets); the others
+    must stop with a clear error, not hang."""
+    collective = LossyCollective(r.transport, r.store, deadline=Deadline(ceiling_s=2.0))
+    if r.rank == 2:
+        real_send = r.transport.send
+        sent = [0]
+
+        def send(*args):
+            sent[0] += 1
+            if sent[0] > at_send:
+                os._exit(17)
+            real_send(*args)
+
+        r.transport.send = send
+    x = data(r.rank, 200_000)
+    for _ in range(1000):
+        collective.allreduce(x)
+    return {"finished": True}
+
+
+def main() -> int:
+    mode = sys.argv[1]
+    r = runtime.start()
+    try:
+        if mode == "exact":
+            result = exact(r)
+        elif mode == "unbiased":
+            result = unbiased(r, int(sys.argv[2]), int(sys.argv[3]))
+        elif mode == "drift":
+            result = drift(r, int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        elif mode == "die":
+            result = die(r, int(sys.argv[2]))
+        else:
+            raise SystemExit(f"unknown mode {mode}")
+        if r.rank == 0:
+            print(json.dumps(result), flush=True)
+    finally:
+        r.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
