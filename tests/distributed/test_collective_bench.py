@@ -1,0 +1,35 @@
+"""`lossbed collective-bench` end to end on a small matrix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import lossbed
+from testbed import netns_cluster
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+FIELDS = {"algorithm", "size_bytes", "profile", "loss", "measured_loss", "p50_ms", "p99_ms",
+          "max_ms", "algbw_gbps", "hosts", "mtu"}
+
+
+def test_collective_bench_writes_every_field_for_every_run_and_cleans_up(tmp_path):
+    out = tmp_path / "cb.jsonl"
+    before = set(netns_cluster.leftover_clusters())
+    result = lossbed("collective-bench", "--hosts", "2", "--sizes", "0.25", "--loss", "0", "0.1",
+                     "--profiles", "random-loss", "--iters", "3", "--json", str(out),
+                     timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    algorithms = {"gloo", "lossy-zero_fill", "lossy-received_mean", "lossy-rescale", "rps"}
+    assert {(r["profile"], r["algorithm"]) for r in rows} == \
+        {(p, a) for p in ("clean", "random-loss") for a in algorithms}
+    for row in rows:
+        assert FIELDS <= set(row), FIELDS - set(row)
+        assert row["hosts"] == 2 and row["mtu"] == 9000 and row["size_bytes"] == 262144
+    lossy = [r for r in rows if r["profile"] == "random-loss"]
+    assert all(0.05 < r["measured_loss"] < 0.15 for r in lossy)  # the kernel applied ~10%
+    assert "p99/gloo" in result.stdout and "raw UDP rate" in result.stdout
+    assert set(netns_cluster.leftover_clusters()) == before  # its own cluster is gone
