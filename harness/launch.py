@@ -52,8 +52,10 @@ def rank_env(cluster, rank: int, extra: dict | None = None) -> dict:
 
 
 def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
-        extra_env: dict | None = None) -> list[RankResult]:
-    """Run `python -m module args` as one rank per host; wait for all; fail if any fails."""
+        extra_env: dict | None = None, echo_rank0=None) -> list[RankResult]:
+    """Run `python -m module args` as one rank per host and wait for all. If one fails, the
+    others get a moment to notice and say why, then are stopped. echo_rank0(line) is
+    called with each line rank 0 writes to stderr as it comes (progress)."""
     procs = []
     try:
         for rank, host in enumerate(cluster.hosts):
@@ -61,13 +63,21 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
             procs.append(host.popen([sys.executable, "-m", module, *args], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     start_new_session=True, cwd=str(PROJECT_ROOT)))
-        outputs = [None] * len(procs)
+        outputs = [([], []) for _ in procs]
 
-        def collect(i, p):
-            outputs[i] = p.communicate()
+        def pump(stream, sink, echo):
+            for line in stream:
+                sink.append(line)
+                if echo:
+                    echo(line.rstrip("\n"))
 
-        threads = [threading.Thread(target=collect, args=(i, p), daemon=True)
-                   for i, p in enumerate(procs)]
+        threads = []
+        for i, p in enumerate(procs):
+            threads.append(threading.Thread(target=pump, args=(p.stdout, outputs[i][0], None),
+                                            daemon=True))
+            threads.append(threading.Thread(
+                target=pump, args=(p.stderr, outputs[i][1], echo_rank0 if i == 0 else None),
+                daemon=True))
         for t in threads:
             t.start()
         deadline = time.monotonic() + timeout_s
@@ -91,5 +101,6 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
             p.wait()
     for t in threads:
         t.join(5)
-    return [RankResult(rank, cluster.hosts[rank].name, p.returncode, *(outputs[rank] or ("", "")))
+    return [RankResult(rank, cluster.hosts[rank].name, p.returncode,
+                       "".join(outputs[rank][0]), "".join(outputs[rank][1]))
             for rank, p in enumerate(procs)]

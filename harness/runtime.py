@@ -24,10 +24,25 @@ class Rank:
     store: object
     transport: UdpTransport
 
-    def close(self) -> None:
+    def close(self, linger_s: float = 30.0) -> None:
+        """Leave in order: rank 0 hosts the store, so it goes last. Otherwise a rank still
+        tearing down its process group finds the store gone, and C++ aborts the process."""
+        import time
+
         self.transport.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+        try:
+            if self.rank != 0:
+                self.store.add("lossbed/exited", 1)
+                return
+            deadline = time.monotonic() + linger_s
+            while int(self.store.add("lossbed/exited", 0)) < self.world - 1:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.01)
+        except Exception:
+            pass  # a rank that died: nothing to wait for
 
 
 def _env(name: str, default: str | None = None) -> str:

@@ -164,6 +164,27 @@ def _cmd_collective_bench(args) -> int:
     return 0
 
 
+def _cmd_train(args) -> int:
+    from harness.train import run
+    from harness.train.config import TrainConfig
+
+    cfg = TrainConfig(variant=args.variant, preset=args.preset, steps=args.steps, seed=args.seed,
+                      batch=args.batch, seq_len=args.seq_len, lr=args.lr,
+                      resync_every=args.resync_every, eval_tokens=args.eval_tokens,
+                      corpus=args.corpus, hf_dataset=args.hf_dataset, tokenizer=args.tokenizer)
+    run.check(cfg)  # bad input is refused before a cluster is even looked at
+    cluster = clusters.load(args.cluster)
+    rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
+                    echo=lambda line: print(line, file=sys.stderr, flush=True))
+    summary = {k: rec[k] for k in ("variant", "profile", "loss", "seed", "steps", "ppl",
+                                   "ppl_rank0", "drift", "tokens_per_s", "measured_loss")}
+    print(json.dumps(summary))
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lossbed", description="Kernel-level network emulation for training under loss."
@@ -225,6 +246,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", help="default: the only cluster up")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_verify)
+    p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
+    p.add_argument("--cluster", help="default: the only cluster up")
+    p.add_argument("--variant", default="reliable",
+                   help="reliable, zero_fill, unbiased, unbiased_drift or rps")
+    p.add_argument("--profile", default="clean", help="impairment profile (default: clean)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="profile override")
+    p.add_argument("--preset", default="tiny", help="tiny, small, or a local HF model folder")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=16, help="sequences per rank per step")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--resync-every", type=int, default=0,
+                   help="unbiased_drift: reliable parameter resync every K steps (0: never)")
+    p.add_argument("--eval-tokens", type=int, default=0, help="0: the whole held-out split")
+    p.add_argument("--corpus", help="a text file (default: pydoc_data.topics)")
+    p.add_argument("--hf-dataset", help="an HF dataset in the local cache, or a saved folder")
+    p.add_argument("--tokenizer", help="a local HF tokenizer folder (default: bytes)")
+    p.add_argument("--out", help="folder for the ranks' metrics (default: a temporary one)")
+    p.add_argument("--json", metavar="FILE", help="append the run's record to this file")
+    p.set_defaults(func=_cmd_train)
+
     p = sub.add_parser("collective-bench",
                        help="lossy all-reduce, RPS and gloo side by side under loss")
     p.add_argument("--cluster", help="use this cluster (default: build a local one)")

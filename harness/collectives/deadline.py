@@ -6,10 +6,9 @@ counts from when this rank finished sending, so it includes the other ranks' lat
 
 That average only sees packets that made it in time, so on its own it would shrink the
 deadline step by step until the ranks' ordinary lateness became loss. Packets that arrive
-after their step ended are the signal that it is too short: each one doubles a boost on
-every budget (up to 16x), which then decays back slowly. A stage never seen before gets the
-ceiling: the first steps (ranks still starting up at different times) must not turn
-lateness into loss.
+after their step ended are the signal that it is too short: a step that saw any doubles a
+boost on every budget (up to 16x), which decays back by 10% a step. A stage never seen
+before gets a generous first budget (FIRST_BUDGET_S, at most the ceiling).
 """
 
 from __future__ import annotations
@@ -17,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_BOOST = 16.0
-BOOST_DECAY = 0.98
+FIRST_BUDGET_S = 0.5
+BOOST_DECAY = 0.9
 
 
 @dataclass
@@ -25,10 +25,11 @@ class Deadline:
     floor_s: float = 0.005
     ceiling_s: float = 2.0
     multiplier: float = 3.0
-    slack_s: float = 0.01
+    slack_s: float = 0.02
     smoothing: float = 0.2
     boost: float = 1.0
     _ewma: dict = field(default_factory=dict)
+    _late_this_step: bool = False
 
     def __post_init__(self):
         if not 0 < self.floor_s <= self.ceiling_s:
@@ -39,7 +40,7 @@ class Deadline:
         """Seconds to wait for a stage of this kind (e.g. "reduce:4194304")."""
         seen = self._ewma.get(kind)
         if seen is None:
-            return self.ceiling_s
+            return min(self.ceiling_s, max(self.floor_s, FIRST_BUDGET_S))
         wanted = (self.multiplier * seen + self.slack_s) * self.boost
         return min(self.ceiling_s, max(self.floor_s, wanted))
 
@@ -48,8 +49,14 @@ class Deadline:
         old = self._ewma.get(kind)
         self._ewma[kind] = last_arrival_s if old is None else (
             (1 - self.smoothing) * old + self.smoothing * last_arrival_s)
-        self.boost = max(1.0, self.boost * BOOST_DECAY)
 
     def late(self) -> None:
         """A packet came after its step had ended: the deadline was too short."""
-        self.boost = min(MAX_BOOST, self.boost * 2)
+        self._late_this_step = True
+
+    def end_step(self) -> None:
+        if self._late_this_step:
+            self.boost = min(MAX_BOOST, self.boost * 2)
+        else:
+            self.boost = max(1.0, self.boost * BOOST_DECAY)
+        self._late_this_step = False

@@ -228,6 +228,7 @@ class LossyCollective:
         self.deadline.observe("broadcast:" + kind, max(state.last_bcast_at - waiting_since, 0.0))
 
         self.transport.counters.missing += reduce_missing + state.bcast_left
+        self.deadline.end_step()
         return StepStats(step, time.monotonic() - state.started, reduce_expected,
                          reduce_missing, sum(len(v) for v in state.bcast_got.values()),
                          state.bcast_left, reduce_hit, bcast_hit)

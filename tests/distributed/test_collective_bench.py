@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tests.helpers import lossbed
 from testbed import netns_cluster
+from tests.helpers import lossbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 

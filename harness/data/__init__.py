@@ -1,0 +1,1 @@
+"""Training text: the corpus, its train/held-out split, and each rank's batches."""

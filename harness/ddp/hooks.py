@@ -1,0 +1,56 @@
+"""A DDP communication hook that sends each gradient bucket through the lossy all-reduce.
+
+    model = DDP(model)
+    model.register_comm_hook(LossyHookState(collective), lossy_allreduce_hook)
+
+DDP's contract: hook(state, bucket) -> Future[Tensor] holding the bucket's averaged
+gradients. The lossy collective works on CPU float32: CUDA buckets go through a pinned host
+buffer (one per bucket, reused), and the future completes once the result is back on the
+device's stream.
+"""
+
+# No `from __future__ import annotations` here: DDP checks the hook's return annotation
+# object, which must be torch.futures.Future[torch.Tensor] itself, not a string.
+import time
+
+import torch
+
+from harness.collectives.lossy import LossyCollective
+from harness.metrics.hdr import Histogram
+
+
+class LossyHookState:
+    """What the hook needs between calls: the collective, staging buffers, timings."""
+
+    def __init__(self, collective: LossyCollective):
+        if not isinstance(collective, LossyCollective):
+            raise TypeError("LossyHookState needs a LossyCollective")
+        self.collective = collective
+        self.staging: dict[int, torch.Tensor] = {}
+        self.collective_us = Histogram()
+
+    def host_buffer(self, index: int, like: torch.Tensor) -> torch.Tensor:
+        buffer = self.staging.get(index)
+        if buffer is None or buffer.numel() != like.numel():
+            buffer = torch.empty(like.numel(), dtype=torch.float32,
+                                 pin_memory=like.is_cuda and torch.cuda.is_available())
+            self.staging[index] = buffer
+        return buffer
+
+
+def lossy_allreduce_hook(state: LossyHookState, bucket) -> torch.futures.Future[torch.Tensor]:
+    grads = bucket.buffer()
+    started = time.perf_counter()
+    if grads.is_cuda or grads.dtype != torch.float32:
+        host = state.host_buffer(bucket.index(), grads)
+        host.copy_(grads.view(-1))  # synchronous: the bucket's gradients are final here
+        state.collective.allreduce(host, bucket=bucket.index())
+        grads.view(-1).copy_(host, non_blocking=grads.is_cuda)
+        if grads.is_cuda:
+            torch.cuda.current_stream(grads.device).synchronize()
+    else:
+        state.collective.allreduce(grads.view(-1), bucket=bucket.index())
+    state.collective_us.record((time.perf_counter() - started) * 1e6)
+    future = torch.futures.Future()
+    future.set_result(grads)
+    return future

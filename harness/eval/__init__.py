@@ -1,0 +1,1 @@
+"""Where perplexity is computed."""

@@ -1,0 +1,1 @@
+"""Measurements of a run: latency histograms, throughput, counters, drift."""

@@ -1,0 +1,1 @@
+"""The model under training: transformers' Llama in small presets, and tokenizers."""

@@ -1,0 +1,1 @@
+"""`lossbed train`: one training run across a cluster, under an impairment profile."""

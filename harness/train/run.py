@@ -1,0 +1,97 @@
+"""The controller side of `lossbed train`: check everything, apply the profile, launch one
+rank per host, collect, verify the loss the kernel applied, clear, write the record.
+
+The record (one JSON object) has the config, the per-step loss (rank 0), step and
+collective latency histograms merged over ranks (p50/p99/p99.9), tokens/s, bytes and
+packets sent and lost, the measured link loss with its interval, the receivers' own socket
+drops, drift, and perplexity of the rank-averaged model and of rank 0's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+from harness import launch
+from harness.data.corpus import Corpus, load_text
+from harness.metrics.hdr import Histogram
+from harness.model import tokenizer as tokenizers
+from harness.train.config import TrainConfig
+from testbed import profiles, stats, verify
+from testbed.errors import LossbedError
+from testbed.impair import engine
+
+log = logging.getLogger(__name__)
+
+
+def check(cfg: TrainConfig) -> None:
+    """Every input problem, found before a process starts or a link is touched."""
+    cfg.validate()
+    tok = tokenizers.load(cfg.tokenizer)
+    text, source = load_text(cfg.corpus, cfg.hf_dataset)
+    Corpus.build(text, tok, source, cfg.seq_len)
+
+
+def train(cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str] = (),
+          out_dir: Path | None = None, echo=print) -> dict:
+    check(cfg)
+    profile = profiles.load(profile_name, list(sets))
+    the_plan, choice = engine.make_plan(cluster, profile)
+    work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-"))
+    work.mkdir(parents=True, exist_ok=True)
+    engine.apply(cluster, the_plan, choice)
+    started = time.monotonic()
+    try:
+        results = launch.run(cluster, "harness.train.worker",
+                             [json.dumps(cfg.to_dict()), str(work)], timeout_s=24 * 3600,
+                             echo_rank0=echo)
+        report = verify.verify(cluster)
+    finally:
+        engine.clear(cluster)
+    failed = [r for r in results if r.returncode != 0]
+    if failed:
+        first = min(failed, key=lambda r: (r.returncode == -9, r.rank))
+        raise LossbedError(f"training failed on rank {first.rank} ({first.host}), exit "
+                           f"{first.returncode}:\n{first.stderr.strip()[-3000:]}")
+    return record(cfg, cluster, profile, choice.backend, report, results, work,
+                  time.monotonic() - started)
+
+
+def record(cfg, cluster, profile, backend, report, results, work, wall_s) -> dict:
+    result = json.loads(results[0].stdout.strip().splitlines()[-1])
+    ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(len(results))]
+    step_us, collective_us = Histogram(), Histogram()
+    for m in ranks:
+        step_us.merge(Histogram.from_dict(m["step_us"]))
+        collective_us.merge(Histogram.from_dict(m["collective_us"]))
+    tokens = sum(m["tokens"] for m in ranks)
+    train_s = max(m["train_s"] for m in ranks)
+    sent = sum(m["counters"]["packets_sent"] for m in ranks)
+    missing = sum(m["counters"]["missing"] for m in ranks)
+    seen, dropped = report.total_seen, report.total_dropped
+    interval = stats.wilson_interval(dropped, seen) if seen else None
+    loss = profile.impairment.loss
+    return {
+        "variant": cfg.variant, "profile": profile.name,
+        "loss": loss.stationary_loss() if loss else 0.0, "seed": cfg.seed, "steps": cfg.steps,
+        "hosts": len(cluster.hosts), "config": cfg.to_dict(), "backend": backend,
+        "tokens_per_s": tokens / train_s,
+        "step_ms": _ms(step_us), "collective_ms": _ms(collective_us),
+        "losses": ranks[0]["losses"],
+        "ppl": result["ppl"], "ppl_rank0": result["ppl_rank0"], "drift": result["drift"],
+        "packets_sent": sent, "packets_lost": missing,
+        "bytes_sent": sum(m["counters"]["bytes_sent"] for m in ranks),
+        "measured_loss": dropped / seen if seen else 0.0,
+        "measured_loss_interval": interval,
+        "rcvbuf_drops": sum(report.rcvbuf_errors.values()),
+        "parameters": result["parameters"], "corpus": result["corpus"],
+        "model_sha": result["model_sha"], "wall_s": wall_s, "work_dir": str(work),
+    }
+
+
+def _ms(h: Histogram) -> dict:
+    s = h.summary()
+    return {k: (s[k] / 1000 if k != "count" else s[k]) for k in ("p50", "p99", "p999", "count")}

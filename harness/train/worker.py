@@ -1,0 +1,170 @@
+"""One rank of a training run (started by `lossbed train` through harness.launch).
+
+build model (same seed everywhere) -> wrap it for the variant -> train on this rank's share
+of the corpus -> evaluate perplexity of rank 0's model and of the rank-averaged model ->
+write this rank's metrics; rank 0 prints the run's result as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from harness import runtime
+from harness.collectives.lossy import LossyCollective
+from harness.collectives.rps import RPS
+from harness.data.corpus import Batches, Corpus, load_text
+from harness.ddp.hooks import LossyHookState, lossy_allreduce_hook
+from harness.ddp.rps import RPSOptimizer
+from harness.ddp.sharded import ShardedOptimizer
+from harness.eval.perplexity import perplexity
+from harness.metrics.hdr import Histogram
+from harness.model import presets, tokenizer
+from harness.train.config import TrainConfig
+
+
+class ReliableTiming:
+    """State of timed_allreduce_hook: the collective-time histogram."""
+
+    def __init__(self):
+        self.collective_us = Histogram()
+
+
+def timed_allreduce_hook(state: ReliableTiming, bucket):
+    """DDP's own all-reduce (default_hooks.allreduce_hook: the same arithmetic as no hook),
+    timed from the bucket being ready to its reduction being done."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    started = time.perf_counter()
+
+    def done(fut):
+        state.collective_us.record((time.perf_counter() - started) * 1e6)
+        return fut.value()
+
+    return allreduce_hook(None, bucket).then(done)
+
+
+def wrap(cfg: TrainConfig, model, r):
+    """(module to call, optimizer, object holding the collective-time histogram)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    adamw = dict(lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    if cfg.variant == "reliable":
+        ddp = DDP(model)
+        timer = ReliableTiming()
+        ddp.register_comm_hook(timer, timed_allreduce_hook)
+        return ddp, torch.optim.AdamW(ddp.parameters(), **adamw), timer
+    if cfg.variant in ("zero_fill", "unbiased"):
+        estimator = "zero_fill" if cfg.variant == "zero_fill" else "received_mean"
+        ddp = DDP(model)
+        state = LossyHookState(LossyCollective(r.transport, r.store, estimator=estimator))
+        ddp.register_comm_hook(state, lossy_allreduce_hook)
+        return ddp, torch.optim.AdamW(ddp.parameters(), **adamw), state
+    if cfg.variant == "unbiased_drift":
+        collective = LossyCollective(r.transport, r.store, estimator="received_mean")
+        optimizer = ShardedOptimizer(model, torch.optim.AdamW, collective,
+                                     resync_every=cfg.resync_every, **adamw)
+        return model, optimizer, optimizer
+    optimizer = RPSOptimizer(model, torch.optim.AdamW(model.parameters(), **adamw),
+                             RPS(r.transport, r.store))
+    return model, optimizer, optimizer
+
+
+def flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+
+
+def load_flat(model, values: torch.Tensor) -> None:
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(values[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def main(argv=None) -> int:
+    cfg = TrainConfig(**json.loads((argv or sys.argv[1:])[0]))
+    out_dir = Path((argv or sys.argv[1:])[1])
+    r = runtime.start(timeout_s=300)
+    try:
+        tok = tokenizer.load(cfg.tokenizer)
+        text, source = load_text(cfg.corpus, cfg.hf_dataset)
+        corpus = Corpus.build(text, tok, source, cfg.seq_len)
+        batches = Batches(corpus, r.rank, r.world, cfg.batch, cfg.seq_len, cfg.seed)
+        model = presets.build(cfg.preset, tok.vocab_size, cfg.seed)
+        module, optimizer, timing = wrap(cfg, model, r)
+        step_us = Histogram()
+        losses = []
+        started = time.perf_counter()
+        for step in range(cfg.steps):
+            t0 = time.perf_counter()
+            inputs, targets = batches.next()
+            logits = module(input_ids=inputs).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            value = float(loss.detach())
+            step_us.record((time.perf_counter() - t0) * 1e6)
+            losses.append(value)
+            if not math.isfinite(value):
+                raise FloatingPointError(f"rank {r.rank}: loss became {value} at step {step}")
+            if r.rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1):
+                elapsed = time.perf_counter() - started
+                rate = (step + 1) * cfg.batch * cfg.seq_len * r.world / elapsed
+                eta = elapsed / (step + 1) * (cfg.steps - step - 1)
+                print(f"[train {cfg.variant}] step {step + 1}/{cfg.steps} loss {value:.3f} "
+                      f"{rate:.0f} tok/s, about {eta:.0f} s left", file=sys.stderr, flush=True)
+        train_s = time.perf_counter() - started
+
+        # Perplexity of this rank's own model, and of the average of all ranks' models
+        # (averaged reliably, with gloo), and how far apart the ranks' models are.
+        own = flat(model)
+        average = own.clone()
+        dist.all_reduce(average)
+        average /= r.world
+        distance = torch.tensor([float((own - average).norm())])
+        distances = [torch.zeros(1) for _ in range(r.world)]
+        dist.all_gather(distances, distance)
+        eval_tokens = cfg.eval_tokens or None
+        result = {}
+        if r.rank == 0:
+            result["ppl_rank0"] = perplexity(model, corpus.heldout, cfg.seq_len, eval_tokens)
+            load_flat(model, average)
+            result["ppl"] = perplexity(model, corpus.heldout, cfg.seq_len, eval_tokens)
+        counters = r.transport.counters.to_dict()
+        metrics = {
+            "rank": r.rank, "losses": losses, "train_s": train_s,
+            "step_us": step_us.to_dict(), "collective_us": timing.collective_us.to_dict(),
+            "counters": counters, "tokens": cfg.steps * cfg.batch * cfg.seq_len,
+        }
+        (out_dir / f"rank{r.rank}.json").write_text(json.dumps(metrics))
+        if r.rank == 0:
+            torch.save(own, out_dir / "rank0_params.pt")
+            result.update(drift=max(float(d) for d in distances),
+                          parameters=sum(p.numel() for p in model.parameters()),
+                          corpus=source, heldout_tokens=len(corpus.heldout),
+                          model_sha=_digest(own))
+            print(json.dumps(result), flush=True)
+    finally:
+        r.close()
+    return 0
+
+
+def _digest(values: torch.Tensor) -> str:
+    import hashlib
+
+    return hashlib.sha256(values.numpy().tobytes()).hexdigest()[:16]
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
