@@ -26,6 +26,8 @@ class TrainConfig:
     batch: int = 16
     seq_len: int = 128
     lr: float = 2e-3
+    optimizer: str = "adamw"  # or "sgd" (momentum 0.9): RPS's own setting
+    plain_ddp: bool = False   # reliable without lossbed's timing hook (to check it changes nothing)
     resync_every: int = 0
     eval_tokens: int = 0  # 0: the whole held-out split
     corpus: str | None = None
@@ -42,6 +44,9 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')}", f"{getattr(self, name)} is "
                                  "too small", "Use 1 or more")
+        if self.optimizer not in ("adamw", "sgd"):
+            raise UsageError("--optimizer", f"unknown optimizer {self.optimizer!r}",
+                             "Use adamw or sgd")
         if not self.lr > 0:
             raise UsageError("--lr", f"{self.lr} is not a positive learning rate",
                              "e.g. --lr 2e-3")

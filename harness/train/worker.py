@@ -56,24 +56,29 @@ def wrap(cfg: TrainConfig, model, r):
     """(module to call, optimizer, object holding the collective-time histogram)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    adamw = dict(lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    if cfg.optimizer == "sgd":
+        optimizer_class, options = torch.optim.SGD, dict(lr=cfg.lr, momentum=0.9)
+    else:
+        optimizer_class = torch.optim.AdamW
+        options = dict(lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     if cfg.variant == "reliable":
         ddp = DDP(model)
         timer = ReliableTiming()
-        ddp.register_comm_hook(timer, timed_allreduce_hook)
-        return ddp, torch.optim.AdamW(ddp.parameters(), **adamw), timer
+        if not cfg.plain_ddp:
+            ddp.register_comm_hook(timer, timed_allreduce_hook)
+        return ddp, optimizer_class(ddp.parameters(), **options), timer
     if cfg.variant in ("zero_fill", "unbiased"):
         estimator = "zero_fill" if cfg.variant == "zero_fill" else "received_mean"
         ddp = DDP(model)
         state = LossyHookState(LossyCollective(r.transport, r.store, estimator=estimator))
         ddp.register_comm_hook(state, lossy_allreduce_hook)
-        return ddp, torch.optim.AdamW(ddp.parameters(), **adamw), state
+        return ddp, optimizer_class(ddp.parameters(), **options), state
     if cfg.variant == "unbiased_drift":
         collective = LossyCollective(r.transport, r.store, estimator="received_mean")
-        optimizer = ShardedOptimizer(model, torch.optim.AdamW, collective,
-                                     resync_every=cfg.resync_every, **adamw)
+        optimizer = ShardedOptimizer(model, optimizer_class, collective,
+                                     resync_every=cfg.resync_every, **options)
         return model, optimizer, optimizer
-    optimizer = RPSOptimizer(model, torch.optim.AdamW(model.parameters(), **adamw),
+    optimizer = RPSOptimizer(model, optimizer_class(model.parameters(), **options),
                              RPS(r.transport, r.store))
     return model, optimizer, optimizer
 
