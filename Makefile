@@ -12,7 +12,15 @@ SYSTEM_PACKAGES := iproute2 nftables ethtool openssh-server iputils-ping procps 
 	qemu-system-x86 linux-image-amd64 busybox-static \
 	rdma-core ibverbs-utils python3-pyverbs
 
-.PHONY: setup system-packages test lint clean
+# make bench LOSS=0.1: every variant at LOSS (a fraction) vs the lossless reference.
+LOSS ?= 0.1
+PROFILE ?= random-loss
+HOSTS ?= 4
+STEPS ?= 120
+SEEDS ?= 3
+BENCH_ARGS = --loss $(LOSS) --profile $(PROFILE) --hosts $(HOSTS) --steps $(STEPS) --seeds $(SEEDS)
+
+.PHONY: setup system-packages test lint clean bench bench-full
 
 setup: system-packages $(STAMP)
 
@@ -32,6 +40,14 @@ $(STAMP): pyproject.toml
 
 test: setup
 	$(VENV)/bin/pytest --strict-markers tests
+
+bench: setup
+	$(VENV)/bin/lossbed bench $(BENCH_ARGS)
+
+# Long enough for the lossless tiny model to plateau (hours on 2 cores).
+bench-full: STEPS = 1500
+bench-full: setup
+	$(VENV)/bin/lossbed bench $(BENCH_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -186,6 +186,48 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    import time
+    from pathlib import Path
+
+    from harness.bench import report
+    from harness.bench.training_bench import BenchSpec, run_bench
+    from harness.train.config import VARIANTS
+    from testbed import netns_cluster
+
+    spec = BenchSpec(losses=args.loss, profile=args.profile, hosts=args.hosts, steps=args.steps,
+                     seeds=args.seeds, variants=args.variants or list(VARIANTS),
+                     mtu=args.mtu)
+    spec.validate()  # bad input is refused before anything is built
+    out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    own = None
+    if args.cluster:
+        cluster = clusters.load(args.cluster)
+    else:
+        own = f"bench{os.getpid() % 100000}"
+        cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=spec.hosts, name=own,
+                                                             mtu=spec.mtu))
+    try:
+        summary = run_bench(cluster, spec, out,
+                            echo=lambda line: print(line, file=sys.stderr, flush=True))
+    finally:
+        if own:
+            clusters.down(own)  # also on Ctrl-C and on failure
+    print(report.table(summary))
+    print(f"results in {out}/ (results.jsonl, summary.json, summary.md, *.png)")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from harness.bench.compare import compare, format_findings
+    from harness.bench.training_bench import load_summary
+
+    findings = compare(load_summary(args.base), load_summary(args.new),
+                       threshold_pct=args.threshold_pct, ppl_points=args.ppl_points)
+    print(format_findings(findings))
+    return 1 if any(f.regressed for f in findings) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lossbed", description="Kernel-level network emulation for training under loss."
@@ -269,6 +311,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder for the ranks' metrics (default: a temporary one)")
     p.add_argument("--json", metavar="FILE", help="append the run's record to this file")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("bench", help="every variant at LOSS vs the lossless reference")
+    p.add_argument("--loss", type=float, nargs="+", default=[0.1],
+                   help="loss rates as fractions (0.1 = 10%%), e.g. --loss 0.01 0.05 0.1")
+    p.add_argument("--profile", default="random-loss", help="random-loss or burst-loss")
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--mtu", type=int, default=1500)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--variants", nargs="+", help="default: all five")
+    p.add_argument("--out", help="results folder (default: results/bench-TIME)")
+    p.add_argument("--cluster", help="reuse this cluster instead of building one")
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("compare", help="regressions between two bench results (exit 1)")
+    p.add_argument("base", metavar="BASE", help="summary.json (or its folder)")
+    p.add_argument("new", metavar="NEW", help="summary.json (or its folder)")
+    p.add_argument("--threshold-pct", type=float, default=10.0)
+    p.add_argument("--ppl-points", type=float, default=1.0)
+    p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("collective-bench",
                        help="lossy all-reduce, RPS and gloo side by side under loss")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_BOOST = 16.0
-FIRST_BUDGET_S = 0.5
+FIRST_BUDGET_S = 0.25
 BOOST_DECAY = 0.9
 
 

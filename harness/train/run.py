@@ -37,7 +37,14 @@ def check(cfg: TrainConfig) -> None:
 
 def train(cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str] = (),
           out_dir: Path | None = None, echo=print) -> dict:
-    check(cfg)
+    return train_many(cluster, [cfg], profile_name, sets, out_dir, echo)[0]
+
+
+def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
+               sets: list[str] = (), out_dir: Path | None = None, echo=print) -> list[dict]:
+    """Several runs under one profile, one after the other in one launch of the ranks."""
+    for cfg in cfgs:
+        check(cfg)
     profile = profiles.load(profile_name, list(sets))
     the_plan, choice = engine.make_plan(cluster, profile)
     work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-"))
@@ -46,8 +53,8 @@ def train(cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str
     started = time.monotonic()
     try:
         results = launch.run(cluster, "harness.train.worker",
-                             [json.dumps(cfg.to_dict()), str(work)], timeout_s=24 * 3600,
-                             echo_rank0=echo)
+                             [json.dumps([c.to_dict() for c in cfgs]), str(work)],
+                             timeout_s=24 * 3600, echo_rank0=echo)
         report = verify.verify(cluster)
     finally:
         engine.clear(cluster)
@@ -56,13 +63,15 @@ def train(cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str
         first = min(failed, key=lambda r: (r.returncode == -9, r.rank))
         raise LossbedError(f"training failed on rank {first.rank} ({first.host}), exit "
                            f"{first.returncode}:\n{first.stderr.strip()[-3000:]}")
-    return record(cfg, cluster, profile, choice.backend, report, results, work,
-                  time.monotonic() - started)
+    lines = [json.loads(line) for line in results[0].stdout.strip().splitlines()
+             if line.startswith("{")]
+    wall = time.monotonic() - started
+    return [record(cfg, cluster, profile, choice.backend, report, lines[i], work / f"run{i}",
+                   len(results), wall / len(cfgs)) for i, cfg in enumerate(cfgs)]
 
 
-def record(cfg, cluster, profile, backend, report, results, work, wall_s) -> dict:
-    result = json.loads(results[0].stdout.strip().splitlines()[-1])
-    ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(len(results))]
+def record(cfg, cluster, profile, backend, report, result, work, world, wall_s) -> dict:
+    ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(world)]
     step_us, collective_us = Histogram(), Histogram()
     for m in ranks:
         step_us.merge(Histogram.from_dict(m["step_us"]))
@@ -80,6 +89,7 @@ def record(cfg, cluster, profile, backend, report, results, work, wall_s) -> dic
         "hosts": len(cluster.hosts), "config": cfg.to_dict(), "backend": backend,
         "tokens_per_s": tokens / train_s,
         "step_ms": _ms(step_us), "collective_ms": _ms(collective_us),
+        "step_hist": step_us.to_dict(),
         "losses": ranks[0]["losses"],
         "ppl": result["ppl"], "ppl_rank0": result["ppl_rank0"], "drift": result["drift"],
         "packets_sent": sent, "packets_lost": missing,

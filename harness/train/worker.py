@@ -95,70 +95,83 @@ def load_flat(model, values: torch.Tensor) -> None:
             offset += p.numel()
 
 
+def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
+    """One run on an already started rank; rank 0 returns the run's result."""
+    tok = tokenizer.load(cfg.tokenizer)
+    text, source = load_text(cfg.corpus, cfg.hf_dataset)
+    corpus = Corpus.build(text, tok, source, cfg.seq_len)
+    batches = Batches(corpus, r.rank, r.world, cfg.batch, cfg.seq_len, cfg.seed)
+    model = presets.build(cfg.preset, tok.vocab_size, cfg.seed)
+    module, optimizer, timing = wrap(cfg, model, r)
+    step_us = Histogram()
+    losses = []
+    before = r.transport.counters.to_dict()
+    started = time.perf_counter()
+    for step in range(cfg.steps):
+        t0 = time.perf_counter()
+        inputs, targets = batches.next()
+        logits = module(input_ids=inputs).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        value = float(loss.detach())
+        step_us.record((time.perf_counter() - t0) * 1e6)
+        losses.append(value)
+        if not math.isfinite(value):
+            raise FloatingPointError(f"rank {r.rank}: loss became {value} at step {step}")
+        if r.rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1):
+            elapsed = time.perf_counter() - started
+            rate = (step + 1) * cfg.batch * cfg.seq_len * r.world / elapsed
+            eta = elapsed / (step + 1) * (cfg.steps - step - 1)
+            print(f"[{label}] step {step + 1}/{cfg.steps} loss {value:.3f} {rate:.0f} tok/s, "
+                  f"about {eta:.0f} s left in this run", file=sys.stderr, flush=True)
+    train_s = time.perf_counter() - started
+
+    # Perplexity of this rank's own model, and of the average of all ranks' models
+    # (averaged reliably, with gloo), and how far apart the ranks' models are.
+    own = flat(model)
+    average = own.clone()
+    dist.all_reduce(average)
+    average /= r.world
+    distance = torch.tensor([float((own - average).norm())])
+    distances = [torch.zeros(1) for _ in range(r.world)]
+    dist.all_gather(distances, distance)
+    eval_tokens = cfg.eval_tokens or None
+    after = r.transport.counters.to_dict()
+    metrics = {
+        "rank": r.rank, "losses": losses, "train_s": train_s,
+        "step_us": step_us.to_dict(), "collective_us": timing.collective_us.to_dict(),
+        "counters": {k: after[k] - before[k] for k in after},
+        "tokens": cfg.steps * cfg.batch * cfg.seq_len,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"rank{r.rank}.json").write_text(json.dumps(metrics))
+    if r.rank != 0:
+        return None
+    torch.save(own, out_dir / "rank0_params.pt")
+    result = {"ppl_rank0": perplexity(model, corpus.heldout, cfg.seq_len, eval_tokens)}
+    load_flat(model, average)
+    result["ppl"] = perplexity(model, corpus.heldout, cfg.seq_len, eval_tokens)
+    result.update(drift=max(float(d) for d in distances),
+                  parameters=sum(p.numel() for p in model.parameters()), corpus=source,
+                  heldout_tokens=len(corpus.heldout), model_sha=_digest(own))
+    return result
+
+
 def main(argv=None) -> int:
-    cfg = TrainConfig(**json.loads((argv or sys.argv[1:])[0]))
-    out_dir = Path((argv or sys.argv[1:])[1])
+    """argv: a JSON list of run configs, and the output folder. The runs go one after the
+    other in these processes (one start-up for many runs); rank 0 prints a JSON line each."""
+    args = argv or sys.argv[1:]
+    configs = [TrainConfig(**c) for c in json.loads(args[0])]
+    out_dir = Path(args[1])
     r = runtime.start(timeout_s=300)
     try:
-        tok = tokenizer.load(cfg.tokenizer)
-        text, source = load_text(cfg.corpus, cfg.hf_dataset)
-        corpus = Corpus.build(text, tok, source, cfg.seq_len)
-        batches = Batches(corpus, r.rank, r.world, cfg.batch, cfg.seq_len, cfg.seed)
-        model = presets.build(cfg.preset, tok.vocab_size, cfg.seed)
-        module, optimizer, timing = wrap(cfg, model, r)
-        step_us = Histogram()
-        losses = []
-        started = time.perf_counter()
-        for step in range(cfg.steps):
-            t0 = time.perf_counter()
-            inputs, targets = batches.next()
-            logits = module(input_ids=inputs).logits
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            value = float(loss.detach())
-            step_us.record((time.perf_counter() - t0) * 1e6)
-            losses.append(value)
-            if not math.isfinite(value):
-                raise FloatingPointError(f"rank {r.rank}: loss became {value} at step {step}")
-            if r.rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1):
-                elapsed = time.perf_counter() - started
-                rate = (step + 1) * cfg.batch * cfg.seq_len * r.world / elapsed
-                eta = elapsed / (step + 1) * (cfg.steps - step - 1)
-                print(f"[train {cfg.variant}] step {step + 1}/{cfg.steps} loss {value:.3f} "
-                      f"{rate:.0f} tok/s, about {eta:.0f} s left", file=sys.stderr, flush=True)
-        train_s = time.perf_counter() - started
-
-        # Perplexity of this rank's own model, and of the average of all ranks' models
-        # (averaged reliably, with gloo), and how far apart the ranks' models are.
-        own = flat(model)
-        average = own.clone()
-        dist.all_reduce(average)
-        average /= r.world
-        distance = torch.tensor([float((own - average).norm())])
-        distances = [torch.zeros(1) for _ in range(r.world)]
-        dist.all_gather(distances, distance)
-        eval_tokens = cfg.eval_tokens or None
-        result = {}
-        if r.rank == 0:
-            result["ppl_rank0"] = perplexity(model, corpus.heldout, cfg.seq_len, eval_tokens)
-            load_flat(model, average)
-            result["ppl"] = perplexity(model, corpus.heldout, cfg.seq_len, eval_tokens)
-        counters = r.transport.counters.to_dict()
-        metrics = {
-            "rank": r.rank, "losses": losses, "train_s": train_s,
-            "step_us": step_us.to_dict(), "collective_us": timing.collective_us.to_dict(),
-            "counters": counters, "tokens": cfg.steps * cfg.batch * cfg.seq_len,
-        }
-        (out_dir / f"rank{r.rank}.json").write_text(json.dumps(metrics))
-        if r.rank == 0:
-            torch.save(own, out_dir / "rank0_params.pt")
-            result.update(drift=max(float(d) for d in distances),
-                          parameters=sum(p.numel() for p in model.parameters()),
-                          corpus=source, heldout_tokens=len(corpus.heldout),
-                          model_sha=_digest(own))
-            print(json.dumps(result), flush=True)
+        for i, cfg in enumerate(configs):
+            label = f"run {i + 1}/{len(configs)} {cfg.variant} seed {cfg.seed}"
+            result = train_one(r, cfg, out_dir / f"run{i}", label)
+            if result is not None:
+                print(json.dumps({"index": i, **result}), flush=True)
     finally:
         r.close()
     return 0

@@ -1,0 +1,61 @@
+"""`lossbed compare BASE NEW`: regressions between two bench summaries, beyond noise.
+
+Per (loss, variant) found in both:
+    throughput   NEW tokens/s below BASE by more than the threshold (default 10%)
+    tail         NEW step p99 above BASE by more than the threshold
+    perplexity   NEW Δppl above BASE's by more than the larger of: the threshold in points
+                 of Δppl (default 1.0), both 95% half-widths, and the lossless noise floor
+Exit status 1 when anything regressed (the nightly hardware CI fails on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Finding:
+    loss: float
+    variant: str
+    metric: str
+    base: float
+    new: float
+    limit: str
+    regressed: bool
+
+
+def compare(base: dict, new: dict, threshold_pct: float = 10.0,
+            ppl_points: float = 1.0) -> list[Finding]:
+    base_rows = {(r["loss"], r["variant"]): r for r in base["rows"]}
+    findings = []
+    floor = max(base.get("noise_floor_pct") or 0.0, new.get("noise_floor_pct") or 0.0)
+    for r in new["rows"]:
+        b = base_rows.get((r["loss"], r["variant"]))
+        if b is None:
+            continue
+        key = (r["loss"], r["variant"])
+        drop = 1 - r["tokens_per_s"] / b["tokens_per_s"]
+        findings.append(Finding(*key, "tokens/s", b["tokens_per_s"], r["tokens_per_s"],
+                                f"-{threshold_pct:g}%", drop * 100 > threshold_pct))
+        rise = r["step_p99_ms"] / b["step_p99_ms"] - 1
+        findings.append(Finding(*key, "step p99 ms", b["step_p99_ms"], r["step_p99_ms"],
+                                f"+{threshold_pct:g}%", rise * 100 > threshold_pct))
+        if r.get("ppl_delta_pct") is not None and b.get("ppl_delta_pct") is not None:
+            allowed = max(ppl_points, b.get("ppl_delta_ci95") or 0.0,
+                          r.get("ppl_delta_ci95") or 0.0, floor)
+            findings.append(Finding(*key, "Δppl %", b["ppl_delta_pct"], r["ppl_delta_pct"],
+                                    f"+{allowed:.2f} points",
+                                    r["ppl_delta_pct"] - b["ppl_delta_pct"] > allowed))
+    return findings
+
+
+def format_findings(findings: list[Finding]) -> str:
+    lines = [f"{'loss':>5} {'variant':<15} {'metric':<12} {'base':>10} {'new':>10} "
+             f"{'limit':>14} verdict"]
+    for f in findings:
+        lines.append(f"{f.loss:>5.0%} {f.variant:<15} {f.metric:<12} {f.base:>10.3f} "
+                     f"{f.new:>10.3f} {f.limit:>14} {'REGRESSION' if f.regressed else 'ok'}")
+    bad = sum(f.regressed for f in findings)
+    lines.append(f"{bad} regression(s) in {len(findings)} checks" if findings
+                 else "nothing in common to compare")
+    return "\n".join(lines)

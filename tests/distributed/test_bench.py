@@ -1,0 +1,97 @@
+"""`lossbed bench` and `lossbed compare`."""
+
+from __future__ import annotations
+
+import copy
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.bench.compare import compare
+from testbed import netns_cluster
+from testbed.hosts import processes_in_namespaces
+from tests.helpers import REPO, lossbed
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+FIELDS = {"variant", "profile", "loss", "seed", "steps", "hosts", "tokens_per_s", "step_ms",
+          "collective_ms", "ppl", "ppl_rank0", "ppl_delta_pct", "measured_loss",
+          "rcvbuf_drops", "drift", "backend"}
+
+
+def test_bench_writes_every_field_the_table_and_plots_and_leaves_nothing(tmp_path):
+    before = netns_cluster.leftover_clusters()
+    out = tmp_path / "bench"
+    result = lossbed("bench", "--hosts", "2", "--steps", "4", "--seeds", "2", "--loss", "0.1",
+                     "--out", str(out), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    # reference (reliable at 0) + 5 variants at 10%, for 2 seeds
+    assert len(rows) == 12
+    assert {(r["variant"], r["loss"]) for r in rows} >= {("reliable", 0.0), ("rps", 0.1),
+                                                          ("unbiased_drift", 0.1)}
+    for row in rows:
+        assert FIELDS <= set(row), FIELDS - set(row)
+        assert set(row["step_ms"]) >= {"p50", "p99", "p999"}
+        assert set(row["collective_ms"]) >= {"p50", "p99", "p999"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["checks"]["reliable_exact_under_loss"] is True
+    assert summary["noise_floor_pct"] is not None
+    assert {"ppl_delta_pct", "ppl_delta_ci95"} <= set(summary["rows"][0])
+    for name in ("summary.md", "loss_curves.png", "step_time_cdf.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert "tok/s vs rel" in result.stdout and "noise floor" in result.stdout
+    assert "[bench 12/12]" in result.stderr  # progress with run numbers
+    assert netns_cluster.leftover_clusters() == before
+
+
+def test_ctrl_c_in_the_middle_leaves_no_namespace_rule_or_process(tmp_path):
+    before = netns_cluster.leftover_clusters()
+    child = subprocess.Popen([sys.executable, "-m", "testbed.cli", "bench", "--hosts", "2",
+                              "--steps", "400", "--seeds", "1", "--out", str(tmp_path / "b")],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    deadline = time.monotonic() + 120
+    for line in child.stderr:
+        if "step 21/" in line or time.monotonic() > deadline:
+            break
+    created = netns_cluster.leftover_clusters() - before
+    assert created, "the bench should have built its cluster"
+    child.send_signal(signal.SIGINT)
+    child.communicate(timeout=120)
+    assert child.returncode != 0
+    assert netns_cluster.leftover_clusters() == before
+    namespaces = [ns for c in created for ns in netns_cluster.cluster_namespaces(c)]
+    assert namespaces == [] and processes_in_namespaces(namespaces) == {}
+
+
+SUMMARY = {"noise_floor_pct": 2.0, "rows": [
+    {"loss": 0.1, "variant": "unbiased", "tokens_per_s": 10000.0, "step_p99_ms": 50.0,
+     "ppl_delta_pct": 1.0, "ppl_delta_ci95": 0.5},
+    {"loss": 0.1, "variant": "reliable", "tokens_per_s": 8000.0, "step_p99_ms": 400.0,
+     "ppl_delta_pct": 0.0, "ppl_delta_ci95": 0.0}]}
+
+
+def test_compare_flags_a_20_percent_throughput_regression_and_passes_identical(tmp_path):
+    worse = copy.deepcopy(SUMMARY)
+    worse["rows"][0]["tokens_per_s"] *= 0.8
+    assert not any(f.regressed for f in compare(SUMMARY, SUMMARY))
+    flagged = [f for f in compare(SUMMARY, worse) if f.regressed]
+    assert [(f.variant, f.metric) for f in flagged] == [("unbiased", "tokens/s")]
+    base, new, same = tmp_path / "base.json", tmp_path / "new.json", tmp_path / "same.json"
+    base.write_text(json.dumps(SUMMARY))
+    same.write_text(json.dumps(SUMMARY))
+    new.write_text(json.dumps(worse))
+    assert lossbed("compare", str(base), str(same)).returncode == 0
+    regressed = lossbed("compare", str(base), str(new))
+    assert regressed.returncode == 1 and "REGRESSION" in regressed.stdout
+    # a perplexity change inside the noise floor is not a regression; beyond it, it is
+    noisy = copy.deepcopy(SUMMARY)
+    noisy["rows"][0]["ppl_delta_pct"] = 2.5
+    assert not any(f.regressed for f in compare(SUMMARY, noisy))
+    noisy["rows"][0]["ppl_delta_pct"] = 4.0
+    assert any(f.metric == "Δppl %" and f.regressed for f in compare(SUMMARY, noisy))
