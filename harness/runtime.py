@@ -1,7 +1,9 @@
 """A rank's start-up, the torchrun way: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the
 environment, a TCPStore for rendezvous, a gloo process group (the reliable baseline and
 resyncs), and lossbed's UDP transport bound to the host's address on the emulated link
-(LOSSBED_ADDRESS; LOSSBED_MTU)."""
+(LOSSBED_ADDRESS; LOSSBED_MTU), with the loss semantics of LOSSBED_TRANSPORT (udp,
+roce-ud, roce-uc[:BYTES], roce-rc[:BYTES]) and an optional seeded receiver-side drop mask
+(LOSSBED_DROP_MASK=SEED:RATE)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from harness.transport.dropmask import DropMask
+from harness.transport.semantics import Semantics
 from harness.transport.udp import UdpTransport
 
 log = logging.getLogger(__name__)
@@ -23,6 +27,24 @@ class Rank:
     world: int
     store: object
     transport: UdpTransport
+    address: str = ""
+    mtu: int = 1500
+    drop_mask: DropMask | None = None
+    others: dict | None = None
+
+    def transport_for(self, semantics: str) -> UdpTransport:
+        """A transport with other loss semantics, made on first use (every rank asks in the
+        same order: the endpoints are exchanged through the store then)."""
+        wanted = Semantics.parse(semantics)
+        if wanted == self.transport.semantics:
+            return self.transport
+        self.others = self.others or {}
+        if wanted not in self.others:
+            self.others[wanted] = UdpTransport(
+                self.rank, self.world, self.address, self.store, mtu=self.mtu,
+                semantics=wanted, drop_mask=self.drop_mask,
+                key_prefix=f"lossbed/udp/{wanted}")
+        return self.others[wanted]
 
     def close(self, linger_s: float = 30.0) -> None:
         """Leave in order: rank 0 hosts the store, so it goes last. Otherwise a rank still
@@ -30,6 +52,8 @@ class Rank:
         import time
 
         self.transport.close()
+        for other in (self.others or {}).values():
+            other.close()
         if dist.is_initialized():
             dist.destroy_process_group()
         try:
@@ -53,13 +77,27 @@ def _env(name: str, default: str | None = None) -> str:
     return value
 
 
-def start(timeout_s: float = 60.0, rate_mbit: float = 0.0) -> Rank:
+def start(timeout_s: float = 60.0, rate_mbit: float = 0.0, transport: str | None = None,
+          drop_mask: str | None = None) -> Rank:
     rank, world = int(_env("RANK")), int(_env("WORLD_SIZE"))
     master, port = _env("MASTER_ADDR"), int(_env("MASTER_PORT"))
     store = dist.TCPStore(master, port, world, is_master=(rank == 0),
                           timeout=timedelta(seconds=timeout_s))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
-    transport = UdpTransport(rank, world, _env("LOSSBED_ADDRESS", master), store,
-                             mtu=int(_env("LOSSBED_MTU", "1500")), rate_mbit=rate_mbit)
-    return Rank(rank, world, store, transport)
+    semantics = Semantics.parse(transport or os.environ.get("LOSSBED_TRANSPORT", "udp"))
+    mask = parse_drop_mask(drop_mask or os.environ.get("LOSSBED_DROP_MASK"))
+    address, mtu = _env("LOSSBED_ADDRESS", master), int(_env("LOSSBED_MTU", "1500"))
+    udp = UdpTransport(rank, world, address, store, mtu=mtu, rate_mbit=rate_mbit,
+                       semantics=semantics, drop_mask=mask)
+    return Rank(rank, world, store, udp, address=address, mtu=mtu, drop_mask=mask)
+
+
+def parse_drop_mask(text: str | None) -> DropMask | None:
+    if not text:
+        return None
+    seed, _, rate = text.partition(":")
+    try:
+        return DropMask(int(seed), float(rate))
+    except ValueError:
+        raise SystemExit(f"LOSSBED_DROP_MASK={text!r}: write SEED:RATE, e.g. 7:0.1") from None

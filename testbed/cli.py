@@ -170,11 +170,11 @@ def _cmd_train(args) -> int:
 
     cfg = TrainConfig(variant=args.variant, preset=args.preset, steps=args.steps, seed=args.seed,
                       batch=args.batch, seq_len=args.seq_len, lr=args.lr,
-                      optimizer=args.optimizer,
+                      optimizer=args.optimizer, transport=args.transport,
                       resync_every=args.resync_every, eval_tokens=args.eval_tokens,
                       corpus=args.corpus, hf_dataset=args.hf_dataset, tokenizer=args.tokenizer)
-    run.check(cfg)  # bad input is refused before a cluster is even looked at
     cluster = clusters.load(args.cluster)
+    run.check(cfg, cluster)  # bad input is refused before any process starts
     rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
                     echo=lambda line: print(line, file=sys.stderr, flush=True))
     summary = {k: rec[k] for k in ("variant", "profile", "loss", "seed", "steps", "ppl",
@@ -302,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--optimizer", default="adamw", help="adamw (default) or sgd")
+    p.add_argument("--transport", default="udp",
+                   help="loss semantics of the lossy variants: udp, roce-ud, roce-uc[:BYTES], "
+                        "roce-rc[:BYTES], or verbs (real RDMA queue pairs)")
     p.add_argument("--resync-every", type=int, default=0,
                    help="unbiased_drift: reliable parameter resync every K steps (0: never)")
     p.add_argument("--eval-tokens", type=int, default=0, help="0: the whole held-out split")

@@ -46,9 +46,10 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rate-mbit", type=float, default=0.0)
+    parser.add_argument("--transport", default="udp", help="udp, roce-ud, roce-uc, roce-rc")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    r = runtime.start(rate_mbit=args.rate_mbit)
+    r = runtime.start(rate_mbit=args.rate_mbit, transport=args.transport)
     try:
         lossy = {name: LossyCollective(r.transport, r.store, estimator=name.split("-", 1)[1])
                  for name in args.algorithms if name.startswith("lossy-")}

@@ -20,6 +20,7 @@ from pathlib import Path
 from harness.bench import report
 from harness.train import run
 from harness.train.config import VARIANTS, TrainConfig
+from harness.transport.semantics import Semantics
 from testbed import profiles
 from testbed.errors import LossbedError, UsageError
 
@@ -46,10 +47,14 @@ class BenchSpec:
         if bad:
             raise UsageError("--loss", f"{bad[0]} is not a fraction in [0, 1)",
                              "LOSS is a fraction: LOSS=0.1 means 10%")
-        unknown = [v for v in self.variants if v not in VARIANTS]
+        unknown = [v for v in self.variants if v.partition("@")[0] not in VARIANTS]
         if unknown:
             raise UsageError("--variants", f"unknown {', '.join(unknown)}",
-                             f"Use some of: {', '.join(VARIANTS)}")
+                             f"Use some of: {', '.join(VARIANTS)}, each optionally "
+                             "@TRANSPORT (e.g. unbiased@roce-uc)")
+        for v in self.variants:
+            if "@" in v:
+                Semantics.parse(v.partition("@")[2])
         if self.seeds < 1 or self.steps < 1:
             raise UsageError("--seeds/--steps", "must be 1 or more", "e.g. --seeds 3")
         if self.hosts < 2:
@@ -61,8 +66,10 @@ class BenchSpec:
         self.config(variant="reliable", seed=0).validate()
 
     def config(self, variant: str, seed: int) -> TrainConfig:
-        return TrainConfig(variant=variant, preset=self.preset, steps=self.steps, seed=seed,
-                           batch=self.batch, seq_len=self.seq_len, lr=self.lr, log_every=20)
+        name, _, transport = variant.partition("@")
+        return TrainConfig(variant=name, transport=transport or "udp", preset=self.preset,
+                           steps=self.steps, seed=seed, batch=self.batch,
+                           seq_len=self.seq_len, lr=self.lr, log_every=20)
 
     def cases(self) -> list[tuple[str, float, list[TrainConfig]]]:
         """(profile, loss, runs) per launch: the lossless reference first."""

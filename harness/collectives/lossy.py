@@ -36,6 +36,7 @@ from harness.transport.udp import APPLIED, DUPLICATE, FUTURE, MALFORMED, STALE
 log = logging.getLogger(__name__)
 
 EARLY = "early"
+RC_STAGE_TIMEOUT_S = 60.0  # reliable semantics wait for everything, but not forever
 MAX_STASH = 1 << 16
 
 
@@ -201,7 +202,8 @@ class LossyCollective:
                                  bucket)
         kind = f"{contribution.size}"
         reduce_since = time.monotonic()
-        reduce_budget = self.deadline.budget("reduce:" + kind)
+        reliable = self.transport.semantics.reliable
+        reduce_budget = RC_STAGE_TIMEOUT_S if reliable else self.deadline.budget("reduce:" + kind)
         reduce_hit = self._receive(state, lambda: state.reduce_left == 0, reduce_budget)
         self.deadline.observe("reduce:" + kind, max(state.last_reduce_at - reduce_since, 0.0))
         state.accept_reduce = False
@@ -223,11 +225,20 @@ class LossyCollective:
         # broadcast deadline counts from the start of the reduce stage and includes it.
         waiting_since = time.monotonic()
         bcast_budget = (reduce_since + reduce_budget - waiting_since
-                        + self.deadline.budget("broadcast:" + kind))
+                        + (RC_STAGE_TIMEOUT_S if reliable
+                           else self.deadline.budget("broadcast:" + kind)))
         bcast_hit = self._receive(state, lambda: state.bcast_left == 0, bcast_budget)
         self.deadline.observe("broadcast:" + kind, max(state.last_bcast_at - waiting_since, 0.0))
 
         self.transport.counters.missing += reduce_missing + state.bcast_left
+        if reliable:
+            # Peers may still need our datagrams again: serve them before leaving the step.
+            if not self.transport.flush(time.monotonic() + RC_STAGE_TIMEOUT_S):
+                raise RankLost(f"rank {self.rank}: RC datagrams still unacknowledged after "
+                               f"{RC_STAGE_TIMEOUT_S:.0f} s: a peer died or lost the network")
+            if state.reduce_left or state.bcast_left:
+                raise RankLost(f"rank {self.rank}: RC step {step} incomplete after "
+                               f"{RC_STAGE_TIMEOUT_S:.0f} s: a peer died or lost the network")
         self.deadline.end_step()
         return StepStats(step, time.monotonic() - state.started, reduce_expected,
                          reduce_missing, sum(len(v) for v in state.bcast_got.values()),

@@ -8,6 +8,9 @@ from harness.model import presets
 from testbed.errors import UsageError
 
 VARIANTS = ("reliable", "zero_fill", "unbiased", "unbiased_drift", "rps")
+# `lossbed bench` also takes VARIANT@TRANSPORT, e.g. unbiased@roce-uc: the same variant over
+# another loss semantics. These are its RoCE defaults.
+ROCE_VARIANTS = ("unbiased@roce-ud", "unbiased@roce-uc", "unbiased@roce-rc")
 VARIANT_HELP = {
     "reliable": "torch.distributed all-reduce (gloo; NCCL on GPUs): waits for TCP",
     "zero_fill": "lossy all-reduce, missing gradients count as 0 (naive)",
@@ -28,6 +31,7 @@ class TrainConfig:
     lr: float = 2e-3
     optimizer: str = "adamw"  # or "sgd" (momentum 0.9): RPS's own setting
     plain_ddp: bool = False   # reliable without lossbed's timing hook (to check it changes nothing)
+    transport: str = "udp"    # loss semantics of the lossy variants: udp, roce-ud, roce-uc, roce-rc
     resync_every: int = 0
     eval_tokens: int = 0  # 0: the whole held-out split
     corpus: str | None = None
@@ -44,6 +48,10 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')}", f"{getattr(self, name)} is "
                                  "too small", "Use 1 or more")
+        from harness.transport.semantics import Semantics
+
+        if self.transport != "verbs":  # verbs is checked on the hosts (harness.verbs.device)
+            Semantics.parse(self.transport)
         if self.optimizer not in ("adamw", "sgd"):
             raise UsageError("--optimizer", f"unknown optimizer {self.optimizer!r}",
                              "Use adamw or sgd")

@@ -27,8 +27,12 @@ from testbed.impair import engine
 log = logging.getLogger(__name__)
 
 
-def check(cfg: TrainConfig) -> None:
+def check(cfg: TrainConfig, cluster=None) -> None:
     """Every input problem, found before a process starts or a link is touched."""
+    if cfg.transport == "verbs":
+        from harness.verbs import device
+
+        device.require(cluster.hosts if cluster is not None else [])
     cfg.validate()
     tok = tokenizers.load(cfg.tokenizer)
     text, source = load_text(cfg.corpus, cfg.hf_dataset)
@@ -44,7 +48,7 @@ def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
                sets: list[str] = (), out_dir: Path | None = None, echo=print) -> list[dict]:
     """Several runs under one profile, one after the other in one launch of the ranks."""
     for cfg in cfgs:
-        check(cfg)
+        check(cfg, cluster)
     profile = profiles.load(profile_name, list(sets))
     the_plan, choice = engine.make_plan(cluster, profile)
     work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-"))
@@ -84,7 +88,8 @@ def record(cfg, cluster, profile, backend, report, result, work, world, wall_s) 
     interval = stats.wilson_interval(dropped, seen) if seen else None
     loss = profile.impairment.loss
     return {
-        "variant": cfg.variant, "profile": profile.name,
+        "variant": cfg.variant + (f"@{cfg.transport}" if cfg.transport != "udp" else ""),
+        "transport": cfg.transport, "profile": profile.name,
         "loss": loss.stationary_loss() if loss else 0.0, "seed": cfg.seed, "steps": cfg.steps,
         "hosts": len(cluster.hosts), "config": cfg.to_dict(), "backend": backend,
         "tokens_per_s": tokens / train_s,

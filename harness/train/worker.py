@@ -56,6 +56,7 @@ def wrap(cfg: TrainConfig, model, r):
     """(module to call, optimizer, object holding the collective-time histogram)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    transport = r.transport_for(cfg.transport)
     if cfg.optimizer == "sgd":
         optimizer_class, options = torch.optim.SGD, dict(lr=cfg.lr, momentum=0.9)
     else:
@@ -70,16 +71,16 @@ def wrap(cfg: TrainConfig, model, r):
     if cfg.variant in ("zero_fill", "unbiased"):
         estimator = "zero_fill" if cfg.variant == "zero_fill" else "received_mean"
         ddp = DDP(model)
-        state = LossyHookState(LossyCollective(r.transport, r.store, estimator=estimator))
+        state = LossyHookState(LossyCollective(transport, r.store, estimator=estimator))
         ddp.register_comm_hook(state, lossy_allreduce_hook)
         return ddp, optimizer_class(ddp.parameters(), **options), state
     if cfg.variant == "unbiased_drift":
-        collective = LossyCollective(r.transport, r.store, estimator="received_mean")
+        collective = LossyCollective(transport, r.store, estimator="received_mean")
         optimizer = ShardedOptimizer(model, optimizer_class, collective,
                                      resync_every=cfg.resync_every, **options)
         return model, optimizer, optimizer
     optimizer = RPSOptimizer(model, optimizer_class(model.parameters(), **options),
-                             RPS(r.transport, r.store))
+                             RPS(transport, r.store))
     return model, optimizer, optimizer
 
 
@@ -105,7 +106,8 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
     module, optimizer, timing = wrap(cfg, model, r)
     step_us = Histogram()
     losses = []
-    before = r.transport.counters.to_dict()
+    transport = r.transport_for(cfg.transport)
+    before = transport.counters.to_dict()
     started = time.perf_counter()
     for step in range(cfg.steps):
         t0 = time.perf_counter()
@@ -138,7 +140,7 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
     distances = [torch.zeros(1) for _ in range(r.world)]
     dist.all_gather(distances, distance)
     eval_tokens = cfg.eval_tokens or None
-    after = r.transport.counters.to_dict()
+    after = transport.counters.to_dict()
     metrics = {
         "rank": r.rank, "losses": losses, "train_s": train_s,
         "step_us": step_us.to_dict(), "collective_us": timing.collective_us.to_dict(),

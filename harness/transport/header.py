@@ -1,8 +1,12 @@
-"""The fixed binary header of every lossbed collective packet (network byte order, 40 B).
+"""The fixed binary header of every lossbed collective packet (network byte order, 44 B).
 
     magic u32 "LBED" | version u8 | stage u8 | source rank u16 | job nonce u64 | step u32 |
-    bucket u32 | shard u16 | reserved u16 | packet index u32 | packet count u32 |
-    payload length u32
+    bucket u16 | shard u16 | fragment u16 | fragments u16 | packet index u32 |
+    packet count u32 | payload length u32 | psn u32
+
+A "packet" here is what the collective rebuilds as a unit: one datagram, or for RoCE UC/RC
+semantics one message cut into `fragments` datagrams. psn is the go-back-N sequence number
+of RC semantics (0 otherwise); ACK and NAK control packets carry only a psn.
 
 A receiver applies a packet only if every field agrees with what it expects: the job's
 nonce, a source inside the job, the step it is working on, a shard and packet index that
@@ -15,14 +19,16 @@ import struct
 from typing import NamedTuple
 
 MAGIC = 0x4C424544  # "LBED"
-VERSION = 1
-HEADER = struct.Struct("!IBBHQIIHHIII")
+VERSION = 2
+HEADER = struct.Struct("!IBBHQIHHHHIIII")
 HEADER_BYTES = HEADER.size
 IPV4_UDP_OVERHEAD = 20 + 8
 
 # stages of one collective step
 STAGE_REDUCE = 0     # a rank's contribution to a shard, sent to the shard's owner
 STAGE_BROADCAST = 1  # the owner's result for its shard, sent to everyone
+STAGE_ACK = 2        # RC: everything before psn arrived
+STAGE_NAK = 3        # RC: a gap; send again from psn (go-back-N)
 STAGE_NAMES = {STAGE_REDUCE: "reduce", STAGE_BROADCAST: "broadcast"}
 
 
@@ -35,16 +41,18 @@ class Header(NamedTuple):
     step: int
     bucket: int
     shard: int
-    reserved: int
+    fragment: int
+    fragments: int
     index: int
     count: int
     length: int
+    psn: int
 
 
 def pack(stage: int, source: int, nonce: int, step: int, bucket: int, shard: int, index: int,
-         count: int, length: int) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, stage, source, nonce, step, bucket, shard, 0, index,
-                       count, length)
+         count: int, length: int, fragment: int = 0, fragments: int = 1, psn: int = 0) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, stage, source, nonce, step, bucket & 0xFFFF, shard,
+                       fragment, fragments, index, count, length, psn)
 
 
 def unpack(data) -> Header | None:

@@ -1,16 +1,19 @@
 """The UDP datagram transport of the lossy collectives.
 
 One socket per rank, bound to the host's address on the emulated link. Packets carry a
-fixed header (header.py) and a payload sized to the link MTU. There is no retransmission:
-a receiver waits until everything it expects arrived or its deadline passed, and the
-collective rebuilds what is missing. Sending is zero-copy (the header and a view of the
-tensor go out in one sendmsg) and paced to a rate; receiving goes into one preallocated
-buffer from which the collective copies payloads straight into its tensors.
+fixed header (header.py) and a payload sized to the link MTU. The loss semantics
+(semantics.py) decide the unit of loss: a datagram (udp, roce-ud), a whole multi-datagram
+message (roce-uc), or nothing at all at the price of go-back-N retransmission (roce-rc).
+Without RC there is no retransmission: a receiver waits until everything it expects arrived
+or its deadline passed, and the collective rebuilds what is missing. Sending is zero-copy
+(the header and a view of the tensor go out in one sendmsg) and paced to a rate; receiving
+goes into one preallocated buffer.
 
 Endpoints and the job's nonce are exchanged through torch.distributed's TCPStore. Every
 datagram that is not for this job (wrong magic, nonce, source), or that does not fit what
 is expected (bad length, stage, shard, index; stale or future step), is dropped and counted,
-never applied.
+never applied. An optional seeded drop mask (dropmask.py) loses datagrams at the receiver,
+replayably, where the kernel cannot (hardware RoCE).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from harness.transport import header as hdr
+from harness.transport.dropmask import DropMask
+from harness.transport.gobackn import ACK_EVERY, ReceiveFlow, SendFlow
+from harness.transport.semantics import Semantics
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +37,7 @@ log = logging.getLogger(__name__)
 SO_RCVBUFFORCE, SO_SNDBUFFORCE = 33, 32
 BUFFER_OPTIONS = ((SO_RCVBUFFORCE, socket.SO_RCVBUF), (SO_SNDBUFFORCE, socket.SO_SNDBUF))
 DEFAULT_BUFFER_BYTES = 64 << 20
+RC_TICK_S = 0.002  # how often a waiting RC endpoint checks its timers
 
 # What a packet handler says about a packet it was given
 APPLIED, DUPLICATE, STALE, FUTURE, MALFORMED = "applied", "duplicate", "stale", "future", \
@@ -39,17 +46,22 @@ APPLIED, DUPLICATE, STALE, FUTURE, MALFORMED = "applied", "duplicate", "stale", 
 
 @dataclass
 class Counters:
-    packets_sent: int = 0
+    packets_sent: int = 0         # datagrams, retransmissions included
     bytes_sent: int = 0
-    packets_received: int = 0     # applied
+    packets_received: int = 0     # units applied (datagrams; whole messages for UC/RC)
     bytes_received: int = 0
-    missing: int = 0              # expected but not there at the deadline
+    missing: int = 0              # units expected but not there at the deadline
     late: int = 0                 # for a step already finished
     early: int = 0                # for the next step: kept and applied when it starts
     future: int = 0               # too far ahead: dropped
     duplicates: int = 0
     foreign: int = 0              # not lossbed's, wrong nonce, unknown source
     malformed: int = 0            # bad length, stage, shard or index
+    messages_incomplete: int = 0  # UC: messages started but lost whole (partial data dropped)
+    retransmitted: int = 0        # RC: datagrams sent again
+    timeouts: int = 0             # RC: retransmission timeouts
+    naks_sent: int = 0
+    masked: int = 0               # dropped by the seeded drop mask
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,9 +74,13 @@ class TransportError(RuntimeError):
 class UdpTransport:
     def __init__(self, rank: int, world: int, address: str, store, *, mtu: int = 1500,
                  port: int = 0, rate_mbit: float = 0.0, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-                 key_prefix: str = "lossbed/udp"):
+                 key_prefix: str = "lossbed/udp", semantics: Semantics | None = None,
+                 drop_mask: DropMask | None = None):
         self.rank, self.world, self.mtu = rank, world, mtu
-        self.per_packet = hdr.payload_floats(mtu)
+        self.semantics = semantics or Semantics()
+        self.fragment_floats = self.semantics.fragment_floats(mtu)
+        self.per_packet = self.semantics.slot_floats(mtu)  # what the collective rebuilds
+        self.drop_mask = drop_mask
         self.rate_bytes_s = rate_mbit * 1e6 / 8 if rate_mbit else 0.0
         self.counters = Counters()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -82,6 +98,9 @@ class UdpTransport:
         self._pace_next = 0.0
         self._step = 0
         self.stash: list = []  # packets of the next step that came early, kept for it
+        self._partial: dict[tuple, list] = {}  # UC/RC messages being reassembled
+        self._send_flows = [SendFlow() for _ in range(world)]
+        self._recv_flows = [ReceiveFlow() for _ in range(world)]
         # Exchange endpoints and the nonce through the rendezvous store.
         host, bound_port = self.sock.getsockname()
         store.set(f"{key_prefix}/ep/{rank}", f"{host}:{bound_port}")
@@ -94,8 +113,8 @@ class UdpTransport:
             peer_host, peer_port = text.rsplit(":", 1)
             self.endpoints.append((peer_host, int(peer_port)))
         self.sources = {ep: r for r, ep in enumerate(self.endpoints)}
-        log.info("rank %d: UDP transport on %s:%d, MTU %d (%d floats per packet), nonce %x",
-                 rank, host, bound_port, mtu, self.per_packet, self.nonce)
+        log.info("rank %d: UDP transport on %s:%d, MTU %d, %s (%d floats per unit), nonce %x",
+                 rank, host, bound_port, mtu, self.semantics, self.per_packet, self.nonce)
 
     def close(self) -> None:
         self.sock.close()
@@ -105,22 +124,49 @@ class UdpTransport:
         order, so the numbers agree across ranks."""
         step = self._step
         self._step += 1
+        # Messages of steps two behind can never complete any more: count and forget them.
+        stale = [k for k in self._partial if k[1] < step - 1]
+        self.counters.messages_incomplete += len(stale)
+        for key in stale:
+            del self._partial[key]
+        if self.drop_mask is not None:
+            self.drop_mask.attempts.clear()
         return step
 
     # ---- sending ------------------------------------------------------------------------
 
     def send(self, dest: int, stage: int, step: int, bucket: int, shard: int, index: int,
              count: int, payload: memoryview) -> None:
-        head = hdr.HEADER.pack(hdr.MAGIC, hdr.VERSION, stage, self.rank, self.nonce, step,
-                               bucket, shard, 0, index, count, len(payload))
+        """One unit (packet or message) to `dest`, cut into datagrams as the semantics say."""
+        size = 4 * self.fragment_floats
+        fragments = max(1, -(-len(payload) // size))
+        flow = self._send_flows[dest] if self.semantics.reliable else None
+        for fragment in range(fragments):
+            part = payload[fragment * size:(fragment + 1) * size]
+            psn = 0
+            if flow is not None:
+                psn = flow.next_psn
+                flow.next_psn += 1
+            head = hdr.HEADER.pack(hdr.MAGIC, hdr.VERSION, stage, self.rank, self.nonce, step,
+                                   bucket & 0xFFFF, shard, fragment, fragments, index, count,
+                                   len(part), psn)
+            if flow is not None:
+                flow.sent(psn, head, part)
+            self._transmit(dest, head, part)
+
+    def _transmit(self, dest: int, head: bytes, payload) -> None:
         if self.rate_bytes_s:
             self._pace(len(head) + len(payload) + hdr.IPV4_UDP_OVERHEAD)
-        try:
-            self.sock.sendmsg([head, payload], [], 0, self.endpoints[dest])
-        except OSError as err:
-            # ENOBUFS/EAGAIN under pressure: the packet is lost like one on the wire
-            log.debug("rank %d: send to %d failed: %s", self.rank, dest, err)
-            return
+        while True:
+            try:
+                self.sock.sendmsg([head, payload], [], 0, self.endpoints[dest])
+                break
+            except BlockingIOError:
+                # The send buffer is full: wait for room rather than lose the datagram here.
+                select.select([], [self.sock], [], 0.01)
+            except OSError as err:
+                log.debug("rank %d: send to %d failed: %s", self.rank, dest, err)
+                return
         self.counters.packets_sent += 1
         self.counters.bytes_sent += len(payload)
 
@@ -133,14 +179,19 @@ class UdpTransport:
         if wait > 200e-6:  # sleep in chunks; short gaps are covered by the burst
             time.sleep(wait)
 
+    def _control(self, dest: int, stage: int, psn: int) -> None:
+        head = hdr.HEADER.pack(hdr.MAGIC, hdr.VERSION, stage, self.rank, self.nonce, 0, 0, 0,
+                               0, 1, 0, 0, 0, psn)
+        self._transmit(dest, head, b"")
+
     # ---- receiving ----------------------------------------------------------------------
 
     def receive_until(self, deadline: float, done: Callable[[], bool],
                       handle: Callable[[hdr.Header, memoryview], str]) -> None:
-        """Feed valid packets of this job to `handle` until `done()` or the deadline
+        """Feed valid units of this job to `handle` until `done()` or the deadline
         (time.monotonic()). `handle` says what it did with each one, for the counters."""
-        c = self.counters
         sock, buffer, poller = self.sock, self.buffer, self._poller
+        reliable = self.semantics.reliable
         while not done():
             try:
                 size, sender = sock.recvfrom_into(buffer)
@@ -148,28 +199,131 @@ class UdpTransport:
                 # Nothing queued: sleep in poll() until a packet or the deadline. Packets
                 # usually come in bursts, so most receives skip this system call.
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not poller.poll(remaining * 1000):
+                if remaining <= 0:
+                    return
+                if reliable:
+                    self._acknowledge_all()
+                    self._check_timers()
+                    remaining = min(remaining, RC_TICK_S)
+                if not poller.poll(remaining * 1000) and not reliable:
                     return
                 continue
-            head = hdr.unpack(self.view[:size])
-            if head is None or head.nonce != self.nonce or head.source >= self.world \
-                    or self.sources.get(sender) != head.source or head.source == self.rank:
-                c.foreign += 1
-                continue
-            if head.length != size - hdr.HEADER_BYTES or head.length % 4:
-                c.malformed += 1
-                continue
-            verdict = handle(head, self.view[hdr.HEADER_BYTES:size])
-            if verdict == APPLIED:
-                c.packets_received += 1
-                c.bytes_received += head.length
-            elif verdict == DUPLICATE:
+            self._datagram(size, sender, handle)
+
+    def flush(self, deadline: float) -> bool:
+        """RC: keep serving acknowledgements and retransmissions until every datagram this
+        rank sent was acknowledged (peers may still need them), or the deadline."""
+        if not self.semantics.reliable:
+            return True
+
+        def acknowledged():
+            return not any(f.unacked for f in self._send_flows)
+
+        self.receive_until(deadline, acknowledged, lambda head, payload: STALE)
+        return acknowledged()
+
+    def _datagram(self, size: int, sender, handle) -> None:
+        c = self.counters
+        head = hdr.unpack(self.view[:size])
+        if head is None or head.nonce != self.nonce or head.source >= self.world \
+                or self.sources.get(sender) != head.source or head.source == self.rank:
+            c.foreign += 1
+            return
+        if head.length != size - hdr.HEADER_BYTES or head.length % 4:
+            c.malformed += 1
+            return
+        if head.stage in (hdr.STAGE_ACK, hdr.STAGE_NAK):
+            self._on_control(head)
+            return
+        if self.drop_mask is not None and self.drop_mask.drops(head):
+            c.masked += 1
+            return
+        if self.semantics.reliable:
+            flow = self._recv_flows[head.source]
+            verdict = flow.accept(head.psn)
+            if verdict == "duplicate":
                 c.duplicates += 1
-            elif verdict == STALE:
-                c.late += 1
-            elif verdict == FUTURE:
-                c.future += 1
-            elif verdict == "early":
-                c.early += 1
-            else:
-                c.malformed += 1
+                return
+            if verdict == "gap":
+                if flow.nak_sent_for != flow.expected:
+                    self._control(head.source, hdr.STAGE_NAK, flow.expected)
+                    flow.nak_sent_for = flow.expected
+                    c.naks_sent += 1
+                return
+            if flow.unacked_in_order >= ACK_EVERY:
+                self._control(head.source, hdr.STAGE_ACK, flow.expected)
+                flow.unacked_in_order = 0
+        payload = self.view[hdr.HEADER_BYTES:size]
+        if head.fragments > 1:
+            whole = self._reassemble(head, payload)
+            if whole is None:
+                return
+            head, payload = whole
+        self._count(handle(head, payload))
+
+    def _count(self, verdict: str) -> None:
+        c = self.counters
+        if verdict == APPLIED:
+            c.packets_received += 1
+        elif verdict == DUPLICATE:
+            c.duplicates += 1
+        elif verdict == STALE:
+            c.late += 1
+        elif verdict == FUTURE:
+            c.future += 1
+        elif verdict == "early":
+            c.early += 1
+        else:
+            c.malformed += 1
+
+    def _reassemble(self, head: hdr.Header, payload: memoryview):
+        """A message's fragments, copied aside until all are there; then the whole message.
+        A message missing any fragment is never handed on (RoCE UC: lost whole)."""
+        if head.fragment >= head.fragments:
+            self.counters.malformed += 1
+            return None
+        key = (head.source, head.step, head.stage, head.shard, head.index)
+        entry = self._partial.get(key)
+        if entry is None:
+            entry = self._partial[key] = [bytearray(4 * self.fragment_floats * head.fragments),
+                                          set(), 0]
+        if head.fragment in entry[1]:
+            self.counters.duplicates += 1
+            return None
+        start = head.fragment * 4 * self.fragment_floats
+        entry[0][start:start + head.length] = payload
+        entry[1].add(head.fragment)
+        entry[2] += head.length
+        if len(entry[1]) < head.fragments:
+            return None
+        del self._partial[key]
+        whole = head._replace(length=entry[2], fragment=0)
+        return whole, memoryview(entry[0])[:entry[2]]
+
+    def _on_control(self, head: hdr.Header) -> None:
+        flow = self._send_flows[head.source]
+        if head.stage == hdr.STAGE_ACK:
+            flow.ack(head.psn)
+            return
+        flow.ack(head.psn)  # a NAK for psn also acknowledges everything before it
+        resend = flow.from_psn(head.psn)
+        for saved_head, saved_payload in resend:
+            self._transmit(head.source, saved_head, saved_payload)
+        self.counters.retransmitted += len(resend)
+
+    def _acknowledge_all(self) -> None:
+        for source, flow in enumerate(self._recv_flows):
+            if flow.unacked_in_order:
+                self._control(source, hdr.STAGE_ACK, flow.expected)
+                flow.unacked_in_order = 0
+
+    def _check_timers(self) -> None:
+        now = time.monotonic()
+        for dest, flow in enumerate(self._send_flows):
+            if flow.timed_out(now):
+                resend = list(flow.unacked.values())
+                for saved_head, saved_payload in resend:
+                    self._transmit(dest, saved_head, saved_payload)
+                self.counters.retransmitted += len(resend)
+                self.counters.timeouts += 1
+                flow.backoff(now)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -117,6 +118,61 @@ def die(r, at_send: int) -> dict:
     return {"finished": True}
 
 
+def receive_units(t, units: int, floats: int, name: str):
+    from harness.transport.udp import APPLIED
+
+    got, order, intact = set(), [], 0
+
+    def handle(head, payload):
+        nonlocal intact
+        if head.index in got:
+            return "duplicate"
+        values = np.frombuffer(payload, dtype=np.float32)
+        intact += len(values) == floats and bool((values == head.index).all())
+        got.add(head.index)
+        order.append(head.index)
+        return APPLIED
+
+    t.receive_until(time.monotonic() + (120 if name.startswith("roce-rc") else 20),
+                    lambda: len(got) == units, handle)
+    return got, order, intact
+
+
+def semantics(r, names: list[str], units: int, unit_bytes: int) -> dict:
+    """Rank 1 sends `units` numbered units to rank 0 under each loss semantics; rank 0
+    counts the units that arrived whole and intact (RC: and in order), and how long."""
+    from harness.transport import header as hdr
+
+    out = {}
+    for name in names:
+        t = r.transport_for(name)
+        floats = unit_bytes // 4
+        payloads = [np.full(floats, k, dtype=np.float32) for k in range(units)]
+        r.store.set(f"sem/{name}/ready/{r.rank}", "1")
+        r.store.wait([f"sem/{name}/ready/{k}" for k in range(r.world)])
+        started = time.monotonic()
+        if r.rank == 1:
+            for k, payload in enumerate(payloads):
+                t.send(0, hdr.STAGE_REDUCE, 0, 0, 0, k, units, memoryview(payload).cast("B"))
+                if k % 16 == 15:
+                    time.sleep(0.002)  # the receiver is one Python process: let it keep up
+            t.flush(time.monotonic() + 120)
+            r.store.set(f"sem/{name}/sent", "1")
+        elif r.rank == 0:
+            got, order, intact = receive_units(t, units, floats, name)
+            r.store.wait([f"sem/{name}/sent"])
+            seconds = time.monotonic() - started
+            out[name] = {"units": units, "arrived": len(got), "intact": intact,
+                         "in_order": order == sorted(order), "seconds": seconds,
+                         "fragments_per_unit": -(-floats // t.fragment_floats),
+                         "counters": t.counters.to_dict()}
+        else:
+            r.store.wait([f"sem/{name}/sent"])
+        r.store.set(f"sem/{name}/done/{r.rank}", "1")
+        r.store.wait([f"sem/{name}/done/{k}" for k in range(r.world)])
+    return out
+
+
 def main() -> int:
     mode = sys.argv[1]
     r = runtime.start()
@@ -129,6 +185,8 @@ def main() -> int:
             result = drift(r, int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
         elif mode == "die":
             result = die(r, int(sys.argv[2]))
+        elif mode == "semantics":
+            result = semantics(r, sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4]))
         else:
             raise SystemExit(f"unknown mode {mode}")
         if r.rank == 0:

@@ -1,0 +1,71 @@
+"""Go-back-N, the way RoCE RC behaves without PFC: what roce-rc semantics runs on UDP.
+
+Sender, per destination: every datagram gets the next packet sequence number and is kept
+until acknowledged. A NAK(psn) from the receiver means "a gap before psn arrived": send
+again everything from psn on. No progress for the retransmission timeout (the NAK itself
+may be lost) does the same from the oldest unacknowledged packet, and doubles the timeout.
+
+Receiver, per source: only the expected psn is accepted; a later one is dropped and answered
+by one NAK per gap; an earlier one is a duplicate. Cumulative ACKs go back every few packets
+and whenever the receiver goes idle.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+ACK_EVERY = 16
+RTO_INITIAL_S = 0.02
+RTO_MAX_S = 1.0
+
+
+@dataclass
+class SendFlow:
+    next_psn: int = 0
+    unacked: OrderedDict = field(default_factory=OrderedDict)  # psn -> (header, payload)
+    rto_s: float = RTO_INITIAL_S
+    last_progress: float = field(default_factory=time.monotonic)
+
+    def sent(self, psn: int, head: bytes, payload: memoryview) -> None:
+        self.unacked[psn] = (head, payload)
+
+    def ack(self, upto: int) -> bool:
+        """Everything before `upto` arrived. True if that was news."""
+        progressed = False
+        while self.unacked and next(iter(self.unacked)) < upto:
+            self.unacked.popitem(last=False)
+            progressed = True
+        if progressed:
+            self.rto_s = RTO_INITIAL_S
+            self.last_progress = time.monotonic()
+        return progressed
+
+    def from_psn(self, psn: int) -> list:
+        return [v for p, v in self.unacked.items() if p >= psn]
+
+    def timed_out(self, now: float) -> bool:
+        return bool(self.unacked) and now - self.last_progress > self.rto_s
+
+    def backoff(self, now: float) -> None:
+        self.rto_s = min(self.rto_s * 2, RTO_MAX_S)
+        self.last_progress = now
+
+
+@dataclass
+class ReceiveFlow:
+    expected: int = 0
+    unacked_in_order: int = 0
+    nak_sent_for: int = -1  # one NAK per gap
+
+    def accept(self, psn: int) -> str:
+        """"deliver", "duplicate" or "gap" for an arriving psn."""
+        if psn == self.expected:
+            self.expected += 1
+            self.unacked_in_order += 1
+            self.nak_sent_for = -1
+            return "deliver"
+        if psn < self.expected:
+            return "duplicate"
+        return "gap"
