@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -42,6 +44,7 @@ RC_TICK_S = 0.002  # how often a waiting RC endpoint checks its timers
 # What a packet handler says about a packet it was given
 APPLIED, DUPLICATE, STALE, FUTURE, MALFORMED = "applied", "duplicate", "stale", "future", \
     "malformed"
+QUEUED = "queued"  # RC: handed to the collective through the queue
 
 
 @dataclass
@@ -113,10 +116,23 @@ class UdpTransport:
             peer_host, peer_port = text.rsplit(":", 1)
             self.endpoints.append((peer_host, int(peer_port)))
         self.sources = {ep: r for r, ep in enumerate(self.endpoints)}
+        if self.semantics.reliable:
+            # RC: acknowledgements and retransmissions must go on while the rank computes or
+            # waits elsewhere, as a NIC does them: a thread owns the socket and hands the
+            # delivered units over through a queue.
+            self._lock = threading.Lock()
+            self._delivered: queue.Queue = queue.Queue()
+            self._stopping = threading.Event()
+            self._service = threading.Thread(target=self._service_loop, daemon=True,
+                                             name=f"rc-rank{rank}")
+            self._service.start()
         log.info("rank %d: UDP transport on %s:%d, MTU %d, %s (%d floats per unit), nonce %x",
                  rank, host, bound_port, mtu, self.semantics, self.per_packet, self.nonce)
 
     def close(self) -> None:
+        if self.semantics.reliable:
+            self._stopping.set()
+            self._service.join(5)
         self.sock.close()
 
     def next_step(self) -> int:
@@ -145,14 +161,22 @@ class UdpTransport:
             part = payload[fragment * size:(fragment + 1) * size]
             psn = 0
             if flow is not None:
-                psn = flow.next_psn
-                flow.next_psn += 1
-            head = hdr.HEADER.pack(hdr.MAGIC, hdr.VERSION, stage, self.rank, self.nonce, step,
-                                   bucket & 0xFFFF, shard, fragment, fragments, index, count,
-                                   len(part), psn)
-            if flow is not None:
-                flow.sent(psn, head, part)
+                with self._lock:
+                    psn = flow.next_psn
+                    flow.next_psn += 1
+                    head = self._pack(stage, step, bucket, shard, fragment, fragments, index,
+                                      count, len(part), psn)
+                    flow.sent(psn, head, part)
+            else:
+                head = self._pack(stage, step, bucket, shard, fragment, fragments, index,
+                                  count, len(part), psn)
             self._transmit(dest, head, part)
+
+    def _pack(self, stage, step, bucket, shard, fragment, fragments, index, count, length,
+              psn) -> bytes:
+        return hdr.HEADER.pack(hdr.MAGIC, hdr.VERSION, stage, self.rank, self.nonce, step,
+                               bucket & 0xFFFF, shard, fragment, fragments, index, count,
+                               length, psn)
 
     def _transmit(self, dest: int, head: bytes, payload) -> None:
         if self.rate_bytes_s:
@@ -190,8 +214,10 @@ class UdpTransport:
                       handle: Callable[[hdr.Header, memoryview], str]) -> None:
         """Feed valid units of this job to `handle` until `done()` or the deadline
         (time.monotonic()). `handle` says what it did with each one, for the counters."""
+        if self.semantics.reliable:
+            self._receive_delivered(deadline, done, handle)
+            return
         sock, buffer, poller = self.sock, self.buffer, self._poller
-        reliable = self.semantics.reliable
         while not done():
             try:
                 size, sender = sock.recvfrom_into(buffer)
@@ -199,32 +225,58 @@ class UdpTransport:
                 # Nothing queued: sleep in poll() until a packet or the deadline. Packets
                 # usually come in bursts, so most receives skip this system call.
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                if reliable:
-                    self._acknowledge_all()
-                    self._check_timers()
-                    remaining = min(remaining, RC_TICK_S)
-                if not poller.poll(remaining * 1000) and not reliable:
+                if remaining <= 0 or not poller.poll(remaining * 1000):
                     return
                 continue
-            self._datagram(size, sender, handle)
+            self._datagram(size, sender, handle, self.view)
+
+    def _receive_delivered(self, deadline, done, handle) -> None:
+        while not done():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                head, payload = self._delivered.get(timeout=remaining)
+            except queue.Empty:
+                return
+            self._count(handle(head, memoryview(payload)))
 
     def flush(self, deadline: float) -> bool:
-        """RC: keep serving acknowledgements and retransmissions until every datagram this
-        rank sent was acknowledged (peers may still need them), or the deadline."""
+        """RC: wait until every datagram this rank sent was acknowledged, or the deadline."""
         if not self.semantics.reliable:
             return True
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(f.unacked for f in self._send_flows):
+                    return True
+            time.sleep(RC_TICK_S)
+        return False
 
-        def acknowledged():
-            return not any(f.unacked for f in self._send_flows)
+    def _service_loop(self) -> None:
+        """RC: read the socket, answer with ACKs and NAKs, retransmit, hand units over."""
+        buffer = bytearray(65536)
+        view = memoryview(buffer)
+        while not self._stopping.is_set():
+            try:
+                size, sender = self.sock.recvfrom_into(buffer)
+            except BlockingIOError:
+                with self._lock:
+                    self._acknowledge_all()
+                    self._check_timers()
+                self._poller.poll(RC_TICK_S * 1000)
+                continue
+            except OSError:
+                return  # closed
+            with self._lock:
+                self._datagram(size, sender, self._enqueue, view)
 
-        self.receive_until(deadline, acknowledged, lambda head, payload: STALE)
-        return acknowledged()
+    def _enqueue(self, head: hdr.Header, payload: memoryview) -> str:
+        self._delivered.put((head, bytes(payload)))
+        return QUEUED
 
-    def _datagram(self, size: int, sender, handle) -> None:
+    def _datagram(self, size: int, sender, handle, view: memoryview) -> None:
         c = self.counters
-        head = hdr.unpack(self.view[:size])
+        head = hdr.unpack(view[:size])
         if head is None or head.nonce != self.nonce or head.source >= self.world \
                 or self.sources.get(sender) != head.source or head.source == self.rank:
             c.foreign += 1
@@ -242,7 +294,9 @@ class UdpTransport:
             flow = self._recv_flows[head.source]
             verdict = flow.accept(head.psn)
             if verdict == "duplicate":
+                # A retransmission of something we have: our ACK was lost. Say it again.
                 c.duplicates += 1
+                self._control(head.source, hdr.STAGE_ACK, flow.expected)
                 return
             if verdict == "gap":
                 if flow.nak_sent_for != flow.expected:
@@ -253,7 +307,7 @@ class UdpTransport:
             if flow.unacked_in_order >= ACK_EVERY:
                 self._control(head.source, hdr.STAGE_ACK, flow.expected)
                 flow.unacked_in_order = 0
-        payload = self.view[hdr.HEADER_BYTES:size]
+        payload = view[hdr.HEADER_BYTES:size]
         if head.fragments > 1:
             whole = self._reassemble(head, payload)
             if whole is None:
@@ -263,6 +317,8 @@ class UdpTransport:
 
     def _count(self, verdict: str) -> None:
         c = self.counters
+        if verdict == QUEUED:
+            return  # counted when the collective takes it from the queue
         if verdict == APPLIED:
             c.packets_received += 1
         elif verdict == DUPLICATE:
