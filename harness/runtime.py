@@ -83,7 +83,10 @@ def start(timeout_s: float = 60.0, rate_mbit: float = 0.0, transport: str | None
     master, port = _env("MASTER_ADDR"), int(_env("MASTER_PORT"))
     store = dist.TCPStore(master, port, world, is_master=(rank == 0),
                           timeout=timedelta(seconds=timeout_s))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+    # gloo by default (it also takes CUDA tensors, and lets ranks share a GPU); NCCL for
+    # the reliable baseline when each rank has its own GPU: LOSSBED_BACKEND=nccl.
+    backend = os.environ.get("LOSSBED_BACKEND", "gloo")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     semantics = Semantics.parse(transport or os.environ.get("LOSSBED_TRANSPORT", "udp"))
     mask = parse_drop_mask(drop_mask or os.environ.get("LOSSBED_DROP_MASK"))

@@ -170,7 +170,7 @@ def _cmd_train(args) -> int:
 
     cfg = TrainConfig(variant=args.variant, preset=args.preset, steps=args.steps, seed=args.seed,
                       batch=args.batch, seq_len=args.seq_len, lr=args.lr,
-                      optimizer=args.optimizer, transport=args.transport,
+                      optimizer=args.optimizer, transport=args.transport, device=args.device,
                       resync_every=args.resync_every, eval_tokens=args.eval_tokens,
                       corpus=args.corpus, hf_dataset=args.hf_dataset, tokenizer=args.tokenizer)
     cluster = clusters.load(args.cluster)
@@ -302,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--optimizer", default="adamw", help="adamw (default) or sgd")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (GPU hosts)")
     p.add_argument("--transport", default="udp",
                    help="loss semantics of the lossy variants: udp, roce-ud, roce-uc[:BYTES], "
                         "roce-rc[:BYTES], or verbs (real RDMA queue pairs)")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from harness import launch
 from harness.bench.collective_worker import ALGORITHMS
 from harness.transport import header as hdr
+from harness.transport.semantics import Semantics
 from testbed import profiles, verify
 from testbed.errors import LossbedError, UsageError
 from testbed.impair import engine
@@ -37,10 +38,14 @@ class BenchSpec:
     warmup: int = 2
 
     def validate(self) -> None:
-        unknown = [a for a in self.algorithms if a not in ALGORITHMS]
+        unknown = [a for a in self.algorithms if a.partition("@")[0] not in ALGORITHMS]
         if unknown:
             raise UsageError("--algorithms", f"unknown {', '.join(unknown)}",
-                             f"Use some of: {', '.join(ALGORITHMS)}")
+                             f"Use some of: {', '.join(ALGORITHMS)}, each optionally "
+                             "@TRANSPORT (e.g. lossy-received_mean@roce-uc)")
+        for a in self.algorithms:
+            if "@" in a:
+                Semantics.parse(a.partition("@")[2])
         bad = [x for x in self.losses if not 0 <= x < 1]
         if bad:
             raise UsageError("--loss", f"{bad[0]} is not a fraction in [0, 1)",
@@ -132,7 +137,7 @@ def _add_ratios(rows: list[dict]) -> None:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'profile':<12} {'loss':>5} {'meas':>6} {'size':>6} {'algorithm':<20} "
+    head = (f"{'profile':<12} {'loss':>5} {'meas':>6} {'size':>6} {'algorithm':<28} "
             f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'Gbit/s':>7} {'p50/gloo':>8} "
             f"{'p99/gloo':>8} {'raw%':>5}")
     lines = [head, "-" * len(head)]
@@ -142,7 +147,7 @@ def format_table(rows: list[dict]) -> str:
         raw = f"{r['raw_rate_fraction'] * 100:.0f}" if r.get("raw_rate_fraction") else "-"
         lines.append(
             f"{r['profile']:<12} {r['loss']:>5.0%} {r['measured_loss']:>6.2%} "
-            f"{r['size_bytes'] / MIB:>5.0f}M {r['algorithm']:<20} {r['p50_ms']:>8.1f} "
+            f"{r['size_bytes'] / MIB:>5.0f}M {r['algorithm']:<28} {r['p50_ms']:>8.1f} "
             f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f} {r['algbw_gbps']:>7.2f} {ratio50:>8} "
             f"{ratio99:>8} {raw:>5}")
     if rows:

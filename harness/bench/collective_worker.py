@@ -21,6 +21,8 @@ from harness.collectives.lossy import LossyCollective
 from harness.collectives.rps import RPS
 
 ALGORITHMS = ("gloo", "lossy-zero_fill", "lossy-received_mean", "lossy-rescale", "rps")
+# Any lossy algorithm (or rps) also runs over other loss semantics as NAME@TRANSPORT,
+# e.g. lossy-received_mean@roce-uc:65536 or rps@roce-rc.
 
 
 def store_barrier(store, name: str, world: int, timeout_s: float = 600) -> None:
@@ -51,20 +53,25 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING)
     r = runtime.start(rate_mbit=args.rate_mbit, transport=args.transport)
     try:
-        lossy = {name: LossyCollective(r.transport, r.store, estimator=name.split("-", 1)[1])
-                 for name in args.algorithms if name.startswith("lossy-")}
-        rps = RPS(r.transport, r.store) if "rps" in args.algorithms else None
+        runners = {}
+        for name in args.algorithms:
+            base, _, semantics = name.partition("@")
+            transport = r.transport_for(semantics) if semantics else r.transport
+            if base == "gloo":
+                runners[name] = reliable.allreduce_mean
+            elif base == "rps":
+                runners[name] = RPS(transport, r.store).average
+            else:
+                estimator = base.split("-", 1)[1]
+                runners[name] = LossyCollective(transport, r.store,
+                                                estimator=estimator).allreduce
         for size in args.sizes:
             numel = max(size // 4, 1)
             tensor = torch.randn(numel, generator=torch.Generator().manual_seed(r.rank))
             for name in args.algorithms:
-                if name == "gloo":
-                    run = reliable.allreduce_mean
-                elif name == "rps":
-                    run = rps.average
-                else:
-                    run = lossy[name].allreduce
-                counters = r.transport.counters
+                run = runners[name]
+                semantics = name.partition("@")[2]
+                counters = (r.transport_for(semantics) if semantics else r.transport).counters
                 store_barrier(r.store, f"{name}/{size}", r.world)
                 for _ in range(args.warmup):
                     run(tensor)

@@ -33,7 +33,9 @@ class ShardedOptimizer:
         self.collective = collective
         self.resync_every = resync_every
         numel = sum(p.numel() for p in self.params)
-        self.flat_params = torch.cat([p.detach().reshape(-1) for p in self.params]).float()
+        # The flat copies live on the CPU, where the UDP transport reads and writes them.
+        self.flat_params = torch.cat([p.detach().reshape(-1).float().cpu()
+                                      for p in self.params])
         self.flat_grads = torch.zeros(numel, dtype=torch.float32)
         start, end = Layout(numel, collective.world,
                             collective.transport.per_packet).shard_bounds(collective.rank)

@@ -19,6 +19,9 @@ def cross_entropy_sum(model, tokens: torch.Tensor, seq_len: int, max_tokens: int
     """(sum of per-token cross-entropies in nats, number of tokens predicted)."""
     if max_tokens is not None:
         tokens = tokens[:max_tokens + 1]
+    device = next((p.device for p in model.parameters()), torch.device("cpu")) \
+        if hasattr(model, "parameters") else torch.device("cpu")
+    tokens = tokens.to(device)
     full = (len(tokens) - 1) // seq_len
     groups = [tokens[:full * seq_len + 1].unfold(0, seq_len + 1, seq_len)] if full else []
     tail = tokens[full * seq_len:]

@@ -32,6 +32,7 @@ class TrainConfig:
     optimizer: str = "adamw"  # or "sgd" (momentum 0.9): RPS's own setting
     plain_ddp: bool = False   # reliable without lossbed's timing hook (to check it changes nothing)
     transport: str = "udp"    # loss semantics of the lossy variants: udp, roce-ud, roce-uc, roce-rc
+    device: str = "cpu"       # or "cuda": rank r uses GPU r % (GPUs on its host)
     resync_every: int = 0
     eval_tokens: int = 0  # 0: the whole held-out split
     corpus: str | None = None
@@ -52,6 +53,8 @@ class TrainConfig:
 
         if self.transport != "verbs":  # verbs is checked on the hosts (harness.verbs.device)
             Semantics.parse(self.transport)
+        if self.device not in ("cpu", "cuda"):
+            raise UsageError("--device", f"unknown device {self.device!r}", "Use cpu or cuda")
         if self.optimizer not in ("adamw", "sgd"):
             raise UsageError("--optimizer", f"unknown optimizer {self.optimizer!r}",
                              "Use adamw or sgd")

@@ -62,15 +62,16 @@ def wrap(cfg: TrainConfig, model, r):
     else:
         optimizer_class = torch.optim.AdamW
         options = dict(lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    device_ids = [model.device.index] if model.device.type == "cuda" else None
     if cfg.variant == "reliable":
-        ddp = DDP(model)
+        ddp = DDP(model, device_ids=device_ids)
         timer = ReliableTiming()
         if not cfg.plain_ddp:
             ddp.register_comm_hook(timer, timed_allreduce_hook)
         return ddp, optimizer_class(ddp.parameters(), **options), timer
     if cfg.variant in ("zero_fill", "unbiased"):
         estimator = "zero_fill" if cfg.variant == "zero_fill" else "received_mean"
-        ddp = DDP(model)
+        ddp = DDP(model, device_ids=device_ids)
         state = LossyHookState(LossyCollective(transport, r.store, estimator=estimator))
         ddp.register_comm_hook(state, lossy_allreduce_hook)
         return ddp, optimizer_class(ddp.parameters(), **options), state
@@ -85,7 +86,7 @@ def wrap(cfg: TrainConfig, model, r):
 
 
 def flat(model) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in model.parameters()])
 
 
 def load_flat(model, values: torch.Tensor) -> None:
@@ -103,6 +104,14 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
     corpus = Corpus.build(text, tok, source, cfg.seq_len)
     batches = Batches(corpus, r.rank, r.world, cfg.batch, cfg.seq_len, cfg.seed)
     model = presets.build(cfg.preset, tok.vocab_size, cfg.seed)
+    device = torch.device("cpu")
+    if cfg.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"rank {r.rank}: --device cuda, but this host has no GPU")
+        # several ranks may share one GPU (tests, small hosts)
+        device = torch.device("cuda", r.rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    model.to(device)
     module, optimizer, timing = wrap(cfg, model, r)
     step_us = Histogram()
     losses = []
@@ -111,7 +120,7 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
     started = time.perf_counter()
     for step in range(cfg.steps):
         t0 = time.perf_counter()
-        inputs, targets = batches.next()
+        inputs, targets = (t.to(device) for t in batches.next())
         logits = module(input_ids=inputs).logits
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         loss.backward()

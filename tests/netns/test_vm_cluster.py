@@ -139,6 +139,45 @@ def test_egress_delay_and_rate_are_real_on_vms(vms):
     assert 65 <= avg_ms <= 110, ping.stdout
 
 
+RATE_SCRIPT = r"""
+import socket, sys, time
+role, addr = sys.argv[1], sys.argv[2]
+if role == "recv":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, 6000)); s.listen(1); c, _ = s.accept()
+    got, first = 0, None
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        first = first or time.monotonic()
+        got += len(b)
+    print(got * 8 / (time.monotonic() - first) / 1e6)
+else:
+    s = socket.create_connection((addr, 6000)); s.sendall(b"x" * 3_000_000); s.close()
+"""
+
+
+def test_netem_rate_limits_throughput_on_vms(vms):
+    """rate_mbit=10 at the sender's egress: a TCP transfer runs at about 10 Mbit/s."""
+    h1, h2 = vms.hosts
+    apply(vms, "clean", ["rate_mbit=10", "direction=egress"])
+    out = {}
+    try:
+        thread = threading.Thread(target=lambda: out.setdefault("r", h1.run(
+            ["python3", "-c", RATE_SCRIPT, "recv", h1.address], timeout=120)))
+        thread.start()
+        time.sleep(3)
+        sent = h2.run(["python3", "-c", RATE_SCRIPT, "send", h1.address], timeout=120)
+        thread.join()
+    finally:
+        engine.clear(vms)
+    assert sent.returncode == 0, sent.stderr
+    mbit = float(out["r"].stdout.decode().strip())
+    # TCP over a 10 Mbit/s netem rate: a little under 10 (headers, slow start)
+    assert 6.0 <= mbit <= 10.5, mbit
+
+
 def test_same_random_profile_gives_the_same_loss_on_namespaces_and_on_vms(vms, make_cluster):
     """nft/bpf on this kernel and netem on Debian's: one loss, within the statistical bound."""
     apply(vms, "random-loss", ["loss_pct=10"])
