@@ -86,7 +86,7 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
             if failed:
                 # One rank failed: give the others the chance to notice and say why, then
                 # stop them.
-                grace = time.monotonic() + 15
+                grace = time.monotonic() + 30
                 while any(t.is_alive() for t in threads) and time.monotonic() < grace:
                     time.sleep(0.1)
                 break

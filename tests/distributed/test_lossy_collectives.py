@@ -94,8 +94,8 @@ def test_parameter_mode_drift_stays_bounded_and_resync_zeroes_it(cluster, tmp_pa
         no_resync = _drifts(tmp_path, 500)
         for f in tmp_path.glob("*.npy"):
             f.unlink()
-        rank0(run(cluster, "drift", 500, 100, str(tmp_path), timeout_s=900))
-        with_resync = _drifts(tmp_path, 500)
+        rank0(run(cluster, "drift", 200, 50, str(tmp_path), timeout_s=900))
+        with_resync = _drifts(tmp_path, 200)
     finally:
         engine.clear(cluster)
     assert time.monotonic() - started < 900
@@ -104,8 +104,8 @@ def test_parameter_mode_drift_stays_bounded_and_resync_zeroes_it(cluster, tmp_pa
     assert late > 0  # loss really made the ranks disagree
     # Bounded: the spread late in the run is not larger than early on (2x margin for noise)
     assert late <= 2 * early, (early, late)
-    # Resync every 100 steps makes the ranks identical right after it
-    for step in (100, 200, 300, 400, 500):
+    # Resync every 50 steps makes the ranks identical right after it
+    for step in (50, 100, 150, 200):
         assert with_resync[step] == 0.0, (step, with_resync[step])
 
 
@@ -127,5 +127,5 @@ def test_a_rank_dying_mid_collective_stops_the_others_with_a_clear_error(cluster
         assert r.returncode != 0
         assert "rank 2" in r.stderr and ("died" in r.stderr or "unreachable" in r.stderr), \
             r.stderr[-2000:]
-    # within the deadline ceiling (2 s) of noticing, plus start-up: far from a hang
+    # within three deadline ceilings (3 s) of noticing, plus start-up: far from a hang
     assert elapsed < 60

@@ -100,7 +100,7 @@ def drift(r, steps: int, resync_every: int, out_dir: str) -> dict:
 def die(r, at_send: int) -> dict:
     """Rank 2 exits in the middle of a collective (after `at_send` packets); the others
     must stop with a clear error, not hang."""
-    collective = LossyCollective(r.transport, r.store, deadline=Deadline(ceiling_s=2.0))
+    collective = LossyCollective(r.transport, r.store, deadline=Deadline(ceiling_s=1.0))
     if r.rank == 2:
         real_send = r.transport.send
         sent = [0]
