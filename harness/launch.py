@@ -38,14 +38,22 @@ class LaunchError(LossbedError):
     pass
 
 
+def rank_slots(cluster) -> list[tuple[object, int]]:
+    """(host, local rank) for every rank: one per host, or one per GPU where the inventory
+    gives lossbed_gpus."""
+    return [(host, local) for host in cluster.hosts
+            for local in range(max(1, getattr(host, "gpus", 0) or 0))]
+
+
 def rank_env(cluster, rank: int, extra: dict | None = None) -> dict:
-    host = cluster.hosts[rank]
+    slots = rank_slots(cluster)
+    host, local = slots[rank]
     env = {
-        "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(cluster.hosts)),
+        "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(len(slots)),
         "MASTER_ADDR": cluster.hosts[0].address, "MASTER_PORT": str(ports.RENDEZVOUS),
         "GLOO_SOCKET_IFNAME": host.ifname, "LOSSBED_ADDRESS": host.address,
-        "LOSSBED_MTU": str(cluster.mtu), "PYTHONPATH": str(PROJECT_ROOT),
-        "OMP_NUM_THREADS": "1",
+        "LOSSBED_MTU": str(cluster.mtu),
+        "PYTHONPATH": str(getattr(host, "project", PROJECT_ROOT)), "OMP_NUM_THREADS": "1",
     }
     env.update(extra or {})
     return env
@@ -57,12 +65,18 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
     others get a moment to notice and say why, then are stopped. echo_rank0(line) is
     called with each line rank 0 writes to stderr as it comes (progress)."""
     procs = []
+    slots = rank_slots(cluster)
+    remote = getattr(cluster, "kind", "") == "remote"
     try:
-        for rank, host in enumerate(cluster.hosts):
-            env = {**os.environ, **rank_env(cluster, rank, extra_env)}
-            procs.append(host.popen([sys.executable, "-m", module, *args], env=env,
+        for rank, (host, _) in enumerate(slots):
+            env = rank_env(cluster, rank, extra_env)
+            if not remote:  # a local rank inherits this environment; a remote one does not
+                env = {**os.environ, **env}
+            python = getattr(host, "python", sys.executable) if remote else sys.executable
+            procs.append(host.popen([python, "-m", module, *args], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True, cwd=str(PROJECT_ROOT)))
+                                    start_new_session=True,
+                                    cwd=str(getattr(host, "project", PROJECT_ROOT))))
         outputs = [([], []) for _ in procs]
 
         def pump(stream, sink, echo):
@@ -101,6 +115,6 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
             p.wait()
     for t in threads:
         t.join(5)
-    return [RankResult(rank, cluster.hosts[rank].name, p.returncode,
+    return [RankResult(rank, slots[rank][0].name, p.returncode,
                        "".join(outputs[rank][0]), "".join(outputs[rank][1]))
             for rank, p in enumerate(procs)]

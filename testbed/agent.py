@@ -33,14 +33,61 @@ def probe(host, payload: dict) -> dict:
     return results
 
 
+def check(host, payload: dict) -> dict:
+    """What the interface lossbed would impair carries: the default route? this SSH session?"""
+    import os
+    import socket
+
+    with host.netlink() as ipr:
+        found = ipr.link_lookup(ifname=host.ifname)
+        if not found:
+            names = [link.get_attr("IFLA_IFNAME") for link in ipr.get_links()]
+            raise LossbedError(f"host {host.name}: no interface {host.ifname!r} (it has "
+                               f"{', '.join(names)}): fix lossbed_interface")
+        index = found[0]
+        addresses = [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=socket.AF_INET,
+                                                                     index=index)]
+        default = any(r["dst_len"] == 0 and r.get_attr("RTA_OIF") == index
+                      for r in ipr.get_routes(family=socket.AF_INET))
+    session = os.environ.get("SSH_CONNECTION", "").split()
+    ssh_local = session[2] if len(session) == 4 else None
+    return {"interface": host.ifname, "addresses": addresses,
+            "carries_default_route": default,
+            "carries_ssh_session": ssh_local is not None and ssh_local in addresses}
+
+
 def apply(host, payload: dict) -> dict:
+    from testbed import lease
     from testbed.impair.plan import HostPlan
 
-    return _backends()[payload["backend"]].apply(host, HostPlan.from_dict(payload["plan"]))
+    if payload.get("lease_s") is not None and not payload.get("force"):
+        # Only remote hosts get leases, and only there can lossbed lock the operator out.
+        report = check(host, payload)
+        risky = [why for why, bad in (("the default route", report["carries_default_route"]),
+                                      ("this SSH session", report["carries_ssh_session"]))
+                 if bad]
+        if risky:
+            raise LossbedError(
+                f"host {host.name}: refusing to impair {host.ifname}: it carries "
+                f"{' and '.join(risky)}. Impair the data-plane NIC (lossbed_interface), or "
+                "pass --force-interface if you really mean it")
+    handles = _backends()[payload["backend"]].apply(host, HostPlan.from_dict(payload["plan"]))
+    if payload.get("lease_s") is not None:
+        lease.start(host.name, host.ifname, float(payload["lease_s"]))
+    return handles
+
+
+def renew(host, payload: dict) -> bool:
+    from testbed import lease
+
+    return lease.renew(host.name, host.ifname)
 
 
 def clear(host, payload: dict) -> list[str]:
     """Remove lossbed's objects of every backend (also those of a crashed run)."""
+    from testbed import lease
+
+    lease.end(host.name, host.ifname)
     cleared, errors = [], []
     for name, module in _backends().items():
         try:
@@ -70,7 +117,7 @@ def udp_snmp(host, payload: dict) -> dict:
 
 
 OPERATIONS = {"probe": probe, "apply": apply, "clear": clear, "counters": counters,
-              "udp_snmp": udp_snmp}
+              "udp_snmp": udp_snmp, "check": check, "renew": renew}
 
 
 def dispatch(host, op: str, payload: dict):
@@ -82,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     from testbed.hosts import LocalHost
 
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["watchdog"] and len(argv) == 3:
+        return watchdog(argv[1], argv[2])
     if len(argv) != 1 or argv[0] not in OPERATIONS:
         print(json.dumps({"error": f"usage: python -m testbed.agent {{{','.join(OPERATIONS)}}}",
                           "type": "UsageError"}))
@@ -98,6 +147,26 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": f"{type(err).__name__}: {err}", "type": "AgentCrash",
                           "traceback": traceback.format_exc()}))
         return 1
+
+
+def watchdog(lease_path: str, ifname: str) -> int:
+    """Detached beside an impairment: clears it when its lease expires (testbed.lease)."""
+    from pathlib import Path
+
+    from testbed import lease
+    from testbed.hosts import LocalHost
+
+    host = LocalHost(name="local", ifname=ifname)
+
+    def clear_all():
+        for module in _backends().values():
+            try:
+                module.clear(host, ifname)
+            except Exception:
+                pass  # keep clearing the others
+
+    lease.watch(Path(lease_path), ifname, clear_all)
+    return 0
 
 
 if __name__ == "__main__":

@@ -8,11 +8,31 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from testbed import clusters, netns_cluster
 from testbed.errors import LossbedError, UsageError
 
 log = logging.getLogger("lossbed")
+
+
+def _cluster(args):
+    """The cluster a command works on: an inventory of real hosts, or a local cluster."""
+    if getattr(args, "inventory", None):
+        from testbed import remote
+
+        return remote.from_inventory(args.inventory, lease_s=args.lease_s,
+                                     force_interface=args.force_interface)
+    return clusters.load(getattr(args, "cluster", None))
+
+
+def _add_inventory(p) -> None:
+    p.add_argument("--inventory", metavar="FILE",
+                   help="real hosts from an (Ansible-format) inventory, over SSH")
+    p.add_argument("--lease-s", type=float, default=120.0,
+                   help="remote hosts revert the impairment after this long without renewal")
+    p.add_argument("--force-interface", action="store_true",
+                   help="impair an interface even if it carries the default route or SSH")
 
 
 def _cmd_up(args) -> int:
@@ -87,7 +107,7 @@ def _cmd_apply(args) -> int:
     from testbed.impair import engine
 
     profile = profiles.load(args.profile, args.set or [])
-    cluster = clusters.load(args.cluster)
+    cluster = _cluster(args)
     only = [h for item in args.hosts or [] for h in item.split(",") if h]
     the_plan, choice = engine.make_plan(cluster, profile, backend=args.backend, only=only)
     print(f"backend: {choice.backend} ({choice.reason})")
@@ -98,13 +118,18 @@ def _cmd_apply(args) -> int:
         return 0
     engine.apply(cluster, the_plan, choice)
     print(f"applied profile {profile.name} on {len(the_plan.hosts)} hosts of {cluster.name}")
+    if cluster.kind == "remote":
+        print(f"the hosts revert by themselves in {cluster.lease_s:.0f} s unless renewed "
+              "(lossbed renew --inventory …; train and bench renew while they run)")
     return 0
 
 
 def _cmd_clear(args) -> int:
     from testbed.impair import engine
 
-    cluster = clusters.load(args.cluster)
+    cluster = _cluster(args)
+    if cluster.kind == "remote":
+        cluster.connect()
     cleared = engine.clear(cluster)
     print(f"cleared {len(cleared)} host impairments on {cluster.name}" if cleared
           else f"nothing was applied on {cluster.name}")
@@ -114,7 +139,7 @@ def _cmd_clear(args) -> int:
 def _cmd_show(args) -> int:
     from testbed.impair import engine
 
-    cluster = clusters.load(args.cluster)
+    cluster = _cluster(args)
     record = engine.read_record(cluster)
     if record is None:
         print(json.dumps(None) if args.json else f"nothing is applied on {cluster.name}")
@@ -131,7 +156,7 @@ def _cmd_show(args) -> int:
 def _cmd_verify(args) -> int:
     from testbed import verify
 
-    report = verify.verify(clusters.load(args.cluster))
+    report = verify.verify(_cluster(args))
     print(json.dumps(report.to_dict(), indent=2) if args.json else verify.format_report(report))
     return 0
 
@@ -173,7 +198,7 @@ def _cmd_train(args) -> int:
                       optimizer=args.optimizer, transport=args.transport, device=args.device,
                       resync_every=args.resync_every, eval_tokens=args.eval_tokens,
                       corpus=args.corpus, hf_dataset=args.hf_dataset, tokenizer=args.tokenizer)
-    cluster = clusters.load(args.cluster)
+    cluster = _cluster(args)
     run.check(cfg, cluster)  # bad input is refused before any process starts
     rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
                     echo=lambda line: print(line, file=sys.stderr, flush=True))
@@ -201,8 +226,8 @@ def _cmd_bench(args) -> int:
     spec.validate()  # bad input is refused before anything is built
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     own = None
-    if args.cluster:
-        cluster = clusters.load(args.cluster)
+    if args.cluster or args.inventory:
+        cluster = _cluster(args)
     else:
         own = f"bench{os.getpid() % 100000}"
         cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=spec.hosts, name=own,
@@ -226,6 +251,38 @@ def _cmd_compare(args) -> int:
                        threshold_pct=args.threshold_pct, ppl_points=args.ppl_points)
     print(format_findings(findings))
     return 1 if any(f.regressed for f in findings) else 0
+
+
+def _cmd_renew(args) -> int:
+    cluster = _cluster(args)
+    renewed = [h.name for h in cluster.hosts if h.agent_call("renew", {})]
+    print(f"renewed the lease on {', '.join(renewed) or 'no host (nothing applied)'}")
+    return 0
+
+
+def _cmd_inventory(args) -> int:
+    """An inventory of a local cluster started with --ssh: its hosts as real ones."""
+    import yaml
+
+    from testbed import sshd
+
+    cluster = clusters.load(args.cluster)
+    if not getattr(cluster, "ssh", False) or not cluster.hosts[0].mgmt_address:
+        raise UsageError("--cluster", f"cluster {cluster.name} has no sshd/management "
+                         "network", "Start it with lossbed up --ssh")
+    project = str(Path(__file__).resolve().parents[1])
+    hosts = {h.name: {"ansible_host": h.mgmt_address, "lossbed_interface": h.ifname,
+                      "lossbed_address": h.address} for h in cluster.hosts}
+    doc = {"all": {"vars": {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(sshd.client_key(cluster.state_dir)),
+        "lossbed_known_hosts": str(sshd.known_hosts(cluster.state_dir)),
+        "lossbed_project": project, "lossbed_python": sys.executable,
+        "lossbed_mtu": cluster.mtu}, "hosts": hosts}}
+    print(f"# hosts of local cluster {cluster.name}; run the controller in its management "
+          f"namespace: ip netns exec lossbed-{cluster.name}-ctl lossbed … --inventory FILE")
+    print(yaml.safe_dump(doc, sort_keys=False), end="")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -272,25 +329,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="impair only at these hosts (default: all)")
     p.add_argument("--backend", choices=["netem", "bpf", "nft"],
                    help="force a backend (default: the most capable one the kernel has)")
+    _add_inventory(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     p.set_defaults(func=_cmd_apply)
 
     p = sub.add_parser("clear", help="remove the impairment from every host")
     p.add_argument("--cluster", help="default: the only cluster up")
+    _add_inventory(p)
     p.set_defaults(func=_cmd_clear)
 
     p = sub.add_parser("show", help="show the profile applied now")
     p.add_argument("--cluster", help="default: the only cluster up")
+    _add_inventory(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_show)
 
     p = sub.add_parser("verify", help="measure the applied loss from the kernel's counters")
     p.add_argument("--cluster", help="default: the only cluster up")
+    _add_inventory(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_verify)
     p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
     p.add_argument("--cluster", help="default: the only cluster up")
+    _add_inventory(p)
     p.add_argument("--variant", default="reliable",
                    help="reliable, zero_fill, unbiased, unbiased_drift or rps")
     p.add_argument("--profile", default="clean", help="impairment profile (default: clean)")
@@ -327,7 +389,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", nargs="+", help="default: all five")
     p.add_argument("--out", help="results folder (default: results/bench-TIME)")
     p.add_argument("--cluster", help="reuse this cluster instead of building one")
+    _add_inventory(p)
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("renew", help="renew the impairment lease on remote hosts")
+    p.add_argument("--inventory", metavar="FILE", required=True)
+    p.set_defaults(func=_cmd_renew, lease_s=120.0, force_interface=False)
+
+    p = sub.add_parser("inventory", help="print an inventory of a local --ssh cluster")
+    p.add_argument("--cluster", help="default: the only cluster up")
+    p.set_defaults(func=_cmd_inventory)
 
     p = sub.add_parser("compare", help="regressions between two bench results (exit 1)")
     p.add_argument("base", metavar="BASE", help="summary.json (or its folder)")
@@ -376,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # pyroute2 logs every netlink retry at INFO; keep the console for lossbed's own lines.
     logging.getLogger("pyroute2").setLevel(logging.WARNING)
+    logging.getLogger("paramiko").setLevel(logging.WARNING)
     global _MAIN_PID
     _MAIN_PID = os.getpid()
     signal.signal(signal.SIGTERM, _raise_interrupt)

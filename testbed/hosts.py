@@ -55,6 +55,7 @@ class NamespaceHost:
     namespace: str
     address: str
     ifname: str
+    mgmt_address: str = ""  # with --ssh: where SSH reaches the host (management network)
 
     def exec_argv(self, argv: Sequence[str]) -> list[str]:
         # pyroute2 has no API to start a process the way `ip netns exec` does: besides setns()

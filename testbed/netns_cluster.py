@@ -55,6 +55,7 @@ class LocalCluster:
     mtu: int
     ssh: bool
     hosts: list[NamespaceHost]
+    mgmt_subnet: ipaddress.IPv4Network | None = None
     kind: str = field(default=KIND, init=False)
 
     @property
@@ -81,6 +82,7 @@ class LocalCluster:
             "kind": KIND, "name": self.name, "status": status, "subnet": str(self.subnet),
             "mtu": self.mtu, "ssh": self.ssh, "switch_namespace": self.switch_namespace,
             "hosts": [h.to_dict() for h in self.hosts],
+            "mgmt_subnet": str(self.mgmt_subnet) if self.mgmt_subnet else None,
         }
 
     @classmethod
@@ -89,6 +91,8 @@ class LocalCluster:
             name=record["name"], subnet=ipaddress.ip_network(record["subnet"]),
             mtu=record["mtu"], ssh=record["ssh"],
             hosts=[NamespaceHost(**h) for h in record["hosts"]],
+            mgmt_subnet=(ipaddress.ip_network(record["mgmt_subnet"])
+                         if record.get("mgmt_subnet") else None),
         )
 
     # ---- status ------------------------------------------------------------------------
@@ -147,6 +151,9 @@ def _taken_subnets(exclude: str) -> list[tuple[ipaddress.IPv4Network, str]]:
         record = state.read(other)
         if other != exclude and record and "subnet" in record:
             taken.append((ipaddress.ip_network(record["subnet"]), f"cluster {other}"))
+            if record.get("mgmt_subnet"):
+                taken.append((ipaddress.ip_network(record["mgmt_subnet"]),
+                              f"cluster {other} (management)"))
     with IPRoute() as ipr:
         for route in ipr.get_routes(family=2):
             dst_len = route["dst_len"]
@@ -178,12 +185,19 @@ def validate(spec: ClusterSpec) -> LocalCluster:
         addressing.check_no_overlap(subnet, taken)
     addresses = addressing.host_addresses(subnet, spec.hosts)
     names = [naming.host_name(i) for i in range(spec.hosts)]
+    mgmt_subnet, mgmt = None, [""] * spec.hosts
+    if spec.ssh:
+        from testbed import management
+
+        mgmt_subnet = management.pick_subnet(spec.hosts, [*taken, (subnet, "this cluster")])
+        mgmt = addressing.host_addresses(mgmt_subnet, spec.hosts)
     hosts = [
         NamespaceHost(name=host, namespace=naming.host_namespace(spec.name, host),
-                      address=address, ifname=naming.HOST_IFNAME)
-        for host, address in zip(names, addresses, strict=True)
+                      address=address, ifname=naming.HOST_IFNAME, mgmt_address=m)
+        for host, address, m in zip(names, addresses, mgmt, strict=True)
     ]
-    return LocalCluster(name=spec.name, subnet=subnet, mtu=spec.mtu, ssh=spec.ssh, hosts=hosts)
+    return LocalCluster(name=spec.name, subnet=subnet, mtu=spec.mtu, ssh=spec.ssh, hosts=hosts,
+                        mgmt_subnet=mgmt_subnet)
 
 
 def up(spec: ClusterSpec) -> LocalCluster:
@@ -244,6 +258,9 @@ def _build(cluster: LocalCluster) -> None:
         progress.advance("hosts")
 
     if cluster.ssh:
+        from testbed import management
+
+        management.build(cluster, cluster.mgmt_subnet)
         sshd.prepare(cluster.state_dir, cluster.hosts)
         for h in cluster.hosts:
             sshd.start(cluster.state_dir, h)

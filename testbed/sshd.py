@@ -57,9 +57,9 @@ def prepare(state_dir: Path, hosts: list[NamespaceHost]) -> None:
         )
     (d / "authorized_keys").write_text(Path(f"{client_key(state_dir)}.pub").read_text())
     host_pub = Path(d / "ssh_host_ed25519_key.pub").read_text().split()[:2]
-    known_hosts(state_dir).write_text(
-        "".join(f"{h.name},{h.address} {' '.join(host_pub)}\n" for h in hosts)
-    )
+    known_hosts(state_dir).write_text("".join(
+        f"{','.join(filter(None, (h.name, h.address, getattr(h, 'mgmt_address', ''))))} "
+        f"{' '.join(host_pub)}\n" for h in hosts))
     (d / "sshd_config").write_text(_CONFIG.format(dir=d))
     # sshd refuses to start without its privilege-separation folder. It is the system's
     # standard folder (the ssh service makes it too), so lossbed makes it if absent and
@@ -73,9 +73,10 @@ def pidfile(state_dir: Path, host: NamespaceHost) -> Path:
 
 def start(state_dir: Path, host: NamespaceHost) -> None:
     """Start sshd inside the host; it daemonizes once its listening socket is bound."""
+    listen = [host.address] + ([host.mgmt_address] if host.mgmt_address else [])
     result = host.run([
         SSHD, "-f", str(ssh_dir(state_dir) / "sshd_config"),
-        "-o", f"ListenAddress={host.address}:{SSH_PORT}",
+        *[arg for a in listen for arg in ("-o", f"ListenAddress={a}:{SSH_PORT}")],
         "-o", f"PidFile={pidfile(state_dir, host)}",
     ])
     if result.returncode != 0:

@@ -67,7 +67,8 @@ def recorded_clusters() -> list[str]:
     root = state_root()
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir())
+    # dot-folders are lossbed's own (remote clusters' records), not local clusters
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def forget(cluster: str) -> None:

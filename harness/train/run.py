@@ -9,6 +9,7 @@ drops, drift, and perplexity of the rank-averaged model and of rank 0's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import tempfile
@@ -20,7 +21,7 @@ from harness.data.corpus import Corpus, load_text
 from harness.metrics.hdr import Histogram
 from harness.model import tokenizer as tokenizers
 from harness.train.config import TrainConfig
-from testbed import profiles, stats, verify
+from testbed import lease, profiles, stats, verify
 from testbed.errors import LossbedError
 from testbed.impair import engine
 
@@ -55,11 +56,16 @@ def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
     work.mkdir(parents=True, exist_ok=True)
     engine.apply(cluster, the_plan, choice)
     started = time.monotonic()
+    remote = getattr(cluster, "kind", "") == "remote"
+    # Remote hosts: renew the impairment's lease while the run lasts; if this controller
+    # dies, the hosts revert by themselves.
+    keeper = lease.Keeper(cluster, cluster.lease_s / 3) if remote else contextlib.nullcontext()
     try:
-        results = launch.run(cluster, "harness.train.worker",
-                             [json.dumps([c.to_dict() for c in cfgs]), str(work)],
-                             timeout_s=24 * 3600, echo_rank0=echo)
-        report = verify.verify(cluster)
+        with keeper:
+            results = launch.run(cluster, "harness.train.worker",
+                                 [json.dumps([c.to_dict() for c in cfgs]), str(work)],
+                                 timeout_s=24 * 3600, echo_rank0=echo)
+            report = verify.verify(cluster)
     finally:
         engine.clear(cluster)
     failed = [r for r in results if r.returncode != 0]

@@ -109,7 +109,8 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
         if not torch.cuda.is_available():
             raise SystemExit(f"rank {r.rank}: --device cuda, but this host has no GPU")
         # several ranks may share one GPU (tests, small hosts)
-        device = torch.device("cuda", r.rank % torch.cuda.device_count())
+        local = int(os.environ.get("LOCAL_RANK", r.rank))
+        device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
     model.to(device)
     module, optimizer, timing = wrap(cfg, model, r)

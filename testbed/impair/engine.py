@@ -18,7 +18,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from testbed import state
 from testbed.errors import LossbedError, UsageError
 from testbed.impair import features, plan
 from testbed.impair.registry import BACKENDS, PREFERENCE
@@ -91,6 +90,8 @@ def make_plan(cluster, profile: Profile, *, backend: str | None = None,
               only: list[str] | None = None) -> tuple[plan.Plan, Choice]:
     """Probe the hosts' kernel, choose the backend, build the plan. Touches nothing."""
     plan.build(profile, planned_hosts(cluster), "?", only)  # names checked before probing
+    if getattr(cluster, "kind", "") == "remote":
+        cluster.connect()  # every host reachable (one at a time, clear errors), or stop here
     probes = probe(cluster.hosts[0])
     choice = choose(profile, cluster.hosts, probes, backend)
     return plan.build(profile, planned_hosts(cluster), choice.backend, only), choice
@@ -101,6 +102,10 @@ def apply(cluster, the_plan: plan.Plan, choice: Choice | None = None) -> dict:
     if read_record(cluster) is not None:
         log.info("cluster %s: clearing the profile applied before", cluster.name)
         clear(cluster)
+    remote = getattr(cluster, "kind", "") == "remote"
+    if remote:
+        cluster.connect()  # every host reachable, or nothing is applied anywhere
+    extra = {"lease_s": cluster.lease_s, "force": cluster.force_interface} if remote else {}
     record = {"status": "applying", "backend": the_plan.backend,
               "profile": the_plan.profile.model_dump(mode="json"),
               "only": [hp.host for hp in the_plan.hosts], "handles": {},
@@ -110,7 +115,7 @@ def apply(cluster, the_plan: plan.Plan, choice: Choice | None = None) -> dict:
 
     def apply_host(hp):
         return hp.host, cluster.host(hp.host).agent_call(
-            "apply", {"backend": the_plan.backend, "plan": hp.to_dict()})
+            "apply", {"backend": the_plan.backend, "plan": hp.to_dict(), **extra})
 
     try:
         # Hosts in parallel (each waits on its own netlink session, VM or SSH channel); the
@@ -146,13 +151,13 @@ def clear(cluster) -> list[str]:
             errors += host_errors
     if errors:
         raise LossbedError("could not clear everything: " + "; ".join(errors))
-    (state.cluster_dir(cluster.name) / RECORD).unlink(missing_ok=True)
+    (cluster.state_dir / RECORD).unlink(missing_ok=True)
     return cleared
 
 
 def read_record(cluster) -> dict | None:
     try:
-        return json.loads((state.cluster_dir(cluster.name) / RECORD).read_text())
+        return json.loads((cluster.state_dir / RECORD).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
 
@@ -168,7 +173,8 @@ def applied_plan(cluster) -> tuple[plan.Plan, dict]:
 
 
 def _write(cluster, record: dict) -> None:
-    path = state.cluster_dir(cluster.name) / RECORD
+    path = cluster.state_dir / RECORD
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)

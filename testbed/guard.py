@@ -1,0 +1,61 @@
+"""Run a command for a remote controller, and stop it when the controller goes away.
+
+    ssh host 'python -m testbed.guard python -m harness.train.worker …'
+
+The command runs in its own process group. When this process's stdin (the SSH channel)
+closes — the controller ended the launch, was killed, or lost the network — the group gets
+SIGTERM, then SIGKILL after a grace period: no rank outlives its controller on a real host.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+GRACE_S = 5.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = sys.argv[1:] if argv is None else argv
+    if not command:
+        print("usage: python -m testbed.guard COMMAND [ARGS…]", file=sys.stderr)
+        return 2
+    child = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL)
+
+    def watch_stdin():
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except OSError:
+            pass
+        _stop(child)
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    code = child.wait()
+    # Leave at once: the stdin watcher may hold the stdin lock, and a normal interpreter
+    # shutdown would abort on it ("could not acquire lock … at interpreter shutdown").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if code >= 0 else 128 - code)
+
+
+def _stop(child: subprocess.Popen) -> None:
+    if child.poll() is not None:
+        return
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

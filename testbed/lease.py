@@ -1,0 +1,94 @@
+"""Impairment leases on remote hosts: an impairment reverts by itself unless renewed.
+
+When the agent applies a profile on a remote host it writes a lease file and starts a
+watchdog beside it (`python -m testbed.agent watchdog …`, detached). The controller renews
+the lease (touches the file over SSH) while it runs; `clear` removes the file and the
+impairment at once. If the controller is killed or loses the network, renewals stop, and
+after `lease_s` the watchdog clears every lossbed object from the interface: a lost SSH
+session never leaves a host impaired.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+LEASE_DIR = Path("/run/lossbed-leases")
+DEFAULT_LEASE_S = 120.0
+WATCH_EVERY_S = 0.5
+
+
+def lease_file(host: str, ifname: str) -> Path:
+    return LEASE_DIR / f"{host}-{ifname}.lease"
+
+
+def start(host: str, ifname: str, seconds: float) -> Path:
+    """Write the lease and start its watchdog (on the host: called by the agent)."""
+    import subprocess
+    import sys
+
+    LEASE_DIR.mkdir(parents=True, exist_ok=True)
+    path = lease_file(host, ifname)
+    path.write_text(f"{seconds}\n")
+    subprocess.Popen([sys.executable, "-m", "testbed.agent", "watchdog", str(path), ifname],
+                     start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    return path
+
+
+def renew(host: str, ifname: str) -> bool:
+    path = lease_file(host, ifname)
+    if not path.exists():
+        return False
+    os.utime(path)
+    return True
+
+
+def end(host: str, ifname: str) -> None:
+    lease_file(host, ifname).unlink(missing_ok=True)
+
+
+def watch(path: Path, ifname: str, clear) -> str:
+    """The watchdog's loop: until the lease ends (file gone) or expires (then clear)."""
+    seconds = float(path.read_text().strip() or DEFAULT_LEASE_S)
+    while True:
+        try:
+            age = time.time() - path.stat().st_mtime
+        except FileNotFoundError:
+            return "ended"
+        if age > seconds:
+            clear()
+            path.unlink(missing_ok=True)
+            return "expired"
+        time.sleep(WATCH_EVERY_S)
+
+
+class Keeper:
+    """Controller side: renew every host's lease until stopped (a daemon thread)."""
+
+    def __init__(self, cluster, every_s: float):
+        self.cluster, self.every_s = cluster, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="lease-keeper")
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self):
+        while not self._stop.wait(self.every_s):
+            for host in self.cluster.hosts:
+                try:
+                    host.agent_call("renew", {})
+                except Exception as err:  # the watchdog will clear it: say so, go on
+                    log.warning("could not renew the lease on %s: %s", host.name, err)

@@ -1,0 +1,172 @@
+"""Real-cluster mode against real SSH: a local cluster started with --ssh has a management
+network and sshd per host; an inventory of it drives apply, verify, clear and training from
+the controller namespace, exactly as from a real cluster's head node."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from testbed import clusters, netns_cluster, traffic
+from testbed.hosts import is_running, processes_in_namespaces
+from tests.helpers import REPO, lossbed, unique_name
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = netns_cluster.up(netns_cluster.ClusterSpec(hosts=3, name=unique_name(), ssh=True))
+    yield c
+    clusters.down(c.name)
+
+
+@pytest.fixture
+def inventory(cluster, tmp_path):
+    result = lossbed("inventory", "--cluster", cluster.name)
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "inventory.yml"
+    path.write_text(result.stdout)
+    return path
+
+
+def controller_argv(cluster, *args) -> list[str]:
+    return ["ip", "netns", "exec", f"lossbed-{cluster.name}-ctl", sys.executable, "-m",
+            "testbed.cli", *args]
+
+
+def controller(cluster, *args, timeout=300) -> subprocess.CompletedProcess:
+    """lossbed run from the cluster's management network, where SSH reaches the hosts."""
+    return subprocess.run(controller_argv(cluster, *args), capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def impaired(cluster) -> dict[str, str]:
+    out = {}
+    for h in cluster.hosts:
+        text = h.run(["tc", "filter", "show", "dev", "eth0", "ingress"]).stdout.decode()
+        tables = h.run(["nft", "list", "tables"]).stdout.decode()
+        if "lossbed" in text or "lossbed" in tables:
+            out[h.name] = text + tables
+    return out
+
+
+def test_apply_verify_clear_over_ssh(cluster, inventory):
+    dry = controller(cluster, "apply", "random-loss", "--set", "loss_pct=10", "--inventory",
+                     str(inventory), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "h1 (eth0" in dry.stdout and "h3->h2" in dry.stdout
+    assert impaired(cluster) == {}
+    applied = controller(cluster, "apply", "random-loss", "--set", "loss_pct=10",
+                         "--inventory", str(inventory))
+    assert applied.returncode == 0, applied.stderr
+    assert set(impaired(cluster)) == {"h1", "h2", "h3"}
+    h1, h2, _ = cluster.hosts
+    counted = traffic.send_counted([(h2, h1)], per_path=5000)
+    report = json.loads(controller(cluster, "verify", "--inventory", str(inventory),
+                                   "--json").stdout)
+    path = next(p for p in report["paths"] if p["path"] == "h2->h1")
+    assert path["seen_packets"] == 5000 and path["dropped_packets"] == counted.lost
+    assert 0.05 < counted.lost / 5000 < 0.15
+    cleared = controller(cluster, "clear", "--inventory", str(inventory))
+    assert cleared.returncode == 0, cleared.stderr
+    assert impaired(cluster) == {}
+
+
+def test_a_short_training_run_over_ssh(cluster, inventory):
+    result = controller(cluster, "train", "--inventory", str(inventory), "--variant",
+                        "unbiased", "--profile", "random-loss", "--set", "loss_pct=5",
+                        "--steps", "3", "--batch", "4", "--seq-len", "32", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["variant"] == "unbiased" and summary["ppl"] > 1
+    assert 0.0 < summary["measured_loss"] < 0.15
+    assert impaired(cluster) == {}
+    left = processes_in_namespaces([h.namespace for h in cluster.hosts])
+    assert not [p for pids in left.values() for p in pids
+                if "train.worker" in open(f"/proc/{p}/cmdline").read()]
+
+
+def test_lease_reverts_every_host_after_the_controller_is_killed(cluster, inventory):
+    """A training run renews a 6 s lease; SIGKILL the controller mid-run: within the lease
+    plus 3 s (the watchdog's poll and the clear) no host is impaired any more, and the
+    ranks are gone (their SSH channels closed, the guard stopped them)."""
+    child = subprocess.Popen(
+        controller_argv(cluster, "train", "--inventory", str(inventory), "--variant",
+                        "unbiased", "--profile", "random-loss", "--set", "loss_pct=5",
+                        "--steps", "5000", "--batch", "4", "--seq-len", "32", "--lease-s",
+                        "6"), cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in child.stderr:
+        if "step 11/" in line:
+            break
+    assert set(impaired(cluster)) == {"h1", "h2", "h3"}
+    child.kill()  # SIGKILL: no clean-up of its own
+    child.wait()
+    killed_at = time.monotonic()
+    while impaired(cluster) and time.monotonic() - killed_at < 9:
+        time.sleep(0.2)
+    assert impaired(cluster) == {}, "the lease should have expired"
+    reverted_s = time.monotonic() - killed_at
+    assert reverted_s < 9
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        left = processes_in_namespaces([h.namespace for h in cluster.hosts])
+        ranks = [p for pids in left.values() for p in pids if is_running(p)
+                 and "train.worker" in open(f"/proc/{p}/cmdline").read()]
+        if not ranks:
+            break
+        time.sleep(0.5)
+    assert ranks == []
+
+
+def test_refuses_the_interface_carrying_ssh_unless_forced(cluster, inventory, tmp_path):
+    bad = tmp_path / "mgmt.yml"
+    bad.write_text(inventory.read_text().replace("lossbed_interface: eth0",
+                                                 "lossbed_interface: mgmt0"))
+    refused = controller(cluster, "apply", "random-loss", "--inventory", str(bad))
+    assert refused.returncode != 0
+    assert "refusing to impair mgmt0" in refused.stderr and "SSH session" in refused.stderr
+    assert "--force-interface" in refused.stderr
+    assert impaired(cluster) == {}
+    mgmt = [h.run(["tc", "qdisc", "show", "dev", "mgmt0"]).stdout.decode()
+            for h in cluster.hosts]
+    assert not any("clsact" in m for m in mgmt)  # nothing half-applied anywhere
+    # Forced: applied (SSH itself is excluded from the match, so the session survives)
+    forced = controller(cluster, "apply", "random-loss", "--inventory", str(bad),
+                        "--force-interface")
+    assert forced.returncode == 0, forced.stderr
+    assert controller(cluster, "clear", "--inventory", str(bad)).returncode == 0
+
+
+@pytest.mark.parametrize("breakage,words", [
+    ("address", ["host h3", "not reachable over SSH"]),
+    ("key", ["not reachable over SSH", "Authentication"]),
+])
+def test_unreachable_host_or_rejected_key_applies_nothing_anywhere(cluster, inventory,
+                                                                   tmp_path, breakage, words):
+    text = inventory.read_text()
+    if breakage == "address":
+        h3 = cluster.hosts[2].mgmt_address
+        text = text.replace(f"ansible_host: {h3}", "ansible_host: "
+                            + h3.rsplit(".", 1)[0] + ".200")
+    else:
+        wrong = tmp_path / "wrong_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)],
+                       check=True)
+        text = text.replace("ansible_ssh_private_key_file: ",
+                            f"ansible_ssh_private_key_file: {wrong}\n    unused_key: ")
+        text = "\n".join(line for line in text.splitlines() if "unused_key" not in line)
+    broken = tmp_path / "broken.yml"
+    broken.write_text(text)
+    result = controller(cluster, "apply", "random-loss", "--inventory", str(broken),
+                        timeout=120)
+    assert result.returncode != 0
+    for word in words:
+        assert word in result.stderr, (word, result.stderr[-2000:])
+    assert impaired(cluster) == {}
