@@ -10,7 +10,7 @@ STAMP := $(VENV)/.lossbed-installed
 # VM hosts need qemu, a distribution kernel and busybox; Soft-RoCE needs rdma-core.
 SYSTEM_PACKAGES := iproute2 nftables ethtool openssh-server iputils-ping procps kmod \
 	qemu-system-x86 linux-image-amd64 busybox-static \
-	rdma-core ibverbs-utils python3-pyverbs
+	rdma-core ibverbs-utils python3-pyverbs python3-apt
 
 # make bench LOSS=0.1: every variant at LOSS (a fraction) vs the lossless reference.
 LOSS ?= 0.1
@@ -20,7 +20,10 @@ STEPS ?= 120
 SEEDS ?= 3
 BENCH_ARGS = --loss $(LOSS) --profile $(PROFILE) --hosts $(HOSTS) --steps $(STEPS) --seeds $(SEEDS)
 
-.PHONY: setup system-packages test lint clean bench bench-full
+# make provision INVENTORY=hosts.yml: the Ansible roles in ansible/ over the inventory.
+INVENTORY ?= ansible/inventory.example.yml
+
+.PHONY: setup system-packages test lint clean bench bench-full provision
 
 setup: system-packages $(STAMP)
 
@@ -48,6 +51,9 @@ bench: setup
 bench-full: STEPS = 1500
 bench-full: setup
 	$(VENV)/bin/lossbed bench $(BENCH_ARGS)
+
+provision: setup
+	cd ansible && ../$(VENV)/bin/ansible-playbook -i $(abspath $(INVENTORY)) provision.yml
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -267,16 +267,20 @@ def _cmd_inventory(args) -> int:
     from testbed import sshd
 
     cluster = clusters.load(args.cluster)
-    if not getattr(cluster, "ssh", False) or not cluster.hosts[0].mgmt_address:
-        raise UsageError("--cluster", f"cluster {cluster.name} has no sshd/management "
-                         "network", "Start it with lossbed up --ssh")
+    if not getattr(cluster, "ssh", False):
+        raise UsageError("--cluster", f"cluster {cluster.name} has no sshd",
+                         "Start it with lossbed up --ssh")
     project = str(Path(__file__).resolve().parents[1])
-    hosts = {h.name: {"ansible_host": h.mgmt_address, "lossbed_interface": h.ifname,
-                      "lossbed_address": h.address} for h in cluster.hosts}
+    # namespace hosts: SSH over the management network; VM hosts: over their one NIC
+    hosts = {h.name: {"ansible_host": getattr(h, "mgmt_address", "") or h.address,
+                      "lossbed_interface": h.ifname, "lossbed_address": h.address}
+             for h in cluster.hosts}
     doc = {"all": {"vars": {
-        "ansible_user": "root",
+        "ansible_user": "root", "ansible_python_interpreter": "/usr/bin/python3",
         "ansible_ssh_private_key_file": str(sshd.client_key(cluster.state_dir)),
         "lossbed_known_hosts": str(sshd.known_hosts(cluster.state_dir)),
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={sshd.known_hosts(cluster.state_dir)}"
+                                   " -o StrictHostKeyChecking=yes",
         "lossbed_project": project, "lossbed_python": sys.executable,
         "lossbed_mtu": cluster.mtu}, "hosts": hosts}}
     print(f"# hosts of local cluster {cluster.name}; run the controller in its management "

@@ -341,6 +341,8 @@ def _build(cluster: VMCluster, kernel: Path) -> None:
         taps.append(tap)
         progress.advance("VMs started")
     switch.plug(cluster.name, taps, cluster.mtu)
+    if cluster.ssh:
+        _controller_namespace(cluster)
     with ThreadPoolExecutor(max_workers=n) as pool:
         infos = list(pool.map(lambda h: _wait_guest(cluster, h), cluster.hosts))
     for host, info in zip(cluster.hosts, infos, strict=True):
@@ -349,6 +351,30 @@ def _build(cluster: VMCluster, kernel: Path) -> None:
             raise EnvironmentProblem(f"host {host.name} came up with errors: {problems}")
         progress.advance("guests ready")
     progress.finish()
+
+
+def _controller_namespace(cluster: VMCluster) -> None:
+    """With --ssh: a namespace on the cluster's switch with the reserved controller address,
+    from which SSH, `lossbed … --inventory` and Ansible reach the VMs (VMs have one NIC, so
+    this is the data network; nothing is impaired while provisioning)."""
+    from pyroute2 import IPRoute, netns
+
+    from testbed import addressing, management
+
+    namespace = management.controller_namespace(cluster.name)
+    netns.create(namespace)
+    port = f"{cluster.name}-ctl"
+    with IPRoute(netns=cluster.switch_namespace) as sw:
+        sw.link("add", ifname=port, kind="veth", mtu=cluster.mtu,
+                peer={"ifname": management.CONTROLLER_IFNAME, "net_ns_fd": namespace,
+                      "mtu": cluster.mtu})
+    switch.plug(cluster.name, [port], cluster.mtu)
+    with IPRoute(netns=namespace) as ipr:
+        ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        index = ipr.link_lookup(ifname=management.CONTROLLER_IFNAME)[0]
+        ipr.addr("add", index=index, address=addressing.controller_address(cluster.subnet),
+                 prefixlen=cluster.subnet.prefixlen)
+        ipr.link("set", index=index, state="up")
 
 
 def _qemu_running(cluster: VMCluster, host: VMHost) -> bool:

@@ -1,0 +1,70 @@
+"""The Ansible roles and playbooks lint clean (production profile) and parse; the nightly
+workflow validates against GitHub's workflow schema and only runs commands that exist."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+WORKFLOW = REPO / ".github" / "workflows" / "nightly.yml"
+
+
+def test_ansible_lint_production_profile_passes():
+    result = subprocess.run([str(BIN / "ansible-lint"), "--profile", "production", "--offline",
+                             "--nocolor"], cwd=REPO / "ansible", capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Profile 'production' was required, and it passed" in result.stderr + result.stdout
+
+
+def test_playbooks_pass_the_syntax_check():
+    result = subprocess.run([str(BIN / "ansible-playbook"), "--syntax-check", "-i",
+                             "inventory.example.yml", "provision.yml", "teardown.yml",
+                             "bench.yml"], cwd=REPO / "ansible", capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_role_variable_is_prefixed_and_defaulted():
+    for role in (REPO / "ansible" / "roles").iterdir():
+        defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+        assert defaults, role.name
+        for name in defaults:
+            assert name.startswith(role.name + "_"), (role.name, name)
+
+
+def test_the_example_inventory_is_one_lossbed_reads():
+    from testbed import inventory
+
+    hosts = inventory.load(REPO / "ansible" / "inventory.example.yml")
+    assert set(hosts) == {"gpu1", "gpu2"} and hosts["gpu1"].lossbed_gpus == 8
+
+
+def test_workflow_validates_against_the_github_schema():
+    result = subprocess.run([str(BIN / "check-jsonschema"), "--builtin-schema",
+                             "vendor.github-workflows", str(WORKFLOW)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_workflow_commands_exist():
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    assert "schedule" in workflow[True] and "workflow_dispatch" in workflow[True]  # "on:"
+    job = workflow["jobs"]["bench"]
+    assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
+    runs = " ".join(step.get("run", "") for step in job["steps"])
+    for target in ("setup", "provision"):
+        assert f"make {target}" in runs
+        dry = subprocess.run(["make", "-n", target, "INVENTORY=ansible/inventory.example.yml"],
+                             cwd=REPO, capture_output=True, text=True)
+        assert dry.returncode == 0, dry.stderr
+    for sub in ("bench", "compare", "clear"):
+        assert f".venv/bin/lossbed {sub}" in runs
+        help_ = subprocess.run([sys.executable, "-m", "testbed.cli", sub, "--help"], cwd=REPO,
+                               capture_output=True, text=True)
+        assert help_.returncode == 0 and "--inventory" in help_.stdout or sub == "compare"
