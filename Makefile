@@ -10,7 +10,7 @@ STAMP := $(VENV)/.lossbed-installed
 # VM hosts need qemu, a distribution kernel and busybox; Soft-RoCE needs rdma-core.
 SYSTEM_PACKAGES := iproute2 nftables ethtool openssh-server iputils-ping procps kmod \
 	qemu-system-x86 linux-image-amd64 busybox-static \
-	rdma-core ibverbs-utils python3-pyverbs python3-apt
+	rdma-core ibverbs-utils python3-pyverbs perftest python3-apt python3-venv
 
 # make bench LOSS=0.1: every variant at LOSS (a fraction) vs the lossless reference.
 LOSS ?= 0.1

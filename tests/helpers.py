@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -37,3 +40,26 @@ def leftovers(name: str) -> dict:
 
 
 NOTHING = {"namespaces": [], "etc_netns": [], "state": False}
+
+
+def send_between_vms(cluster, count: int, rate_pps: int = 4000) -> dict:
+    """h2 sends `count` numbered datagrams to h1; h1 counts them (both inside the VMs)."""
+    h1, h2 = cluster.hosts
+    out = {}
+
+    def receive():
+        out["recv"] = h1.run([h1.python, "-m", "testbed.traffic", "recv", "--bind", h1.address,
+                              "--count", str(count), "--idle-s", "3"], timeout=600)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    # The receiver's Python starts slowly under TCG (0.5 s idle, seconds when the VMs
+    # compete for the 2 cores); datagrams sent before it binds would count as lost. A VM's
+    # exec channel runs one command at a time, so h1 cannot be asked whether it is bound.
+    time.sleep(5)
+    sent = h2.run([h2.python, "-m", "testbed.traffic", "send", "--to", h1.address,
+                   "--count", str(count), "--rate-pps", str(rate_pps)], timeout=600)
+    thread.join()
+    assert sent.returncode == 0, sent.stderr
+    assert out["recv"].returncode == 0, out["recv"].stderr
+    return json.loads(out["recv"].stdout)

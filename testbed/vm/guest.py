@@ -90,8 +90,24 @@ def start_sshd(cfg: dict) -> None:
                 "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
                 "KbdInteractiveAuthentication no\nUsePAM no\nPrintMotd no\n"
                 "Subsystem sftp internal-sftp\nStrictModes no\n")
+    fresh_login_files()
     sh("/usr/sbin/sshd", "-f", "/run/lossbed-ssh/sshd_config",
        "-o", f"ListenAddress={cfg['address']}:22")
+
+
+def fresh_login_files() -> None:
+    """Give root a fresh Debian host's shell start-up files (from /etc/skel).
+
+    The VM's root is this machine's, so root's ~/.bashrc is this machine's user's: bash
+    runs it for every SSH command, and what it does (pyenv init, say) takes seconds per
+    command under TCG; Ansible runs one SSH command per task. The copies land in the VM's
+    memory overlay: the machine's own files are untouched.
+    """
+    for name in (".bashrc", ".profile"):
+        skel = os.path.join("/etc/skel", name)
+        if os.path.exists(skel):
+            with open(skel, "rb") as src, open(os.path.join("/root", name), "wb") as dst:
+                dst.write(src.read())
 
 
 def start_rdma() -> None:

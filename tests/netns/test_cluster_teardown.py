@@ -46,10 +46,11 @@ def test_down_after_sigkill_while_sshd_was_starting():
     name = unique_name()
     rc = _kill_self_during_up(name, hosts=4, after_calls=2, patch="testbed.sshd.start")
     assert rc == -signal.SIGKILL
-    # It really died in the middle: the record says so, namespaces and two sshd exist.
+    # It really died in the middle: the record says so, namespaces (4 hosts, the switch and
+    # the --ssh controller) and two sshd exist.
     assert state.read(name)["status"] == "building"
     namespaces = netns_cluster.cluster_namespaces(name)
-    assert len(namespaces) == 5
+    assert len(namespaces) == 6 and f"lossbed-{name}-ctl" in namespaces
     sshd_pids = [p for pids in processes_in_namespaces(namespaces).values() for p in pids]
     assert len(sshd_pids) == 2
     status = lossbed("status", name)

@@ -5,7 +5,6 @@ At most 2 VMs at a time (2 cores); no torch inside them (it takes ~1 min to impo
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import signal
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 from testbed import clusters, netns_cluster, profiles, state, traffic, verify
 from testbed.hosts import processes_in_namespaces
 from testbed.impair import engine
-from tests.helpers import NOTHING, REPO, leftovers, lossbed, unique_name
+from tests.helpers import NOTHING, REPO, leftovers, lossbed, send_between_vms, unique_name
 
 pytestmark = [pytest.mark.netns, pytest.mark.vm, pytest.mark.slow]
 
@@ -42,24 +41,27 @@ def apply(cluster, profile, sets=()):
     return choice
 
 
-def send_between_vms(cluster, count: int, rate_pps: int = 4000) -> dict:
-    """h2 sends `count` numbered datagrams to h1; h1 counts them (both inside the VMs)."""
-    h1, h2 = cluster.hosts
-    out = {}
-
-    def receive():
-        out["recv"] = h1.run([h1.python, "-m", "testbed.traffic", "recv", "--bind", h1.address,
-                              "--count", str(count), "--idle-s", "3"], timeout=600)
-
-    thread = threading.Thread(target=receive)
-    thread.start()
-    time.sleep(3)  # the receiver's Python starts slowly under TCG
-    sent = h2.run([h2.python, "-m", "testbed.traffic", "send", "--to", h1.address,
-                   "--count", str(count), "--rate-pps", str(rate_pps)], timeout=600)
-    thread.join()
-    assert sent.returncode == 0, sent.stderr
-    assert out["recv"].returncode == 0, out["recv"].stderr
-    return json.loads(out["recv"].stdout)
+# First, while no other VM of this module runs (2 cores: VMs running side by side slow
+# each other down).
+def test_vm_hosts_go_down_clean_after_the_controller_is_killed_in_up():
+    name = unique_name()
+    child = subprocess.Popen([sys.executable, "-m", "testbed.cli", "up", "--kind", "vm",
+                              "--hosts", "2", "--name", name], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    # kill it once the first qemu is running, before the guests are ready
+    while time.monotonic() < deadline and not (state.cluster_dir(name) / "h1.pid").exists():
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait(10)
+    qemu_pids = [p for pids in processes_in_namespaces(
+        netns_cluster.cluster_namespaces(name)).values() for p in pids]
+    assert qemu_pids, "the test meant to kill the controller while a VM was running"
+    assert lossbed("down", name).returncode == 0
+    assert leftovers(name) == NOTHING
+    from testbed.hosts import is_running
+    assert not any(is_running(p) for p in qemu_pids)
+    assert not list(itertools.chain(state.state_root().glob(f"{name}*")))
 
 
 def test_two_vms_come_up_with_their_own_kernel_and_exec_passes_output_and_codes(vms):
@@ -197,110 +199,3 @@ def test_same_random_profile_gives_the_same_loss_on_namespaces_and_on_vms(vms, m
     pooled = (vm["lost"] + ns.lost) / (n1 + n2)
     # two-sample test at 4 sd: a false failure has odds ~6e-5
     assert abs(p1 - p2) <= 4 * math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2)), (p1, p2)
-
-
-def test_vm_hosts_go_down_clean_after_the_controller_is_killed_in_up():
-    name = unique_name()
-    child = subprocess.Popen([sys.executable, "-m", "testbed.cli", "up", "--kind", "vm",
-                              "--hosts", "2", "--name", name], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    # kill it once the first qemu is running, before the guests are ready
-    while time.monotonic() < deadline and not (state.cluster_dir(name) / "h1.pid").exists():
-        time.sleep(0.05)
-    child.send_signal(signal.SIGKILL)
-    child.wait(10)
-    qemu_pids = [p for pids in processes_in_namespaces(
-        netns_cluster.cluster_namespaces(name)).values() for p in pids]
-    assert qemu_pids, "the test meant to kill the controller while a VM was running"
-    assert lossbed("down", name).returncode == 0
-    assert leftovers(name) == NOTHING
-    from testbed.hosts import is_running
-    assert not any(is_running(p) for p in qemu_pids)
-    assert not list(itertools.chain(state.state_root().glob(f"{name}*")))
-
-
-# ---- Soft-RoCE ------------------------------------------------------------------------------
-
-
-def verbs_transfer(cluster, qp: str, size: int, count: int, rate_mps: int = 0) -> dict:
-    """h2 sends `count` messages of `size` bytes over a `qp` queue pair to h1 (real verbs)."""
-    h1, h2 = cluster.hosts
-    out = {}
-    common = ["--qp", qp, "--size", str(size), "--count", str(count)]
-
-    def receive():
-        out["recv"] = h1.run(["/usr/bin/python3", "-m", "harness.verbs.transfer", "recv",
-                              *common, "--address", h1.address], timeout=300)
-
-    thread = threading.Thread(target=receive)
-    thread.start()
-    sent = h2.run(["/usr/bin/python3", "-m", "harness.verbs.transfer", "send", *common,
-                   "--address", h2.address, "--to", h1.address, "--rate-mps", str(rate_mps)],
-                  timeout=300)
-    thread.join()
-    assert sent.returncode == 0, sent.stderr.decode()[-2000:]
-    assert out["recv"].returncode == 0, out["recv"].stderr.decode()[-2000:]
-    return json.loads(out["recv"].stdout)
-
-
-@pytest.fixture(scope="module")
-def rdma_vms():
-    from testbed.vm import cluster as vm_cluster
-
-    name = unique_name()
-    cluster = vm_cluster.up(vm_cluster.VMSpec(hosts=2, name=name, rdma=True))
-    yield cluster
-    clusters.down(name)
-    assert leftovers(name) == NOTHING
-
-
-def test_soft_roce_ud_and_uc_complete_without_loss(rdma_vms):
-    assert all(h["rdma"] and "rxe0" in h["rdma"] for h in rdma_vms.status()["hosts"])
-    ud = verbs_transfer(rdma_vms, "ud", 1024, 500)
-    uc = verbs_transfer(rdma_vms, "uc", 65536, 100)
-    for result in (ud, uc):
-        assert result["intact"] == result["sent"] and result["error_completions"] == 0, result
-
-
-def test_under_loss_uc_loses_whole_messages_and_ud_single_packets(rdma_vms):
-    """2% packet loss on RoCE's UDP: a 1 KiB UD message is one packet, a 64 KiB UC message
-    is 64; UC loses a message when any of its packets is lost, and nothing partial is ever
-    delivered (every completed message is intact)."""
-    apply(rdma_vms, "random-loss", ["loss_pct=2"])
-    try:
-        ud = verbs_transfer(rdma_vms, "ud", 1024, 2000, rate_mps=2000)
-        uc = verbs_transfer(rdma_vms, "uc", 65536, 300, rate_mps=100)
-    finally:
-        engine.clear(rdma_vms)
-    ud_loss = ud["lost"] / ud["sent"]
-    uc_loss = uc["lost"] / uc["sent"]
-    # UD: about the packet loss (2%; 4 sd of 2,000 trials is 1.3 points, so below 3.5%).
-    assert 0.005 <= ud_loss <= 0.035, ud
-    # UC: at least the whole-message rate 1-(0.98)^64 = 73% minus 4 sd (300 trials: 10
-    # points), and far above UD's.
-    assert uc_loss >= 0.60, uc
-    assert uc["completed"] == uc["intact"] and uc["error_completions"] == 0, uc
-    assert ud["completed"] == ud["intact"], ud
-
-
-def test_sshd_in_a_vm_listens_on_its_address_and_accepts_the_cluster_key():
-    from testbed.vm import cluster as vm_cluster
-
-    name = unique_name()
-    cluster = vm_cluster.up(vm_cluster.VMSpec(hosts=2, name=name, ssh=True))
-    try:
-        h1, h2 = cluster.hosts
-        status = cluster.status()
-        assert all(h["sshd_pid"] for h in status["hosts"])
-        listening = h1.run(["ss", "-Htln", "sport = :22"]).stdout.decode().split()
-        assert f"{h1.address}:22" in listening and "0.0.0.0:22" not in listening
-        key = open(status["ssh"]["key"]).read().encode()
-        login = h2.run(["sh", "-c", "cat > /tmp/k && chmod 600 /tmp/k && ssh -i /tmp/k "
-                        "-o StrictHostKeyChecking=no -o BatchMode=yes root@h1 hostname"],
-                       input=key, timeout=120)
-        assert login.returncode == 0, login.stderr
-        assert login.stdout.decode().strip() == "h1"
-    finally:
-        clusters.down(name)
-    assert leftovers(name) == NOTHING

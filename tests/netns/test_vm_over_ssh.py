@@ -1,0 +1,187 @@
+"""A real cluster's workflow over real SSH against VM hosts: their own Debian kernel (so
+`modprobe sch_netem` really loads and the impairment is real netem) over a throwaway overlay
+of this machine's root (so nothing written there reaches this machine). Ansible and lossbed
+run from the cluster's controller namespace, as from a real cluster's head node. The guests
+run no torch (it takes a minute to import under TCG): training over SSH is covered on
+namespace hosts (test_remote_cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from testbed import clusters
+from tests.helpers import NOTHING, REPO, leftovers, lossbed, send_between_vms, unique_name
+
+pytestmark = [pytest.mark.netns, pytest.mark.vm, pytest.mark.slow]
+
+ANSIBLE = REPO / "ansible"
+RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)"
+                   r"\s+skipped=(\d+)", re.M)
+
+
+@pytest.fixture(scope="module")
+def vms():
+    from testbed.vm import cluster as vm_cluster
+
+    name = unique_name()
+    cluster = vm_cluster.up(vm_cluster.VMSpec(hosts=2, name=name, ssh=True))
+    yield cluster
+    clusters.down(name)
+    assert leftovers(name) == NOTHING
+
+
+@pytest.fixture(scope="module")
+def inventory(vms, tmp_path_factory):
+    result = lossbed("inventory", "--cluster", vms.name)
+    assert result.returncode == 0, result.stderr
+    path = tmp_path_factory.mktemp("ansible") / "inventory.yml"
+    path.write_text(result.stdout)
+    return path
+
+
+def playbook(vms, inventory, name: str, *extra: str) -> tuple[dict, str]:
+    """Run a playbook from the controller namespace; the recap per host and the whole log."""
+    result = subprocess.run(
+        ["ip", "netns", "exec", f"lossbed-{vms.name}-ctl", str(REPO / ".venv/bin/ansible-playbook"),
+         "-i", str(inventory), name, *extra],
+        capture_output=True, text=True, timeout=900, cwd=ANSIBLE,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+             "ANSIBLE_LOCAL_TEMP": str(inventory.parent / "tmp")})
+    log = result.stdout + result.stderr
+    recap = {m[0]: dict(zip(("ok", "changed", "unreachable", "failed", "skipped"),
+                            map(int, m[1:]), strict=True)) for m in RECAP.findall(log)}
+    assert result.returncode == 0, log[-6000:]
+    assert set(recap) == {"h1", "h2"}, log[-3000:]
+    for host, counts in recap.items():
+        assert counts["unreachable"] == 0 and counts["failed"] == 0, (host, log[-3000:])
+    return recap, log
+
+
+def guest(vms, host: str, *argv: str) -> str:
+    result = vms.host(host).run(list(argv), timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.decode() if isinstance(result.stdout, bytes) else result.stdout
+
+
+def test_sshd_in_a_vm_listens_on_its_address_and_accepts_the_cluster_key(vms):
+    h1, h2 = vms.hosts
+    status = vms.status()
+    assert all(h["sshd_pid"] for h in status["hosts"])
+    listening = h1.run(["ss", "-Htln", "sport = :22"]).stdout.decode().split()
+    assert f"{h1.address}:22" in listening and "0.0.0.0:22" not in listening
+    key = open(status["ssh"]["key"]).read().encode()
+    login = h2.run(["sh", "-c", "cat > /tmp/k && chmod 600 /tmp/k && ssh -i /tmp/k "
+                    "-o StrictHostKeyChecking=no -o BatchMode=yes root@h1 hostname"],
+                   input=key, timeout=120)
+    assert login.returncode == 0, login.stderr
+    assert login.stdout.decode().strip() == "h1"
+
+
+def modules(vms, host: str) -> str:
+    return guest(vms, host, "cat", "/proc/modules")
+
+
+def test_provision_converges_over_ssh_then_changes_nothing(vms, inventory):
+    """--check on unprovisioned hosts predicts changes and makes none (the kernel role, the
+    one that changes kernel state, to keep CI short); the real run converges, the verify step
+    passes and the RDMA role's vendor-tool steps say why they are skipped; a second real run
+    changes nothing."""
+    # Start each guest unprovisioned: its boot loaded the netem modules (rmmod them), and
+    # its kernel's socket-buffer limits are the small defaults.
+    for h in vms.hosts:
+        guest(vms, h.name, "rmmod", "sch_netem", "ifb")
+        assert "sch_netem" not in modules(vms, h.name)
+    guest_rmem = guest(vms, "h1", "cat", "/proc/sys/net/core/rmem_max")
+    assert int(guest_rmem) < 67108864
+    host_rmem = open("/proc/sys/net/core/rmem_max").read()
+    rdma = ("--extra-vars", "lossbed_rdma_enabled=true")
+
+    checked, _ = playbook(vms, inventory, "provision.yml", "--check", "--tags", "lossbed_kernel")
+    for host, counts in checked.items():
+        assert counts["changed"] >= 2, (host, counts)  # the boot files would be written
+    for h in vms.hosts:  # ... and nothing was
+        assert "sch_netem" not in modules(vms, h.name)
+        assert guest(vms, h.name, "cat", "/proc/sys/net/core/rmem_max") == guest_rmem
+        assert "lossbed.conf" not in guest(vms, h.name, "ls", "/etc/modules-load.d")
+
+    first, log = playbook(vms, inventory, "provision.yml", *rdma)
+    for host, counts in first.items():
+        assert counts["changed"] >= 4, (host, counts)  # modules, 2 boot files, sysctls
+    for h in vms.hosts:
+        assert f"{h.name}: modules, socket buffers and MTU as provisioned" in log
+        loaded = modules(vms, h.name)
+        assert re.search(r"(?m)^sch_netem ", loaded) and re.search(r"(?m)^ifb ", loaded)
+        assert int(guest(vms, h.name, "cat", "/proc/sys/net/core/rmem_max")) == 67108864
+        assert "sch_netem" in guest(vms, h.name, "cat", "/etc/modules-load.d/lossbed.conf")
+        # what needs vendor tools or hardware is skipped with the reason, not faked
+        assert f"mlnx_qos is not installed on {h.name}: PFC settings skipped" in log
+        assert f"eth0 on {h.name} exposes no RoCE ECN switches: ECN settings skipped" in log
+    # the guests' writes stayed in their memory overlays
+    assert not os.path.exists("/etc/modules-load.d/lossbed.conf")
+    assert open("/proc/sys/net/core/rmem_max").read() == host_rmem
+
+    second, log = playbook(vms, inventory, "provision.yml", *rdma)
+    assert {h: c["changed"] for h, c in second.items()} == {"h1": 0, "h2": 0}, log[-3000:]
+    assert "h1: modules, socket buffers and MTU as provisioned" in log
+
+
+def controller(vms, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """lossbed run from the controller namespace, as on a real cluster's head node."""
+    return subprocess.run(
+        ["ip", "netns", "exec", f"lossbed-{vms.name}-ctl", sys.executable, "-m", "testbed.cli",
+         *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def netem_hosts(vms) -> set[str]:
+    """The guests whose kernel has a netem qdisc on any device now."""
+    return {h.name for h in vms.hosts if "netem" in guest(vms, h.name, "tc", "qdisc", "show")}
+
+
+def test_lossbed_apply_verify_clear_over_ssh_is_real_netem(vms, inventory):
+    # A VM host has one NIC, so SSH arrives on the data-plane interface: lossbed refuses
+    # it (nothing applied anywhere) until told (SSH's port stays unimpaired by default).
+    refused = controller(vms, "apply", "random-loss", "--set", "loss_pct=10", "--inventory",
+                         str(inventory))
+    assert refused.returncode != 0 and "carries this SSH session" in refused.stderr
+    assert netem_hosts(vms) == set()
+    applied = controller(vms, "apply", "random-loss", "--set", "loss_pct=10", "--inventory",
+                         str(inventory), "--force-interface")
+    assert applied.returncode == 0, applied.stderr
+    assert "netem" in applied.stdout + applied.stderr  # the backend each host chose
+    assert netem_hosts(vms) == {"h1", "h2"}
+    try:
+        got = send_between_vms(vms, 5000)
+        verified = controller(vms, "verify", "--inventory", str(inventory), "--json")
+        assert verified.returncode == 0, verified.stderr
+    finally:
+        cleared = controller(vms, "clear", "--inventory", str(inventory))
+    p, n = 0.10, got["sent"]
+    assert abs(got["lost"] / n - p) <= 4 * math.sqrt(p * (1 - p) / n), got  # 4 sigma
+    path = next(x for x in json.loads(verified.stdout)["paths"] if x["path"] == "h2->h1")
+    assert path["seen_packets"] == n and path["dropped_packets"] == got["lost"]
+    assert cleared.returncode == 0, cleared.stderr
+    assert netem_hosts(vms) == set()
+
+
+def test_a_lease_on_vm_hosts_reverts_without_the_controller(vms, inventory):
+    """`lossbed apply` with a 6 s lease, then no controller at all: each guest's watchdog
+    removes the netem qdiscs by itself within the lease plus a margin (10 s under TCG)."""
+    applied = controller(vms, "apply", "random-loss", "--set", "loss_pct=10", "--inventory",
+                         str(inventory), "--lease-s", "6", "--force-interface")
+    applied_at = time.monotonic()
+    assert applied.returncode == 0, applied.stderr
+    assert netem_hosts(vms) == {"h1", "h2"}
+    while netem_hosts(vms) and time.monotonic() - applied_at < 6 + 10:
+        time.sleep(0.5)
+    reverted_after_s = time.monotonic() - applied_at
+    assert netem_hosts(vms) == set(), f"still impaired {reverted_after_s:.1f} s after apply"
+    print(f"lease 6 s: reverted {reverted_after_s:.1f} s after apply returned")

@@ -1,0 +1,77 @@
+"""Soft-RoCE between VM hosts: real RDMA queue pairs (rxe) over the VMs' NICs, under real
+netem loss. Its own module, so its VMs never run beside another module's (2 cores)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from testbed import clusters, profiles
+from testbed.impair import engine
+from tests.helpers import NOTHING, leftovers, unique_name
+
+pytestmark = [pytest.mark.netns, pytest.mark.vm, pytest.mark.slow]
+
+
+def verbs_transfer(cluster, qp: str, size: int, count: int, rate_mps: int = 0) -> dict:
+    """h2 sends `count` messages of `size` bytes over a `qp` queue pair to h1 (real verbs)."""
+    h1, h2 = cluster.hosts
+    out = {}
+    common = ["--qp", qp, "--size", str(size), "--count", str(count)]
+
+    def receive():
+        out["recv"] = h1.run(["/usr/bin/python3", "-m", "harness.verbs.transfer", "recv",
+                              *common, "--address", h1.address], timeout=300)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    sent = h2.run(["/usr/bin/python3", "-m", "harness.verbs.transfer", "send", *common,
+                   "--address", h2.address, "--to", h1.address, "--rate-mps", str(rate_mps)],
+                  timeout=300)
+    thread.join()
+    assert sent.returncode == 0, sent.stderr.decode()[-2000:]
+    assert out["recv"].returncode == 0, out["recv"].stderr.decode()[-2000:]
+    return json.loads(out["recv"].stdout)
+
+
+@pytest.fixture(scope="module")
+def rdma_vms():
+    from testbed.vm import cluster as vm_cluster
+
+    name = unique_name()
+    cluster = vm_cluster.up(vm_cluster.VMSpec(hosts=2, name=name, rdma=True))
+    yield cluster
+    clusters.down(name)
+    assert leftovers(name) == NOTHING
+
+
+def test_soft_roce_ud_and_uc_complete_without_loss(rdma_vms):
+    assert all(h["rdma"] and "rxe0" in h["rdma"] for h in rdma_vms.status()["hosts"])
+    ud = verbs_transfer(rdma_vms, "ud", 1024, 500)
+    uc = verbs_transfer(rdma_vms, "uc", 65536, 100)
+    for result in (ud, uc):
+        assert result["intact"] == result["sent"] and result["error_completions"] == 0, result
+
+
+def test_under_loss_uc_loses_whole_messages_and_ud_single_packets(rdma_vms):
+    """2% packet loss on RoCE's UDP: a 1 KiB UD message is one packet, a 64 KiB UC message
+    is 64; UC loses a message when any of its packets is lost, and nothing partial is ever
+    delivered (every completed message is intact)."""
+    the_plan, choice = engine.make_plan(rdma_vms, profiles.load("random-loss", ["loss_pct=2"]))
+    engine.apply(rdma_vms, the_plan, choice)
+    try:
+        ud = verbs_transfer(rdma_vms, "ud", 1024, 2000, rate_mps=2000)
+        uc = verbs_transfer(rdma_vms, "uc", 65536, 300, rate_mps=100)
+    finally:
+        engine.clear(rdma_vms)
+    ud_loss = ud["lost"] / ud["sent"]
+    uc_loss = uc["lost"] / uc["sent"]
+    # UD: about the packet loss (2%; 4 sd of 2,000 trials is 1.3 points, so below 3.5%).
+    assert 0.005 <= ud_loss <= 0.035, ud
+    # UC: at least the whole-message rate 1-(0.98)^64 = 73% minus 4 sd (300 trials: 10
+    # points), and far above UD's.
+    assert uc_loss >= 0.60, uc
+    assert uc["completed"] == uc["intact"] and uc["error_completions"] == 0, uc
+    assert ud["completed"] == ud["intact"], ud
