@@ -224,7 +224,8 @@ def _cmd_bench(args) -> int:
                      seeds=args.seeds, variants=args.variants or list(VARIANTS),
                      mtu=args.mtu)
     spec.validate()  # bad input is refused before anything is built
-    out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    # absolute: ranks on remote hosts write under it from their own working folder
+    out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     own = None
     if args.cluster or args.inventory:
         cluster = _cluster(args)

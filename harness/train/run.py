@@ -52,7 +52,8 @@ def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
         check(cfg, cluster)
     profile = profiles.load(profile_name, list(sets))
     the_plan, choice = engine.make_plan(cluster, profile)
-    work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-"))
+    # absolute: ranks on remote hosts write under it from their own working folder
+    work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     engine.apply(cluster, the_plan, choice)
     started = time.monotonic()
