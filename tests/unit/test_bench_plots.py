@@ -1,0 +1,20 @@
+"""The perplexity-vs-loss plot appears once a bench has two loss rates besides 0 (the
+end-to-end bench test runs one, to stay short)."""
+
+from __future__ import annotations
+
+from harness.bench.report import plots
+
+
+def test_ppl_vs_loss_plot_with_two_lossy_rates(tmp_path):
+    records = [{"variant": v, "loss": loss, "seed": 0, "losses": [3.0, 2.5, 2.2]}
+               for v, loss in (("reliable", 0.0), ("unbiased", 0.05), ("unbiased", 0.1))]
+    rows = [{"variant": "reliable", "loss": 0.0, "ppl_delta_pct": None, "ppl_delta_ci95": None},
+            {"variant": "unbiased", "loss": 0.05, "ppl_delta_pct": 1.0, "ppl_delta_ci95": 0.5},
+            {"variant": "unbiased", "loss": 0.1, "ppl_delta_pct": 2.0, "ppl_delta_ci95": 0.7}]
+    plots(tmp_path, records, {"rows": rows})
+    for name in ("loss_curves.png", "step_time_cdf.png", "ppl_vs_loss.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    (tmp_path / "one").mkdir()
+    plots(tmp_path / "one", records[:2], {"rows": rows[:2]})  # one lossy rate: no such plot
+    assert not (tmp_path / "one" / "ppl_vs_loss.png").exists()
