@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from testbed import netns_cluster, state
+from testbed import clusters, netns_cluster, state
 
 REPO = Path(__file__).resolve().parents[1]
 LOSSBED = [sys.executable, "-m", "testbed.cli"]
@@ -63,3 +63,15 @@ def send_between_vms(cluster, count: int, rate_pps: int = 4000) -> dict:
     assert sent.returncode == 0, sent.stderr
     assert out["recv"].returncode == 0, out["recv"].stderr
     return json.loads(out["recv"].stdout)
+
+
+def two_vm_hosts(**spec):
+    """A module's 2-VM cluster (a generator for a fixture): booted, then taken down and
+    checked clean."""
+    from testbed.vm import cluster as vm_cluster
+
+    name = unique_name()
+    cluster = vm_cluster.up(vm_cluster.VMSpec(hosts=2, name=name, **spec))
+    yield cluster
+    clusters.down(name)
+    assert leftovers(name) == NOTHING

@@ -14,10 +14,18 @@ import time
 
 import pytest
 
-from testbed import clusters, netns_cluster, profiles, state, traffic
+from testbed import netns_cluster, profiles, state, traffic
 from testbed.hosts import processes_in_namespaces
 from testbed.impair import engine
-from tests.helpers import NOTHING, REPO, leftovers, lossbed, send_between_vms, unique_name
+from tests.helpers import (
+    NOTHING,
+    REPO,
+    leftovers,
+    lossbed,
+    send_between_vms,
+    two_vm_hosts,
+    unique_name,
+)
 
 pytestmark = [pytest.mark.netns, pytest.mark.vm, pytest.mark.slow]
 
@@ -26,13 +34,7 @@ DATAGRAMS = 20_000
 
 @pytest.fixture(scope="module")
 def vms():
-    from testbed.vm import cluster as vm_cluster
-
-    name = unique_name()
-    cluster = vm_cluster.up(vm_cluster.VMSpec(hosts=2, name=name))
-    yield cluster
-    clusters.down(name)
-    assert leftovers(name) == NOTHING
+    yield from two_vm_hosts()
 
 
 def apply(cluster, profile, sets=()):

@@ -17,8 +17,12 @@ import time
 
 import pytest
 
-from testbed import clusters
-from tests.helpers import NOTHING, REPO, leftovers, lossbed, send_between_vms, unique_name
+from tests.helpers import (
+    REPO,
+    lossbed,
+    send_between_vms,
+    two_vm_hosts,
+)
 
 pytestmark = [pytest.mark.netns, pytest.mark.vm, pytest.mark.slow]
 
@@ -29,13 +33,7 @@ RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s
 
 @pytest.fixture(scope="module")
 def vms():
-    from testbed.vm import cluster as vm_cluster
-
-    name = unique_name()
-    cluster = vm_cluster.up(vm_cluster.VMSpec(hosts=2, name=name, ssh=True))
-    yield cluster
-    clusters.down(name)
-    assert leftovers(name) == NOTHING
+    yield from two_vm_hosts(ssh=True)
 
 
 @pytest.fixture(scope="module")

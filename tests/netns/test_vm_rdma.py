@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from testbed import clusters, profiles
+from testbed import profiles
 from testbed.impair import engine
-from tests.helpers import NOTHING, leftovers, unique_name
+from tests.helpers import two_vm_hosts
 
 pytestmark = [pytest.mark.netns, pytest.mark.vm, pytest.mark.slow]
 
@@ -38,13 +38,7 @@ def verbs_transfer(cluster, qp: str, size: int, count: int, rate_mps: int = 0) -
 
 @pytest.fixture(scope="module")
 def rdma_vms():
-    from testbed.vm import cluster as vm_cluster
-
-    name = unique_name()
-    cluster = vm_cluster.up(vm_cluster.VMSpec(hosts=2, name=name, rdma=True))
-    yield cluster
-    clusters.down(name)
-    assert leftovers(name) == NOTHING
+    yield from two_vm_hosts(rdma=True)
 
 
 def test_soft_roce_ud_and_uc_complete_without_loss(rdma_vms):
