@@ -67,22 +67,22 @@ def check_no_overlap(
 
 
 def pick_free(
-    hosts: int, taken: Iterable[tuple[ipaddress.IPv4Network, str]]
+    hosts: int, taken: Iterable[tuple[ipaddress.IPv4Network, str]],
+    pool: ipaddress.IPv4Network = DEFAULT_POOL, what: str = "",
+    field: str = "--subnet",
+    fix: str = "Give one explicitly with --subnet, or take down clusters you no longer need",
 ) -> ipaddress.IPv4Network:
-    """The first subnet of DEFAULT_POOL big enough for `hosts` that overlaps nothing taken."""
+    """The first subnet of `pool` big enough for `hosts` that overlaps nothing taken."""
     taken = list(taken)
     prefixlen = 24
-    while prefixlen > DEFAULT_POOL.prefixlen and capacity(
+    while prefixlen > pool.prefixlen and capacity(
         ipaddress.ip_network(f"0.0.0.0/{prefixlen}")
     ) < hosts:
         prefixlen -= 1
-    for candidate in DEFAULT_POOL.subnets(new_prefix=prefixlen):
+    for candidate in pool.subnets(new_prefix=prefixlen):
         if not any(candidate.overlaps(net) for net, _ in taken):
             return candidate
-    raise UsageError(
-        "--subnet", f"no free /{prefixlen} is left in {DEFAULT_POOL}",
-        "Give one explicitly with --subnet, or take down clusters you no longer need",
-    )
+    raise UsageError(field, f"no free /{prefixlen} is left in {pool}{what}", fix)
 
 
 def host_addresses(subnet: ipaddress.IPv4Network, hosts: int) -> list[str]:

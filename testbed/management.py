@@ -35,13 +35,8 @@ def port(cluster: str, host: str) -> str:
 
 
 def pick_subnet(hosts: int, taken) -> ipaddress.IPv4Network:
-    taken = list(taken)
-    for candidate in POOL.subnets(new_prefix=24):
-        if addressing.capacity(candidate) >= hosts and \
-                not any(candidate.overlaps(net) for net, _ in taken):
-            return candidate
-    raise addressing.UsageError("--ssh", f"no free /24 left in {POOL} for the management "
-                                "network", "Take down clusters you no longer need")
+    return addressing.pick_free(hosts, taken, pool=POOL, what=" for the management network",
+                                field="--ssh", fix="Take down clusters you no longer need")
 
 
 def build(cluster, subnet: ipaddress.IPv4Network) -> None:
