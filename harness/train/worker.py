@@ -63,15 +63,21 @@ def wrap(cfg: TrainConfig, model, r):
         optimizer_class = torch.optim.AdamW
         options = dict(lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     device_ids = [model.device.index] if model.device.type == "cuda" else None
+    # forward_sync_buffers=False: by default DDP broadcasts every buffer from rank 0 over
+    # gloo (TCP) before each forward (it still does once, at construction). The Llama
+    # presets' only buffers are the rotary frequencies, the same constants on every rank, so
+    # that broadcast changes no value; it would only put a reliable TCP round trip under the
+    # impairment into every step of the lossy variants.
+    buffers = dict(forward_sync_buffers=False)
     if cfg.variant == "reliable":
-        ddp = DDP(model, device_ids=device_ids)
+        ddp = DDP(model, device_ids=device_ids, **buffers)
         timer = ReliableTiming()
         if not cfg.plain_ddp:
             ddp.register_comm_hook(timer, timed_allreduce_hook)
         return ddp, optimizer_class(ddp.parameters(), **options), timer
     if cfg.variant in ("zero_fill", "unbiased"):
         estimator = "zero_fill" if cfg.variant == "zero_fill" else "received_mean"
-        ddp = DDP(model, device_ids=device_ids)
+        ddp = DDP(model, device_ids=device_ids, **buffers)
         state = LossyHookState(LossyCollective(transport, r.store, estimator=estimator))
         ddp.register_comm_hook(state, lossy_allreduce_hook)
         return ddp, optimizer_class(ddp.parameters(), **options), state

@@ -23,7 +23,7 @@ from testbed.impair.plan import HostPlan
 log = logging.getLogger(__name__)
 
 NAME = "bpf"
-SUPPORTS = frozenset({"loss:bernoulli", "loss:gilbert_elliott", "seed"})
+SUPPORTS = frozenset({"loss:bernoulli", "loss:gilbert_elliott", "loss:burst_time_limit", "seed"})
 FILTER_NAME = "lossbed"
 FILTER_PRIO = 0xB0  # lossbed's filters sit at one priority, away from the usual 1..49152
 PARENTS = {"ingress": 0xFFFFFFF2, "egress": 0xFFFFFFF3}  # TC_H_CLSACT | TC_H_MIN_{IN,E}GRESS

@@ -27,6 +27,7 @@ _K, _X = 0x00, 0x08
 PSEUDO_MAP_FD = 1
 
 HELPER_MAP_LOOKUP_ELEM = 1
+HELPER_KTIME_GET_NS = 5
 
 
 class Asm:

@@ -14,9 +14,13 @@ Every slot (one per path) is one element of an array map:
     u64 ge_state       0 Good, 1 Bad
     u64 seen_packets, seen_bytes, dropped_packets      (atomic adds)
     u64 bursts, run, max_burst                         runs of consecutive drops
+    u64 max_bad_ns     GE: a Bad state older than this is left (0: no time limit)
+    u64 bad_since_ns   GE: when the Bad state was entered (bpf_ktime_get_ns)
 
 The Gilbert-Elliott step mirrors netem's loss_gilb_ell(): in the current state, first draw
 the transition, then draw the loss with the probability of the state the packet arrived in.
+With a time limit, a packet that finds the Bad state older than the limit is handled as if
+the chain had gone back to Good before it arrived (see GilbertElliott.max_burst_ms).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 
 from testbed.impair.bpf_asm import (
     FP,
+    HELPER_KTIME_GET_NS,
     HELPER_MAP_LOOKUP_ELEM,
     R0,
     R1,
@@ -42,7 +47,8 @@ from testbed.impair.bpf_asm import (
 from testbed.profiles.model import Bernoulli, GilbertElliott, Match
 
 FIELDS = ("model", "thr_loss", "thr_p", "thr_r", "thr_bad", "thr_good", "rng", "ge_state",
-          "seen_packets", "seen_bytes", "dropped_packets", "bursts", "run", "max_burst")
+          "seen_packets", "seen_bytes", "dropped_packets", "bursts", "run", "max_burst",
+          "max_bad_ns", "bad_since_ns")
 OFF = {name: 8 * i for i, name in enumerate(FIELDS)}
 VALUE_SIZE = 8 * len(FIELDS)
 MODEL_CLEAN, MODEL_BERNOULLI, MODEL_GE = 0, 1, 2
@@ -64,12 +70,14 @@ class SlotParams:
     thr_r: int = 0
     thr_bad: int = 0
     thr_good: int = 0
+    max_bad_ns: int = 0
     rng_seed: int = 1
 
     def initial_value(self) -> bytes:
         values = {name: 0 for name in FIELDS}
         values.update(model=self.model, thr_loss=self.thr_loss, thr_p=self.thr_p,
                       thr_r=self.thr_r, thr_bad=self.thr_bad, thr_good=self.thr_good,
+                      max_bad_ns=self.max_bad_ns,
                       rng=self.rng_seed or 1)  # xorshift must not start at 0
         return struct.pack(f"={len(FIELDS)}Q", *(values[name] for name in FIELDS))
 
@@ -88,7 +96,8 @@ def slot_params(loss, rng_seed: int) -> SlotParams:
     if isinstance(loss, GilbertElliott):
         return SlotParams(model=MODEL_GE, thr_p=threshold(loss.p), thr_r=threshold(loss.r),
                           thr_bad=threshold(loss.loss_in_bad_pct / 100),
-                          thr_good=threshold(loss.loss_in_good_pct / 100), rng_seed=rng_seed)
+                          thr_good=threshold(loss.loss_in_good_pct / 100),
+                          max_bad_ns=round(loss.max_burst_ms * 1e6), rng_seed=rng_seed)
     raise ValueError(f"the bpf program has no {loss.model} model")
 
 
@@ -187,17 +196,31 @@ def build(direction: str, match: Match, slots: list[tuple[int, str]], map_fd: in
 
     a.load(8, R7, R6, OFF["ge_state"])
     a.jump_if(R7, "!=", 0, "ge_bad")
+    a.label("ge_good")
     _random(a)  # Good: maybe go Bad, then lose with P(loss | Good)
     a.load(8, R1, R6, OFF["thr_p"])
     a.jump_if(R0, ">=", R1, "ge_good_loss", reg=True)
     a.mov(R1, 1)
     a.store(8, R6, OFF["ge_state"], R1)
+    a.call(HELPER_KTIME_GET_NS)  # clobbers R1-R5; the slot (R6) survives
+    a.store(8, R6, OFF["bad_since_ns"], R0)
     a.label("ge_good_loss")
     _random(a)
     a.load(8, R1, R6, OFF["thr_good"])
     a.jump_if(R0, "<", R1, "drop", reg=True)
     a.jump("keep")
-    a.label("ge_bad")  # Bad: maybe go Good, then lose with P(loss | Bad)
+    a.label("ge_bad")  # Bad for longer than the time limit: back to Good before this packet
+    a.load(8, R1, R6, OFF["max_bad_ns"])
+    a.jump_if(R1, "==", 0, "ge_bad_step")
+    a.call(HELPER_KTIME_GET_NS)
+    a.load(8, R1, R6, OFF["bad_since_ns"])
+    a.alu("sub", R0, R1, reg=True)
+    a.load(8, R1, R6, OFF["max_bad_ns"])
+    a.jump_if(R0, "<=", R1, "ge_bad_step", reg=True)
+    a.mov(R1, 0)
+    a.store(8, R6, OFF["ge_state"], R1)
+    a.jump("ge_good")
+    a.label("ge_bad_step")  # Bad: maybe go Good, then lose with P(loss | Bad)
     _random(a)
     a.load(8, R1, R6, OFF["thr_r"])
     a.jump_if(R0, ">=", R1, "ge_bad_loss", reg=True)

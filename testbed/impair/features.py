@@ -10,6 +10,7 @@ DESCRIPTIONS = {
     "loss:correlation": "loss correlation",
     "loss:gilbert_elliott": "Gilbert-Elliott loss",
     "loss:four_state": "4-state Markov loss",
+    "loss:burst_time_limit": "a time limit on Gilbert-Elliott bursts (max_burst_ms)",
     "delay": "delay",
     "jitter": "jitter",
     "delay_correlation": "delay correlation",
@@ -31,6 +32,8 @@ def needed(imp: Impairment) -> set[str]:
         needs.add(f"loss:{imp.loss.model}")
         if imp.loss.model == "bernoulli" and imp.loss.correlation_pct:
             needs.add("loss:correlation")
+        if imp.loss.model == "gilbert_elliott" and imp.loss.max_burst_ms:
+            needs.add("loss:burst_time_limit")
     checks = {
         "delay": imp.delay_ms, "jitter": imp.jitter_ms,
         "delay_correlation": imp.delay_correlation_pct,

@@ -113,6 +113,8 @@ def describe_impairment(imp: Impairment) -> str:
             text = (f"loss GE p={loss.p * 100:.4g}% r={loss.r * 100:.4g}% "
                     f"1-h={loss.loss_in_bad_pct:g}% 1-k={loss.loss_in_good_pct:g}% "
                     f"(mean {loss.stationary_loss() * 100:.3g}%)")
+            if loss.max_burst_ms:
+                text += f" bursts <= {loss.max_burst_ms:g}ms"
         else:
             text = (f"loss 4-state p13={loss.p13_pct:g}% p31={loss.p31_pct:g}% "
                     f"p32={loss.p32_pct:g}% p23={loss.p23_pct:g}% p14={loss.p14_pct:g}%")

@@ -68,6 +68,15 @@ class GilbertElliott(_Strict):
     loss_in_bad_pct (1-h). Each packet, Good -> Bad with p_pct, Bad -> Good with r_pct.
     Give either p_pct and r_pct, or loss_pct and mean_burst_packets (the simple Gilbert
     model: loss only in Bad, none in Good), from which p and r are derived.
+
+    max_burst_ms bounds a burst in time as well. Why: the chain steps once per packet, so on
+    a path that falls quiet the only packets left to end a burst are the retransmissions
+    themselves. A TCP sender doubles its timeout after each lost retransmission, so a burst
+    of ~10 packets on a quiet path lasts 0.2 s * 2^10 (minutes, RTO capped at 120 s): a
+    step of the reliable baseline measured here never finished within gloo's 300 s timeout.
+    With a limit, a packet that finds the Bad state older than max_burst_ms is treated as
+    arriving in the Good state. 0: only packets end a burst (netem's behaviour; the netem
+    backend cannot time bursts, so a limit selects the bpf backend).
     """
 
     model: Literal["gilbert_elliott"] = "gilbert_elliott"
@@ -77,6 +86,7 @@ class GilbertElliott(_Strict):
     loss_in_good_pct: Percent = 0.0
     loss_pct: Annotated[float, Field(ge=0, lt=100)] | None = None
     mean_burst_packets: Annotated[float, Field(ge=1)] | None = None
+    max_burst_ms: Annotated[float, Field(ge=0)] = 0.0
 
     @model_validator(mode="after")
     def _one_parametrisation(self):

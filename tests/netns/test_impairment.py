@@ -58,7 +58,8 @@ def test_bernoulli_loss_matches_the_target_and_the_receivers(four_hosts, backend
 
 
 def test_gilbert_elliott_on_bpf_matches_the_model_loss_and_burst_length(four_hosts):
-    apply(four_hosts, "burst-loss", ["loss_pct=10"], "bpf")  # p=1.11%, r=10%: bursts of 10
+    # p=1.11%, r=10%: bursts of 10 packets, counted in packets only (no time limit)
+    apply(four_hosts, "burst-loss", ["loss_pct=10", "max_burst_ms=0"], "bpf")
     h1, h2 = four_hosts.hosts[:2]
     try:
         result = traffic.send_counted([(h2, h1)], per_path=200_000, batch=256)
@@ -81,6 +82,29 @@ def test_gilbert_elliott_on_bpf_matches_the_model_loss_and_burst_length(four_hos
     assert path.dropped_packets == count.lost
     assert path.bursts == len(runs)
     assert path.max_burst == max(runs)
+
+
+def test_a_burst_time_limit_ends_bursts_on_a_quiet_path_only(four_hosts):
+    """p=50%, r=1%: once Bad, a burst lasts ~100 packets (stationary loss 98%). One packet
+    every 20 ms: with a 5 ms limit each packet finds any burst expired and arrives in Good
+    (where nothing is lost); without a limit the chain keeps it Bad. Back-to-back packets
+    end their bursts by the chain, not by the clock, so they still lose most."""
+    h1, h2 = four_hosts.hosts[:2]
+    model = "{model: gilbert_elliott, p_pct: 50, r_pct: 1, max_burst_ms: %g}"
+
+    def send(limit_ms: float, quiet: bool):
+        apply(four_hosts, "burst-loss", [f"impairment.loss={model % limit_ms}"], "bpf")
+        try:
+            if quiet:
+                return traffic.send_counted([(h2, h1)], per_path=60, batch=1, pause_s=0.02)
+            return traffic.send_counted([(h2, h1)], per_path=3000, batch=100)
+        finally:
+            engine.clear(four_hosts)
+
+    quiet_limited, quiet_unlimited, busy_limited = send(5, True), send(0, True), send(5, False)
+    assert quiet_limited.lost == 0
+    assert quiet_unlimited.lost >= 40, quiet_unlimited.lost  # expected ~58 of 60
+    assert busy_limited.lost / busy_limited.sent > 0.5, busy_limited.lost
 
 
 def test_the_match_impairs_included_udp_ports_only(four_hosts):

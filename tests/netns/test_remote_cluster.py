@@ -157,17 +157,18 @@ def test_unreachable_host_or_rejected_key_applies_nothing_anywhere(cluster, inve
 
 
 def test_the_nightly_workflow_commands_run_with_a_tiny_matrix(cluster, inventory, tmp_path):
-    """The nightly workflow's random-loss bench step (its own script) and its clear step, run
-    from the controller namespace against this cluster's inventory with the matrix shrunk to
-    fit CI (2 steps, 1 seed, one variant at 10% besides the lossless reference), then
-    `lossbed compare` as the compare step calls it. `make setup`/`make provision` are not run
-    here: provisioning would change this machine's own kernel settings (namespace hosts share
-    it); it runs against VM hosts in test_vm_over_ssh.py."""
+    """The nightly workflow's bench steps (random and burst loss), its compare step and its
+    clear step, each its own script, run from the controller namespace against this
+    cluster's inventory with the matrix shrunk to fit CI (2 steps, 1 seed, one variant at 10%
+    besides the lossless reference). `make setup`/`make provision` are not run here:
+    provisioning would change this machine's own kernel settings (namespace hosts share it);
+    it runs against VM hosts in test_vm_over_ssh.py."""
     import yaml
 
     workflow = yaml.safe_load((REPO / ".github/workflows/nightly.yml").read_text())
     steps = {s["name"]: s.get("run", "") for s in workflow["jobs"]["bench"]["steps"]}
-    tiny = {"--loss 0 0.01 0.05 0.1": "--loss 0.1", "--seeds 3": "--seeds 1 --variants unbiased"}
+    tiny = {"--loss 0 0.01 0.05 0.1": "--loss 0.1", "--loss 0.01 0.05 0.1": "--loss 0.1",
+            "--seeds 3": "--seeds 1 --variants unbiased"}
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
     env = {**os.environ, "INVENTORY": str(inventory), "BASELINE": str(tmp_path / "baseline"),
            "STEPS": "2"}
@@ -179,22 +180,30 @@ def test_the_nightly_workflow_commands_run_with_a_tiny_matrix(cluster, inventory
                                "-eo", "pipefail", "-c", script], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=600)
 
-    bench = step(steps["Bench under random loss (0, 1%, 5%, 10%)"])
-    assert bench.returncode == 0, bench.stderr[-3000:]
-    summary = tmp_path / "results" / "random-loss" / "summary.json"
-    pairs = {(r["variant"], r["loss"]) for r in json.loads(summary.read_text())["rows"]}
-    assert {("reliable", 0.0), ("unbiased", 0.1)} <= pairs, pairs
-    assert ".venv/bin/lossbed compare" in steps["Compare with the stored baseline"]
-    same = step(f".venv/bin/lossbed compare {summary} {summary}")
-    assert same.returncode == 0 and "0 regression(s)" in same.stdout, same.stdout + same.stderr
+    rows = {}
+    for profile, name in (("random-loss", "Bench under random loss (0, 1%, 5%, 10%)"),
+                          ("burst-loss", "Bench under burst loss (1%, 5%, 10%)")):
+        bench = step(steps[name])
+        assert bench.returncode == 0, bench.stderr[-3000:]
+        summary = tmp_path / "results" / profile / "summary.json"
+        rows[profile] = json.loads(summary.read_text())["rows"]
+        pairs = {(r["variant"], r["loss"]) for r in rows[profile]}
+        assert {("reliable", 0.0), ("unbiased", 0.1)} <= pairs, (profile, pairs)
+    # The compare step: the first night stores the baseline, the next compares with it.
+    compare = steps["Compare with the stored baseline"]
+    first = step(compare)
+    assert first.returncode == 0 and first.stdout.count("this run becomes it") == 2, first
+    second = step(compare)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert second.stdout.count("0 regression(s)") == 2, second.stdout
     cleared = step(steps["Remove every impairment from the hosts"])
     assert cleared.returncode == 0, cleared.stderr
     assert impaired(cluster) == {}
     # the bench's runs are `lossbed train` runs over SSH: they trained, measured the loss,
     # and left no rank behind on any host
-    unbiased = next(r for r in json.loads(summary.read_text())["rows"]
-                    if r["variant"] == "unbiased")
-    assert unbiased["ppl"] > 1 and 0.0 < unbiased["measured_loss"] < 0.2, unbiased
+    for profile, runs in rows.items():
+        unbiased = next(r for r in runs if r["variant"] == "unbiased")
+        assert unbiased["ppl"] > 1 and 0.0 < unbiased["measured_loss"] < 0.2, (profile, unbiased)
     left = processes_in_namespaces([h.namespace for h in cluster.hosts])
     assert not [p for pids in left.values() for p in pids
                 if "train.worker" in open(f"/proc/{p}/cmdline").read()]

@@ -91,7 +91,7 @@ def test_netem_gilbert_elliott_between_vms_matches_loss_and_burst_length(vms):
     # 10% loss in bursts of 3: ~1,300 bursts in 40,000 packets. The mean burst's sd is
     # ~0.067 (10% = 4.5 sd); the loss's sd, inflated x4.4 for the chain's correlation, is
     # ~0.0031 (4 sd = 0.0126). Odds of a false failure: about 1e-4.
-    apply(vms, "burst-loss", ["loss_pct=10", "mean_burst_packets=3"])
+    apply(vms, "burst-loss", ["loss_pct=10", "mean_burst_packets=3", "max_burst_ms=0"])
     try:
         got = send_between_vms(vms, 2 * DATAGRAMS, rate_pps=5000)
     finally:

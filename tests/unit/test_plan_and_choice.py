@@ -68,11 +68,19 @@ def test_describe_and_dict_are_printable():
     ("random-loss", ALL_AVAILABLE, "netem"),
     ("random-loss", NO_NETEM, "bpf"),
     ("burst-loss", NO_NETEM, "bpf"),
+    ("burst-loss", ALL_AVAILABLE, "bpf"),  # netem cannot end a burst by time
     ("random-loss", {"netem": "no", "bpf": "no bpf", "nft": None}, "nft"),
     ("wan", ALL_AVAILABLE, "netem"),
 ])
 def test_backend_choice(profile, probes, expected):
     assert engine.choose(profiles.load(profile), HOSTS, probes).backend == expected
+
+
+def test_packet_only_bursts_use_netem_and_a_forced_netem_refuses_a_burst_time_limit():
+    packet_only = profiles.load("burst-loss", ["max_burst_ms=0"])
+    assert engine.choose(packet_only, HOSTS, ALL_AVAILABLE).backend == "netem"
+    with pytest.raises(LossbedError, match="time limit on Gilbert-Elliott bursts"):
+        engine.choose(profiles.load("burst-loss"), HOSTS, ALL_AVAILABLE, "netem")
 
 
 def test_a_profile_no_available_backend_can_express_is_refused_with_what_would_work():
