@@ -52,12 +52,18 @@ def test_bench_writes_every_field_the_table_and_plots_and_leaves_nothing(tmp_pat
     assert netns_cluster.leftover_clusters() == before
 
 
+def _ctrl_c_not_ignored():
+    # A shell starts background jobs with SIGINT ignored, and Python then keeps ignoring it:
+    # give the bench the Ctrl-C a terminal would, however pytest itself was started.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_the_middle_leaves_no_namespace_rule_or_process(tmp_path):
     before = netns_cluster.leftover_clusters()
     child = subprocess.Popen([sys.executable, "-m", "testbed.cli", "bench", "--hosts", "2",
                               "--steps", "400", "--seeds", "1", "--out", str(tmp_path / "b")],
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, preexec_fn=_ctrl_c_not_ignored)
     deadline = time.monotonic() + 120
     for line in child.stderr:
         if "step 21/" in line or time.monotonic() > deadline:
