@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -30,6 +32,15 @@ class Layout:
     def packet_bounds(self, shard: int, index: int) -> tuple[int, int]:
         """[start, end) in the flat tensor of packet `index` of `shard`."""
         return self._packet_table[shard][index]
+
+    def packet_arrays(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """Starts and ends of all packets of a shard, as arrays (for batched sending)."""
+        arrays = self.__dict__.setdefault("_arrays", {})
+        if shard not in arrays:
+            table = self._packet_table[shard]
+            arrays[shard] = (np.array([s for s, _ in table], dtype=np.int64),
+                             np.array([e for _, e in table], dtype=np.int64))
+        return arrays[shard]
 
     @cached_property
     def _packet_table(self) -> list[list[tuple[int, int]]]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,10 +80,9 @@ class _Step:
 
     def counts(self) -> np.ndarray:
         """Contributions per element of the own shard, own included."""
-        per_packet = 1 + self.reduce_got.sum(axis=0)
-        sizes = [e - s for s, e in (self.layout.packet_bounds(self.rank, i)
-                                    for i in range(self.own_packets))]
-        return np.repeat(per_packet, sizes).astype(np.float32)
+        per_packet = (1 + self.reduce_got.sum(axis=0)).astype(np.float32)
+        # every packet of a shard holds per_packet values but the last, which holds the rest
+        return np.repeat(per_packet, self.layout.per_packet)[:self.own[1] - self.own[0]]
 
     def handle(self, head: hdr.Header, payload: memoryview, stash: list) -> str:
         if head.step != self.step:
@@ -133,6 +133,66 @@ class _Step:
         return APPLIED
 
 
+    def handle_batch(self, heads: np.ndarray, data: np.ndarray, rows: np.ndarray,
+                     stash: list) -> Counter:
+        """handle() for a batch of plain data packets (see UdpTransport.receive_until):
+        the same checks and effects, with the header fields read as arrays once. Packet i's
+        payload is data[rows[i], HEADER_BYTES:HEADER_BYTES + length]."""
+        verdicts: Counter = Counter()
+        first = hdr.HEADER_BYTES
+        this_step = (heads["step"] == self.step) & (heads["bucket"] == self.bucket)
+        for i in np.flatnonzero(~this_step).tolist():  # rare: early, late or foreign bucket
+            head = hdr.Header._make(heads[i].item())
+            payload = memoryview(data[rows[i], first:first + head.length])
+            verdicts[self.handle(head, payload, stash)] += 1
+        keep = np.flatnonzero(this_step)
+        if not len(keep):
+            return verdicts
+        now = time.monotonic()
+        table = self.layout._packet_table
+        own_start = self.own[0]
+        columns = zip(rows[keep].tolist(), heads["stage"][keep].tolist(),
+                      heads["source"][keep].tolist(), heads["shard"][keep].tolist(),
+                      heads["index"][keep].tolist(), heads["count"][keep].tolist(),
+                      heads["length"][keep].tolist(), strict=True)
+        for row, stage, src, shard, index, count, length in columns:
+            if stage == hdr.STAGE_REDUCE:
+                if shard != self.rank or count != self.own_packets or index >= count:
+                    verdicts[MALFORMED] += 1
+                    continue
+                start, end = table[shard][index]
+                if length != 4 * (end - start):
+                    verdicts[MALFORMED] += 1
+                elif self.reduce_got[src, index]:
+                    verdicts[DUPLICATE] += 1
+                elif not self.accept_reduce:
+                    verdicts[STALE] += 1
+                else:
+                    self.total[start - own_start:end - own_start] += \
+                        data[row, first:first + length].view(np.float32)
+                    self.reduce_got[src, index] = True
+                    self.reduce_left -= 1
+                    self.last_reduce_at = now
+                    verdicts[APPLIED] += 1
+            else:
+                got = self.bcast_got.get(src)
+                if got is None or shard != src or count != len(got) or index >= count:
+                    verdicts[MALFORMED] += 1
+                    continue
+                start, end = table[src][index]
+                if length != 4 * (end - start):
+                    verdicts[MALFORMED] += 1
+                elif got[index]:
+                    verdicts[DUPLICATE] += 1
+                else:
+                    self.shared[start:end] = data[row, first:first + length].view(np.float32)
+                    got[index] = True
+                    self.bcast_left -= 1
+                    self.last_bcast_at = now
+                    verdicts[APPLIED] += 1
+        return verdicts
+
+
 class LossyCollective:
     def __init__(self, transport, store=None, *, estimator: str = "received_mean",
                  deadline: Deadline | None = None, key_prefix: str = "lossbed/collective"):
@@ -159,6 +219,10 @@ class LossyCollective:
 
     def _send_shard(self, layout: Layout, x: np.ndarray, stage: int, shard: int, dest: int,
                     step: int, bucket: int) -> None:
+        if getattr(self.transport, "batched", False):
+            starts, ends = layout.packet_arrays(shard)
+            self.transport.send_packets(dest, stage, step, bucket, shard, x, starts, ends)
+            return
         view = memoryview(x).cast("B")
         count = layout.packets(shard)
         for index in range(count):
@@ -176,7 +240,13 @@ class LossyCollective:
                 self.deadline.late()
             return verdict
 
-        self.transport.receive_until(deadline, until, handle)
+        def handle_batch(heads, data, rows):
+            verdicts = state.handle_batch(heads, data, rows, self.transport.stash)
+            for _ in range(verdicts.get(STALE, 0)):
+                self.deadline.late()
+            return verdicts
+
+        self.transport.receive_until(deadline, until, handle, handle_batch)
         return not until()
 
     def _run(self, contribution: np.ndarray, shared: np.ndarray, bucket: int,

@@ -28,6 +28,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
+from harness.transport import batch
 from harness.transport import header as hdr
 from harness.transport.dropmask import DropMask
 from harness.transport.gobackn import ACK_EVERY, ReceiveFlow, SendFlow
@@ -116,6 +119,16 @@ class UdpTransport:
             peer_host, peer_port = text.rsplit(":", 1)
             self.endpoints.append((peer_host, int(peer_port)))
         self.sources = {ep: r for r, ep in enumerate(self.endpoints)}
+        # One datagram per unit and no retransmission: packets can go and come in batches
+        # (batch.py); the other semantics take the datagram-at-a-time path below.
+        self.batched = (batch.supported() and not self.semantics.reliable
+                        and self.fragment_floats >= self.per_packet)
+        if self.batched:
+            self._rx = batch.BatchReceiver(self.sock, slot_bytes=max(mtu, 2048))
+            self._tx = batch.BatchSender(self.sock)
+            self._peer_address = np.array([int.from_bytes(socket.inet_aton(h), "big")
+                                           for h, _ in self.endpoints], dtype=np.uint64)
+            self._peer_port = np.array([p for _, p in self.endpoints], dtype=np.uint64)
         if self.semantics.reliable:
             # RC: acknowledgements and retransmissions must go on while the rank computes or
             # waits elsewhere, as a NIC does them: a thread owns the socket and hands the
@@ -172,6 +185,29 @@ class UdpTransport:
                                   count, len(part), psn)
             self._transmit(dest, head, part)
 
+    def send_packets(self, dest: int, stage: int, step: int, bucket: int, shard: int,
+                     x: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        """All packets of one shard to `dest` at once (batched transports, no pacing):
+        packet i carries x[starts[i]:ends[i]] (float32), sent straight from x's memory."""
+        if not self.batched or self.rate_bytes_s:
+            view = memoryview(x).cast("B")
+            for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(),
+                                                     strict=True)):
+                self.send(dest, stage, step, bucket, shard, index, len(starts),
+                          view[4 * start:4 * end])
+            return
+        n = len(starts)
+        lengths = 4 * (ends - starts)
+        heads = np.zeros(n, batch.HEADER_DTYPE)
+        heads["magic"], heads["version"], heads["stage"] = hdr.MAGIC, hdr.VERSION, stage
+        heads["source"], heads["nonce"], heads["step"] = self.rank, self.nonce, step
+        heads["bucket"], heads["shard"], heads["fragments"] = bucket & 0xFFFF, shard, 1
+        heads["index"], heads["count"], heads["length"] = np.arange(n), n, lengths
+        sent = self._tx.send(self.endpoints[dest], heads,
+                             (x.ctypes.data + 4 * starts).astype(np.uint64), lengths)
+        self.counters.packets_sent += sent
+        self.counters.bytes_sent += int(lengths[:sent].sum())
+
     def _pack(self, stage, step, bucket, shard, fragment, fragments, index, count, length,
               psn) -> bytes:
         return hdr.HEADER.pack(hdr.MAGIC, hdr.VERSION, stage, self.rank, self.nonce, step,
@@ -211,11 +247,18 @@ class UdpTransport:
     # ---- receiving ----------------------------------------------------------------------
 
     def receive_until(self, deadline: float, done: Callable[[], bool],
-                      handle: Callable[[hdr.Header, memoryview], str]) -> None:
+                      handle: Callable[[hdr.Header, memoryview], str],
+                      handle_batch: Callable | None = None) -> None:
         """Feed valid units of this job to `handle` until `done()` or the deadline
-        (time.monotonic()). `handle` says what it did with each one, for the counters."""
+        (time.monotonic()). `handle` says what it did with each one, for the counters.
+        handle_batch(heads, data, rows), where the transport batches, takes many plain data
+        packets at once: heads (batch.HEADER_DTYPE array), the receive buffer `data` and
+        the row of each packet in it; it returns how many packets got each verdict."""
         if self.semantics.reliable:
             self._receive_delivered(deadline, done, handle)
+            return
+        if self.batched and handle_batch is not None and self.drop_mask is None:
+            self._receive_batches(deadline, done, handle, handle_batch)
             return
         sock, buffer, poller = self.sock, self.buffer, self._poller
         while not done():
@@ -229,6 +272,42 @@ class UdpTransport:
                     return
                 continue
             self._datagram(size, sender, handle, self.view)
+
+    def _receive_batches(self, deadline, done, handle, handle_batch) -> None:
+        rx, poller = self._rx, self._poller
+        while not done():
+            n = rx.receive()
+            if n == 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not poller.poll(remaining * 1000):
+                    return
+                continue
+            self._batch(n, handle, handle_batch)
+
+    def _batch(self, n: int, handle, handle_batch) -> None:
+        """Check a batch's headers all at once; plain data packets of this job go to
+        handle_batch, everything else (foreign, malformed, control) through _datagram, one
+        at a time, which counts it exactly as the datagram path does."""
+        rx = self._rx
+        heads, sizes = rx.headers(n), rx.sizes(n)
+        address, port = rx.senders(n)
+        source = heads["source"].astype(np.int64)
+        known = source < self.world
+        peer = np.where(known, source, 0)
+        plain = ((sizes >= hdr.HEADER_BYTES) & (heads["magic"] == hdr.MAGIC)
+                 & (heads["version"] == hdr.VERSION) & (heads["nonce"] == self.nonce)
+                 & known & (source != self.rank)
+                 & (self._peer_address[peer] == address) & (self._peer_port[peer] == port)
+                 & (heads["length"] == sizes - hdr.HEADER_BYTES) & (heads["length"] % 4 == 0)
+                 & (heads["stage"] <= hdr.STAGE_BROADCAST) & (heads["fragments"] == 1)
+                 & (heads["fragment"] == 0))
+        rows = np.flatnonzero(plain)
+        if len(rows):
+            for verdict, count in handle_batch(heads[rows], rx.data, rows).items():
+                self._count(verdict, count)
+        for row in np.flatnonzero(~plain).tolist():
+            sender = (socket.inet_ntoa(int(address[row]).to_bytes(4, "big")), int(port[row]))
+            self._datagram(int(sizes[row]), sender, handle, memoryview(rx.data[row]))
 
     def _receive_delivered(self, deadline, done, handle) -> None:
         while not done():
@@ -315,22 +394,22 @@ class UdpTransport:
             head, payload = whole
         self._count(handle(head, payload))
 
-    def _count(self, verdict: str) -> None:
+    def _count(self, verdict: str, count: int = 1) -> None:
         c = self.counters
         if verdict == QUEUED:
             return  # counted when the collective takes it from the queue
         if verdict == APPLIED:
-            c.packets_received += 1
+            c.packets_received += count
         elif verdict == DUPLICATE:
-            c.duplicates += 1
+            c.duplicates += count
         elif verdict == STALE:
-            c.late += 1
+            c.late += count
         elif verdict == FUTURE:
-            c.future += 1
+            c.future += count
         elif verdict == "early":
-            c.early += 1
+            c.early += count
         else:
-            c.malformed += 1
+            c.malformed += count
 
     def _reassemble(self, head: hdr.Header, payload: memoryview):
         """A message's fragments, copied aside until all are there; then the whole message.

@@ -102,16 +102,23 @@ def die(r, at_send: int) -> dict:
     must stop with a clear error, not hang."""
     collective = LossyCollective(r.transport, r.store, deadline=Deadline(ceiling_s=1.0))
     if r.rank == 2:
-        real_send = r.transport.send
+        real_send, real_send_packets = r.transport.send, r.transport.send_packets
         sent = [0]
 
-        def send(*args):
-            sent[0] += 1
+        def count(packets: int):
+            sent[0] += packets
             if sent[0] > at_send:
                 os._exit(17)
+
+        def send(*args):  # the datagram-at-a-time path
+            count(1)
             real_send(*args)
 
-        r.transport.send = send
+        def send_packets(dest, stage, step, bucket, shard, x, starts, ends):  # batched path
+            count(len(starts))
+            real_send_packets(dest, stage, step, bucket, shard, x, starts, ends)
+
+        r.transport.send, r.transport.send_packets = send, send_packets
     x = data(r.rank, 200_000)
     for _ in range(1000):
         collective.allreduce(x)
