@@ -75,6 +75,7 @@ class _Step:
                           for j in range(world) if j != rank}
         self.bcast_left = sum(len(v) for v in self.bcast_got.values())
         self.accept_reduce = True
+        self.late_stages: set[int] = set()  # stages whose packets came after they ended
         self.last_reduce_at = self.last_bcast_at = 0.0  # when the last packet came
         self.started = time.monotonic()
 
@@ -87,6 +88,8 @@ class _Step:
     def handle(self, head: hdr.Header, payload: memoryview, stash: list) -> str:
         if head.step != self.step:
             if head.step < self.step:
+                if head.stage in hdr.STAGE_NAMES:
+                    self.late_stages.add(head.stage)
                 return STALE
             if head.step == self.step + 1 and len(stash) < MAX_STASH:
                 stash.append((head, bytes(payload)))
@@ -106,6 +109,7 @@ class _Step:
             if self.reduce_got[src, head.index]:
                 return DUPLICATE
             if not self.accept_reduce:
+                self.late_stages.add(hdr.STAGE_REDUCE)
                 return STALE  # the shard was already rebuilt and sent
             lo, hi = start - self.own[0], end - self.own[0]
             self.total[lo:hi] += np.frombuffer(payload, dtype=np.float32)
@@ -166,6 +170,7 @@ class _Step:
                 elif self.reduce_got[src, index]:
                     verdicts[DUPLICATE] += 1
                 elif not self.accept_reduce:
+                    self.late_stages.add(hdr.STAGE_REDUCE)
                     verdicts[STALE] += 1
                 else:
                     self.total[start - own_start:end - own_start] += \
@@ -235,18 +240,15 @@ class LossyCollective:
         deadline = time.monotonic() + budget
 
         def handle(head, payload):
-            verdict = state.handle(head, payload, self.transport.stash)
-            if verdict == STALE:
-                self.deadline.late()
-            return verdict
+            return state.handle(head, payload, self.transport.stash)
 
         def handle_batch(heads, data, rows):
-            verdicts = state.handle_batch(heads, data, rows, self.transport.stash)
-            for _ in range(verdicts.get(STALE, 0)):
-                self.deadline.late()
-            return verdicts
+            return state.handle_batch(heads, data, rows, self.transport.stash)
 
         self.transport.receive_until(deadline, until, handle, handle_batch)
+        for stage in state.late_stages:
+            self.deadline.late(hdr.STAGE_NAMES[stage])
+        state.late_stages.clear()
         return not until()
 
     def _run(self, contribution: np.ndarray, shared: np.ndarray, bucket: int,
