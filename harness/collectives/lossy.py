@@ -97,51 +97,15 @@ class _Step:
             return FUTURE
         if head.bucket != self.bucket:
             return MALFORMED
-        layout = self.layout
-        src = head.source
-        if head.stage == hdr.STAGE_REDUCE:
-            if head.shard != self.rank or head.count != self.own_packets \
-                    or head.index >= self.own_packets:
-                return MALFORMED
-            start, end = layout.packet_bounds(self.rank, head.index)
-            if head.length != 4 * (end - start):
-                return MALFORMED
-            if self.reduce_got[src, head.index]:
-                return DUPLICATE
-            if not self.accept_reduce:
-                self.late_stages.add(hdr.STAGE_REDUCE)
-                return STALE  # the shard was already rebuilt and sent
-            lo, hi = start - self.own[0], end - self.own[0]
-            self.total[lo:hi] += np.frombuffer(payload, dtype=np.float32)
-            self.reduce_got[src, head.index] = True
-            self.reduce_left -= 1
-            self.last_reduce_at = time.monotonic()
-        elif head.stage == hdr.STAGE_BROADCAST:
-            got = self.bcast_got.get(src)
-            if got is None or head.shard != src or head.count != len(got) \
-                    or head.index >= len(got):
-                return MALFORMED
-            start, end = layout.packet_bounds(src, head.index)
-            if head.length != 4 * (end - start):
-                return MALFORMED
-            if got[head.index]:
-                return DUPLICATE
-            # Safe at any time: this rank's contribution to shard `src` was sent before it
-            # started receiving.
-            self.shared[start:end] = np.frombuffer(payload, dtype=np.float32)
-            got[head.index] = True
-            self.bcast_left -= 1
-            self.last_bcast_at = time.monotonic()
-        else:
-            return MALFORMED
-        return APPLIED
-
+        values = np.frombuffer(payload, dtype=np.float32) if len(payload) % 4 == 0 else None
+        return self._apply(head.stage, head.source, head.shard, head.index, head.count,
+                           head.length, values)
 
     def handle_batch(self, heads: np.ndarray, data: np.ndarray, rows: np.ndarray,
                      stash: list) -> Counter:
-        """handle() for a batch of plain data packets (see UdpTransport.receive_until):
-        the same checks and effects, with the header fields read as arrays once. Packet i's
-        payload is data[rows[i], HEADER_BYTES:HEADER_BYTES + length]."""
+        """handle() for a batch of plain data packets (see UdpTransport.receive_until),
+        with the header fields read as arrays once. Packet i's payload is
+        data[rows[i], HEADER_BYTES:HEADER_BYTES + length]."""
         verdicts: Counter = Counter()
         first = hdr.HEADER_BYTES
         this_step = (heads["step"] == self.step) & (heads["bucket"] == self.bucket)
@@ -150,52 +114,53 @@ class _Step:
             payload = memoryview(data[rows[i], first:first + head.length])
             verdicts[self.handle(head, payload, stash)] += 1
         keep = np.flatnonzero(this_step)
-        if not len(keep):
-            return verdicts
-        now = time.monotonic()
-        table = self.layout._packet_table
-        own_start = self.own[0]
         columns = zip(rows[keep].tolist(), heads["stage"][keep].tolist(),
                       heads["source"][keep].tolist(), heads["shard"][keep].tolist(),
                       heads["index"][keep].tolist(), heads["count"][keep].tolist(),
                       heads["length"][keep].tolist(), strict=True)
         for row, stage, src, shard, index, count, length in columns:
-            if stage == hdr.STAGE_REDUCE:
-                if shard != self.rank or count != self.own_packets or index >= count:
-                    verdicts[MALFORMED] += 1
-                    continue
-                start, end = table[shard][index]
-                if length != 4 * (end - start):
-                    verdicts[MALFORMED] += 1
-                elif self.reduce_got[src, index]:
-                    verdicts[DUPLICATE] += 1
-                elif not self.accept_reduce:
-                    self.late_stages.add(hdr.STAGE_REDUCE)
-                    verdicts[STALE] += 1
-                else:
-                    self.total[start - own_start:end - own_start] += \
-                        data[row, first:first + length].view(np.float32)
-                    self.reduce_got[src, index] = True
-                    self.reduce_left -= 1
-                    self.last_reduce_at = now
-                    verdicts[APPLIED] += 1
-            else:
-                got = self.bcast_got.get(src)
-                if got is None or shard != src or count != len(got) or index >= count:
-                    verdicts[MALFORMED] += 1
-                    continue
-                start, end = table[src][index]
-                if length != 4 * (end - start):
-                    verdicts[MALFORMED] += 1
-                elif got[index]:
-                    verdicts[DUPLICATE] += 1
-                else:
-                    self.shared[start:end] = data[row, first:first + length].view(np.float32)
-                    got[index] = True
-                    self.bcast_left -= 1
-                    self.last_bcast_at = now
-                    verdicts[APPLIED] += 1
+            values = data[row, first:first + length].view(np.float32)
+            verdicts[self._apply(stage, src, shard, index, count, length, values)] += 1
         return verdicts
+
+    def _apply(self, stage: int, src: int, shard: int, index: int, count: int, length: int,
+               values: np.ndarray | None) -> str:
+        """Check one packet of this step against what is expected, and apply it."""
+        if values is None:
+            return MALFORMED
+        if stage == hdr.STAGE_REDUCE:
+            if shard != self.rank or count != self.own_packets or index >= self.own_packets:
+                return MALFORMED
+            start, end = self.layout.packet_bounds(self.rank, index)
+            if length != 4 * (end - start):
+                return MALFORMED
+            if self.reduce_got[src, index]:
+                return DUPLICATE
+            if not self.accept_reduce:
+                self.late_stages.add(hdr.STAGE_REDUCE)
+                return STALE  # the shard was already rebuilt and sent
+            self.total[start - self.own[0]:end - self.own[0]] += values
+            self.reduce_got[src, index] = True
+            self.reduce_left -= 1
+            self.last_reduce_at = time.monotonic()
+            return APPLIED
+        if stage == hdr.STAGE_BROADCAST:
+            got = self.bcast_got.get(src)
+            if got is None or shard != src or count != len(got) or index >= len(got):
+                return MALFORMED
+            start, end = self.layout.packet_bounds(src, index)
+            if length != 4 * (end - start):
+                return MALFORMED
+            if got[index]:
+                return DUPLICATE
+            # Safe at any time: this rank's contribution to shard `src` was sent before it
+            # started receiving.
+            self.shared[start:end] = values
+            got[index] = True
+            self.bcast_left -= 1
+            self.last_bcast_at = time.monotonic()
+            return APPLIED
+        return MALFORMED
 
 
 class LossyCollective:
