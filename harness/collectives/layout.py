@@ -35,12 +35,13 @@ class Layout:
 
     def packet_arrays(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
         """Starts and ends of all packets of a shard, as arrays (for batched sending)."""
-        arrays = self.__dict__.setdefault("_arrays", {})
-        if shard not in arrays:
-            table = self._packet_table[shard]
-            arrays[shard] = (np.array([s for s, _ in table], dtype=np.int64),
-                             np.array([e for _, e in table], dtype=np.int64))
-        return arrays[shard]
+        return self._packet_arrays[shard]
+
+    @cached_property
+    def _packet_arrays(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(np.array([s for s, _ in table], dtype=np.int64).reshape(-1),
+                 np.array([e for _, e in table], dtype=np.int64).reshape(-1))
+                for table in self._packet_table]
 
     @cached_property
     def _packet_table(self) -> list[list[tuple[int, int]]]:

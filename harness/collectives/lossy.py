@@ -189,16 +189,8 @@ class LossyCollective:
 
     def _send_shard(self, layout: Layout, x: np.ndarray, stage: int, shard: int, dest: int,
                     step: int, bucket: int) -> None:
-        if getattr(self.transport, "batched", False):
-            starts, ends = layout.packet_arrays(shard)
-            self.transport.send_packets(dest, stage, step, bucket, shard, x, starts, ends)
-            return
-        view = memoryview(x).cast("B")
-        count = layout.packets(shard)
-        for index in range(count):
-            start, end = layout.packet_bounds(shard, index)
-            self.transport.send(dest, stage, step, bucket, shard, index, count,
-                                view[4 * start:4 * end])
+        starts, ends = layout.packet_arrays(shard)
+        self.transport.send_packets(dest, stage, step, bucket, shard, x, starts, ends)
 
     def _receive(self, state: _Step, until, budget: float) -> bool:
         """Receive until `until()` or the budget runs out; True if the deadline was hit."""
