@@ -121,28 +121,31 @@ def test_the_match_impairs_included_udp_ports_only(four_hosts):
 
 
 def test_an_excluded_tcp_port_loses_nothing_while_everything_else_does(four_hosts):
-    """30% loss on all traffic but the default exclusions (SSH, control, rendezvous): a TCP
-    transfer on the rendezvous port needs no retransmission, while UDP beside it loses."""
+    """30% loss on all traffic but the default exclusions (SSH, control, rendezvous): while a
+    TCP transfer on the rendezvous port runs, the impairment point drops not one packet (its
+    own kernel counters), while UDP beside it loses.
+
+    The kernel's counters are the evidence, not TCP's retransmission count: on a loaded
+    2-core machine a stall longer than the minimum RTO makes TCP retransmit spuriously (CI
+    once saw 26 retransmitted segments of a transfer that lost nothing)."""
     from testbed import ports
 
     h1, h2 = four_hosts.hosts[:2]
     apply(four_hosts, "random-loss", ["loss_pct=30"])
     try:
-        before = _tcp_retransmits(h2) + _tcp_retransmits(h1)
+        dropped_before = _dropped(verify.verify(four_hosts))
         received = _tcp_transfer(h2, h1, ports.RENDEZVOUS, 2 << 20)
-        after = _tcp_retransmits(h2) + _tcp_retransmits(h1)
+        dropped_during_tcp = _dropped(verify.verify(four_hosts)) - dropped_before
         udp = traffic.send_counted([(h2, h1)], per_path=3000)
     finally:
         engine.clear(four_hosts)
     assert received == 2 << 20
-    assert after - before == 0  # not one segment was lost on the excluded port
+    assert dropped_during_tcp == 0  # the only traffic then was the excluded transfer
     assert udp.lost > 0.2 * udp.sent
 
 
-def _tcp_retransmits(host) -> int:
-    snmp = host.run(["cat", "/proc/net/snmp"], check=True).stdout.decode().splitlines()
-    tcp = [line.split() for line in snmp if line.startswith("Tcp:")]
-    return int(dict(zip(tcp[0][1:], tcp[1][1:], strict=True))["RetransSegs"])
+def _dropped(report) -> int:
+    return sum(path.dropped_packets for path in report.paths)
 
 
 def _tcp_transfer(src, dst, port: int, size: int) -> int:
