@@ -12,8 +12,14 @@ The two uses of the broadcast:
                      packet keeps its stale parameters (the bounded-drift scheme of
                      arXiv 2507.07114), and resync() makes all ranks equal again, reliably.
 
-Nobody waits for a retransmission: each stage ends when everything expected has arrived or
-its deadline passes. Ranks start each step together through the rendezvous store (a
+Nobody waits for a retransmission. Each stage ends when every source has either delivered
+everything or said that it sent everything, or when its deadline passes. A source says so
+with end markers after its data (END_COPIES of them, as any one may be lost): a path keeps
+a source's packets in order, so what is still missing then was lost, and waiting longer
+would only add latency. The deadline remains for sources that fall silent (all markers lost,
+a rank stalled or dead). On a path that reorders (netem delay with jitter), a packet
+overtaken by the markers arrives after its stage ended and is counted late, not applied.
+Ranks start each step together through the rendezvous store (a
 reliable, unimpaired channel), so one rank's lateness never becomes another's loss; a rank
 that does not arrive has died, and the others stop with a clear error naming it.
 """
@@ -32,13 +38,17 @@ from harness.collectives.deadline import Deadline
 from harness.collectives.layout import Layout
 from harness.collectives.rebuild import ESTIMATORS, rebuild
 from harness.transport import header as hdr
-from harness.transport.udp import APPLIED, DUPLICATE, FUTURE, MALFORMED, STALE
+from harness.transport.udp import APPLIED, DUPLICATE, END, FUTURE, MALFORMED, STALE
 
 log = logging.getLogger(__name__)
 
 EARLY = "early"
 RC_STAGE_TIMEOUT_S = 60.0  # reliable semantics wait for everything, but not forever
 MAX_STASH = 1 << 16
+# Copies of each end marker. At 10% random loss all 4 are lost with probability 1e-4; each
+# rank waits on 2 x (world - 1) sources per step, so with 4 ranks about 1 step in 400 still
+# has a rank that waits out its deadline. They cost 4 header-only datagrams per shard sent.
+END_COPIES = 4
 
 
 class RankLost(RuntimeError):
@@ -74,6 +84,14 @@ class _Step:
         self.bcast_got = {j: np.zeros(layout.packets(j), dtype=bool)
                           for j in range(world) if j != rank}
         self.bcast_left = sum(len(v) for v in self.bcast_got.values())
+        # Per stage and source: packets still missing, and whether its end markers came. A
+        # source is settled when it has nothing missing or has ended; a stage is over when
+        # every source is settled (sources_left == 0).
+        self.pending = {hdr.STAGE_REDUCE: [self.own_packets] * world,
+                        hdr.STAGE_BROADCAST: [layout.packets(j) for j in range(world)]}
+        self.ended = {stage: [False] * world for stage in self.pending}
+        self.sources_left = {stage: sum(1 for j in range(world) if j != rank and pending[j])
+                             for stage, pending in self.pending.items()}
         self.accept_reduce = True
         self.late_stages: set[int] = set()  # stages whose packets came after they ended
         self.last_reduce_at = self.last_bcast_at = 0.0  # when the last packet came
@@ -86,6 +104,8 @@ class _Step:
         return np.repeat(per_packet, self.layout.per_packet)[:self.own[1] - self.own[0]]
 
     def handle(self, head: hdr.Header, payload: memoryview, stash: list) -> str:
+        if head.stage in hdr.DATA_STAGE_OF_END:
+            return self._end(head, stash)
         if head.step != self.step:
             if head.step < self.step:
                 if head.stage in hdr.STAGE_NAMES:
@@ -142,6 +162,7 @@ class _Step:
             self.total[start - self.own[0]:end - self.own[0]] += values
             self.reduce_got[src, index] = True
             self.reduce_left -= 1
+            self._arrived(stage, src)
             self.last_reduce_at = time.monotonic()
             return APPLIED
         if stage == hdr.STAGE_BROADCAST:
@@ -158,14 +179,44 @@ class _Step:
             self.shared[start:end] = values
             got[index] = True
             self.bcast_left -= 1
+            self._arrived(stage, src)
             self.last_bcast_at = time.monotonic()
             return APPLIED
         return MALFORMED
 
+    def _arrived(self, stage: int, src: int) -> None:
+        pending = self.pending[stage]
+        pending[src] -= 1
+        if pending[src] == 0 and not self.ended[stage][src]:
+            self.sources_left[stage] -= 1
+
+    def _end(self, head: hdr.Header, stash: list) -> str:
+        """An end marker: its source has sent every packet it had for us in that stage."""
+        if head.step != self.step:
+            if head.step == self.step + 1 and len(stash) < MAX_STASH:
+                stash.append((head, b""))
+                return EARLY
+            return END  # another copy, after its step was over: nothing to learn
+        if head.bucket != self.bucket:
+            return MALFORMED
+        stage, src = hdr.DATA_STAGE_OF_END[head.stage], head.source
+        expected_count = self.own_packets if stage == hdr.STAGE_REDUCE else len(
+            self.bcast_got.get(src, ()))
+        expected_shard = self.rank if stage == hdr.STAGE_REDUCE else src
+        if (head.shard != expected_shard or head.count != expected_count
+                or head.index != head.count or head.length != 0):
+            return MALFORMED
+        if not self.ended[stage][src]:
+            self.ended[stage][src] = True
+            if self.pending[stage][src] > 0:
+                self.sources_left[stage] -= 1
+        return END
+
 
 class LossyCollective:
     def __init__(self, transport, store=None, *, estimator: str = "received_mean",
-                 deadline: Deadline | None = None, key_prefix: str = "lossbed/collective"):
+                 deadline: Deadline | None = None, key_prefix: str = "lossbed/collective",
+                 end_copies: int = END_COPIES):
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {estimator!r}: use one of "
                              f"{', '.join(ESTIMATORS)}")
@@ -173,6 +224,9 @@ class LossyCollective:
         self.store = store
         self.estimator = estimator
         self.deadline = deadline or Deadline()
+        # 0: no end markers, every stage waits for all its packets or its deadline (for
+        # paths that reorder a lot)
+        self.end_copies = end_copies
         self.rank, self.world = transport.rank, transport.world
         self.key_prefix = key_prefix
         self._reduce_expected = 0
@@ -191,6 +245,9 @@ class LossyCollective:
                     step: int, bucket: int) -> None:
         starts, ends = layout.packet_arrays(shard)
         self.transport.send_packets(dest, stage, step, bucket, shard, x, starts, ends)
+        if len(starts) and self.end_copies and not self.transport.semantics.reliable:
+            self.transport.send_end(dest, stage, step, bucket, shard, len(starts),
+                                    self.end_copies)
 
     def _receive(self, state: _Step, until, budget: float) -> bool:
         """Receive until `until()` or the budget runs out; True if the deadline was hit."""
@@ -221,8 +278,11 @@ class LossyCollective:
         state = _Step(layout, step, bucket, self.rank, contribution, shared)
         stash, self.transport.stash = self.transport.stash, []
         for head, payload in stash:  # packets of this step that came during the last one
-            if state.handle(head, memoryview(payload), self.transport.stash) == APPLIED:
+            verdict = state.handle(head, memoryview(payload), self.transport.stash)
+            if verdict == APPLIED:
                 self.transport.counters.packets_received += 1
+            elif verdict == END:
+                self.transport.counters.ends_received += 1
 
         # Reduce: our contribution to every other owner, then wait for ours.
         for shard in range(self.world):
@@ -233,7 +293,8 @@ class LossyCollective:
         reduce_since = time.monotonic()
         reliable = self.transport.semantics.reliable
         reduce_budget = RC_STAGE_TIMEOUT_S if reliable else self.deadline.budget("reduce:" + kind)
-        reduce_hit = self._receive(state, lambda: state.reduce_left == 0, reduce_budget)
+        left = state.sources_left
+        reduce_hit = self._receive(state, lambda: left[hdr.STAGE_REDUCE] == 0, reduce_budget)
         self.deadline.observe("reduce:" + kind, max(state.last_reduce_at - reduce_since, 0.0))
         state.accept_reduce = False
         reduce_expected = (self.world - 1) * state.own_packets
@@ -256,7 +317,7 @@ class LossyCollective:
         bcast_budget = (reduce_since + reduce_budget - waiting_since
                         + (RC_STAGE_TIMEOUT_S if reliable
                            else self.deadline.budget("broadcast:" + kind)))
-        bcast_hit = self._receive(state, lambda: state.bcast_left == 0, bcast_budget)
+        bcast_hit = self._receive(state, lambda: left[hdr.STAGE_BROADCAST] == 0, bcast_budget)
         self.deadline.observe("broadcast:" + kind, max(state.last_bcast_at - waiting_since, 0.0))
 
         self.transport.counters.missing += reduce_missing + state.bcast_left

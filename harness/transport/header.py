@@ -19,7 +19,7 @@ import struct
 from typing import NamedTuple
 
 MAGIC = 0x4C424544  # "LBED"
-VERSION = 2
+VERSION = 3  # 3: end markers (stages 4 and 5)
 HEADER = struct.Struct("!IBBHQIHHHHIIII")
 HEADER_BYTES = HEADER.size
 IPV4_UDP_OVERHEAD = 20 + 8
@@ -29,7 +29,14 @@ STAGE_REDUCE = 0     # a rank's contribution to a shard, sent to the shard's own
 STAGE_BROADCAST = 1  # the owner's result for its shard, sent to everyone
 STAGE_ACK = 2        # RC: everything before psn arrived
 STAGE_NAK = 3        # RC: a gap; send again from psn (go-back-N)
+# End markers: "I have sent you all `count` packets of this shard for that stage". No
+# payload; packet index == count. Sent after the data, on the same path, so a receiver that
+# has one knows that whatever it is still missing from that source was lost.
+STAGE_REDUCE_END = 4
+STAGE_BROADCAST_END = 5
 STAGE_NAMES = {STAGE_REDUCE: "reduce", STAGE_BROADCAST: "broadcast"}
+END_OF = {STAGE_REDUCE: STAGE_REDUCE_END, STAGE_BROADCAST: STAGE_BROADCAST_END}
+DATA_STAGE_OF_END = {end: data for data, end in END_OF.items()}
 
 
 class Header(NamedTuple):

@@ -48,6 +48,7 @@ RC_TICK_S = 0.002  # how often a waiting RC endpoint checks its timers
 APPLIED, DUPLICATE, STALE, FUTURE, MALFORMED = "applied", "duplicate", "stale", "future", \
     "malformed"
 QUEUED = "queued"  # RC: handed to the collective through the queue
+END = "end"        # an end marker (header.STAGE_*_END), taken note of
 
 
 @dataclass
@@ -68,6 +69,8 @@ class Counters:
     timeouts: int = 0             # RC: retransmission timeouts
     naks_sent: int = 0
     masked: int = 0               # dropped by the seeded drop mask
+    ends_sent: int = 0            # end markers (copies included; not in packets_sent)
+    ends_received: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -208,13 +211,21 @@ class UdpTransport:
         self.counters.packets_sent += sent
         self.counters.bytes_sent += int(lengths[:sent].sum())
 
+    def send_end(self, dest: int, stage: int, step: int, bucket: int, shard: int, count: int,
+                 copies: int) -> None:
+        """Tell `dest` that all `count` packets of `shard` for `stage` went out: `copies`
+        end markers (header only), after the data on the same path."""
+        head = self._pack(hdr.END_OF[stage], step, bucket, shard, 0, 1, count, count, 0, 0)
+        for _ in range(copies):
+            self._transmit(dest, head, b"", end_marker=True)
+
     def _pack(self, stage, step, bucket, shard, fragment, fragments, index, count, length,
               psn) -> bytes:
         return hdr.HEADER.pack(hdr.MAGIC, hdr.VERSION, stage, self.rank, self.nonce, step,
                                bucket & 0xFFFF, shard, fragment, fragments, index, count,
                                length, psn)
 
-    def _transmit(self, dest: int, head: bytes, payload) -> None:
+    def _transmit(self, dest: int, head: bytes, payload, end_marker: bool = False) -> None:
         if self.rate_bytes_s:
             self._pace(len(head) + len(payload) + hdr.IPV4_UDP_OVERHEAD)
         while True:
@@ -227,6 +238,9 @@ class UdpTransport:
             except OSError as err:
                 log.debug("rank %d: send to %d failed: %s", self.rank, dest, err)
                 return
+        if end_marker:
+            self.counters.ends_sent += 1
+            return
         self.counters.packets_sent += 1
         self.counters.bytes_sent += len(payload)
 
@@ -408,6 +422,8 @@ class UdpTransport:
             c.future += count
         elif verdict == "early":
             c.early += count
+        elif verdict == END:
+            c.ends_received += count
         else:
             c.malformed += count
 

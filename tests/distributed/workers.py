@@ -126,12 +126,16 @@ def die(r, at_send: int) -> dict:
 
 
 def receive_units(t, units: int, floats: int, name: str):
-    from harness.transport.udp import APPLIED
+    from harness.transport import header as hdr
+    from harness.transport.udp import APPLIED, END
 
-    got, order, intact = set(), [], 0
+    got, order, intact, ended = set(), [], 0, False
 
     def handle(head, payload):
-        nonlocal intact
+        nonlocal intact, ended
+        if head.stage == hdr.STAGE_REDUCE_END:  # the sender sent everything: stop there
+            ended = True
+            return END
         if head.index in got:
             return "duplicate"
         values = np.frombuffer(payload, dtype=np.float32)
@@ -141,7 +145,7 @@ def receive_units(t, units: int, floats: int, name: str):
         return APPLIED
 
     t.receive_until(time.monotonic() + (120 if name.startswith("roce-rc") else 20),
-                    lambda: len(got) == units, handle)
+                    lambda: len(got) == units or ended, handle)
     return got, order, intact
 
 
@@ -163,6 +167,8 @@ def semantics(r, names: list[str], units: int, unit_bytes: int) -> dict:
                 t.send(0, hdr.STAGE_REDUCE, 0, 0, 0, k, units, memoryview(payload).cast("B"))
                 if k % 16 == 15:
                     time.sleep(0.002)  # the receiver is one Python process: let it keep up
+            if not t.semantics.reliable:
+                t.send_end(0, hdr.STAGE_REDUCE, 0, 0, 0, units, copies=4)
             t.flush(time.monotonic() + 120)
             r.store.set(f"sem/{name}/sent", "1")
         elif r.rank == 0:
