@@ -24,4 +24,5 @@ def require(hosts) -> None:
     raise LossbedError(
         "--transport verbs: the RDMA devices are there, but the lossy collectives do not "
         "run over verbs queue pairs yet; use roce-ud, roce-uc or roce-rc (emulated on "
-        "UDP), or python3 -m harness.verbs.transfer for real queue pairs")
+        "UDP); over real queue pairs, python3 -m harness.verbs.collective runs the lossy "
+        "all-reduce between two hosts (torch-free), and harness.verbs.transfer moves messages")
