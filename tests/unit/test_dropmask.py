@@ -10,24 +10,12 @@ import torch
 from harness.collectives.lossy import LossyCollective
 from harness.transport.dropmask import DropMask
 from harness.transport.semantics import Semantics
-from harness.transport.udp import UdpTransport
-from tests.unit.test_transport_hostile import DictStore
+from tests.unit.test_transport_hostile import make_pair
 
 
 def run_variant(estimator: str, seed: int, semantics: str = "udp", steps: int = 4):
-    store = DictStore()
-    transports = [None, None]
-
-    def start(rank):
-        transports[rank] = UdpTransport(rank, 2, "127.0.0.1", store, mtu=1500,
-                                        semantics=Semantics.parse(semantics),
-                                        drop_mask=DropMask(seed, 0.2))
-
-    threads = [threading.Thread(target=start, args=(k,)) for k in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    store, transports = make_pair(semantics=Semantics.parse(semantics),
+                                  drop_mask=DropMask(seed, 0.2))
     try:
         collectives = [LossyCollective(t, store, estimator=estimator) for t in transports]
         for step in range(steps):

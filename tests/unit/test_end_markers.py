@@ -14,25 +14,13 @@ import torch
 from harness.collectives.deadline import Deadline
 from harness.collectives.lossy import LossyCollective
 from harness.transport.dropmask import DropMask
-from harness.transport.udp import UdpTransport
-from tests.unit.test_transport_hostile import DictStore
+from tests.unit.test_transport_hostile import make_pair
 
 DEADLINE_S = 0.5  # floor = ceiling: a stage that waits for its deadline waits exactly this
 
 
 def run(end_copies: int, steps: int, seed: int = 11):
-    store = DictStore()
-    transports = [None, None]
-
-    def start(rank):
-        transports[rank] = UdpTransport(rank, 2, "127.0.0.1", store, mtu=1500,
-                                        drop_mask=DropMask(seed, 0.2))
-
-    threads = [threading.Thread(target=start, args=(k,)) for k in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    store, transports = make_pair(drop_mask=DropMask(seed, 0.2))
     results, stats = [], []
     try:
         collectives = [LossyCollective(t, store, end_copies=end_copies,

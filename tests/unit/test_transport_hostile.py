@@ -58,12 +58,18 @@ class DictStore:
             self.data.pop(key, None)
 
 
-def make_pair(mtu=1500):
+def make_pair(mtu=1500, **options):
+    """Two ranks' transports on loopback (they meet in the store, so start together);
+    options go to UdpTransport (drop_mask: a fresh copy per rank)."""
     store = DictStore()
     transports = [None, None]
 
     def start(rank):
-        transports[rank] = UdpTransport(rank, 2, "127.0.0.1", store, mtu=mtu)
+        mine = dict(options)
+        if "drop_mask" in mine:
+            mask = mine["drop_mask"]
+            mine["drop_mask"] = type(mask)(mask.seed, mask.rate)
+        transports[rank] = UdpTransport(rank, 2, "127.0.0.1", store, mtu=mtu, **mine)
 
     threads = [threading.Thread(target=start, args=(r,)) for r in (0, 1)]
     for t in threads:
