@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -109,3 +110,30 @@ def parse_drop_mask(text: str | None) -> DropMask | None:
         return DropMask(int(seed), float(rate))
     except ValueError:
         raise SystemExit(f"LOSSBED_DROP_MASK={text!r}: write SEED:RATE, e.g. 7:0.1") from None
+
+
+def run_and_exit(main) -> None:
+    """A rank's `if __name__ == "__main__"`: run main(), then leave without the interpreter's
+    teardown (os._exit after flushing stdout and stderr).
+
+    Why: after an orderly Rank.close() the work is done and written, but tearing down
+    torch's C++ objects at interpreter exit can still abort the process (CI once saw a
+    finished rank die with "terminate called without an active exception", SIGABRT, and the
+    run reported as failed). An error still prints its traceback and exits 1, as Python would.
+    """
+    import traceback
+
+    try:
+        code = main()
+    except SystemExit as stop:
+        code = stop.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+

@@ -10,7 +10,6 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import time
 
 import torch
@@ -104,4 +103,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runtime.run_and_exit(main)

@@ -203,4 +203,4 @@ def _digest(values: torch.Tensor) -> str:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    sys.exit(main())
+    runtime.run_and_exit(main)
