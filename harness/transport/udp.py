@@ -201,10 +201,7 @@ class UdpTransport:
             return
         n = len(starts)
         lengths = 4 * (ends - starts)
-        heads = np.zeros(n, batch.HEADER_DTYPE)
-        heads["magic"], heads["version"], heads["stage"] = hdr.MAGIC, hdr.VERSION, stage
-        heads["source"], heads["nonce"], heads["step"] = self.rank, self.nonce, step
-        heads["bucket"], heads["shard"], heads["fragments"] = bucket & 0xFFFF, shard, 1
+        heads = self._batch_heads(n, stage, step, bucket, shard)
         heads["index"], heads["count"], heads["length"] = np.arange(n), n, lengths
         sent = self._tx.send(self.endpoints[dest], heads,
                              (x.ctypes.data + 4 * starts).astype(np.uint64), lengths)
@@ -216,11 +213,7 @@ class UdpTransport:
         """Tell `dest` that all `count` packets of `shard` for `stage` went out: `copies`
         end markers (header only), after the data on the same path."""
         if self.batched and not self.rate_bytes_s:  # all copies in one system call
-            heads = np.zeros(copies, batch.HEADER_DTYPE)
-            heads["magic"], heads["version"] = hdr.MAGIC, hdr.VERSION
-            heads["stage"], heads["source"] = hdr.END_OF[stage], self.rank
-            heads["nonce"], heads["step"], heads["bucket"] = self.nonce, step, bucket & 0xFFFF
-            heads["shard"], heads["fragments"] = shard, 1
+            heads = self._batch_heads(copies, hdr.END_OF[stage], step, bucket, shard)
             heads["index"], heads["count"] = count, count
             self.counters.ends_sent += self._tx.send(
                 self.endpoints[dest], heads, np.zeros(copies, np.uint64),
@@ -229,6 +222,16 @@ class UdpTransport:
         head = self._pack(hdr.END_OF[stage], step, bucket, shard, 0, 1, count, count, 0, 0)
         for _ in range(copies):
             self._transmit(dest, head, b"", end_marker=True)
+
+    def _batch_heads(self, n: int, stage: int, step: int, bucket: int,
+                     shard: int) -> np.ndarray:
+        """n headers of single-datagram units of this rank, as a batch.HEADER_DTYPE array;
+        index, count and length are the caller's to fill (0 until then)."""
+        heads = np.zeros(n, batch.HEADER_DTYPE)
+        heads["magic"], heads["version"], heads["stage"] = hdr.MAGIC, hdr.VERSION, stage
+        heads["source"], heads["nonce"], heads["step"] = self.rank, self.nonce, step
+        heads["bucket"], heads["shard"], heads["fragments"] = bucket & 0xFFFF, shard, 1
+        return heads
 
     def _pack(self, stage, step, bucket, shard, fragment, fragments, index, count, length,
               psn) -> bytes:
