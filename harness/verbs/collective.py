@@ -52,11 +52,23 @@ class Control:
         if b"\n" not in self.buffer and not self.closed:
             readable, _, _ = select.select([self.conn], [], [], timeout_s)
             if readable:
-                chunk = self.conn.recv(65536)
+                try:
+                    chunk = self.conn.recv(65536)
+                except ConnectionResetError:
+                    chunk = b""  # the peer finished and left: nothing more will come
                 self.closed = not chunk  # the peer finished: it sends nothing more
                 self.buffer += chunk
         *lines, self.buffer = self.buffer.split(b"\n")
         return [json.loads(line) for line in lines]
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Leave in order: say we send nothing more, read until the peer says the same
+        (closing with its lines unread would reset the connection under it), then close."""
+        self.conn.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + timeout_s
+        while not self.closed and time.monotonic() < deadline:
+            self.receive(0.1)
+        self.conn.close()
 
     def expect(self, timeout_s: float) -> dict:
         deadline = time.monotonic() + timeout_s
@@ -221,7 +233,7 @@ class Run:
                 bcast_arrived.add(index)
                 result[first:last] = got
         seconds = time.monotonic() - started
-        self.conn.close()
+        self.control.close()
         return {"qp": self.args.qp, "rank": self.args.rank, "numel": self.args.numel,
                 "message_bytes": self.args.message_bytes, "seconds": seconds,
                 "reduce_messages": len(self.slices[self.own]),
