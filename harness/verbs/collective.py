@@ -90,6 +90,11 @@ def contribution(seed: int, rank: int, numel: int) -> array:
     return array("f", [rng.gauss(0.0, 1.0) for _ in range(numel)])
 
 
+def mean_of(a: array, b: array) -> array:
+    """The element-wise mean of two contributions, rounded to float32."""
+    return array("f", [(x + y) / 2 for x, y in zip(a, b, strict=True)])
+
+
 def halves(numel: int) -> list[tuple[int, int]]:
     middle = numel // 2
     return [(0, middle), (middle, numel)]
@@ -117,6 +122,7 @@ class Run:
             sge = v.SGE(self.recv_mr.buf + i * self.slot, self.slot, self.recv_mr.lkey)
             self.ep.qp.post_recv(v.RecvWR(wr_id=i, num_sge=1, sg=[sge]))
         self.arrived: dict[tuple[int, int], array] = {}
+        self.arrived_per_stage = {REDUCE: 0, BROADCAST: 0}
         self.error_completions = 0
         self.peer_done: set[int] = set()
 
@@ -168,7 +174,7 @@ class Run:
         outstanding = len(parts)
         deadline = time.monotonic() + self.args.wait_s
         while outstanding and time.monotonic() < deadline:
-            outstanding -= self._poll(send_completions=True)
+            outstanding -= self._poll()
         self.control.send({"sent": stage})
 
     def receive_stage(self, stage: int, shard: int) -> None:
@@ -178,7 +184,7 @@ class Run:
         grace_until = None
         deadline = time.monotonic() + self.args.wait_s
         while time.monotonic() < deadline:
-            if sum(1 for s, _ in self.arrived if s == stage) == expected:
+            if self.arrived_per_stage[stage] == expected:
                 return
             if (stage in self.peer_done or self.control.closed) and grace_until is None:
                 grace_until = time.monotonic() + self.args.grace_s
@@ -188,7 +194,7 @@ class Run:
                 for line in self.control.receive(0.001):
                     self.peer_done.add(line["sent"])
 
-    def _poll(self, send_completions: bool = False) -> int:
+    def _poll(self) -> int:
         """Take completions off the queue; returns how many sends completed."""
         e = self.ep.v.e
         n, wcs = self.ep.cq.poll(num_entries=64)
@@ -203,7 +209,9 @@ class Run:
                 continue
             data = self.recv_mr.read(wc.byte_len - self.grh, wc.wr_id * self.slot + self.grh)
             stage, index = MESSAGE_HEAD.unpack_from(data)
-            self.arrived.setdefault((stage, index), array("f", data[MESSAGE_HEAD.size:]))
+            if (stage, index) not in self.arrived:
+                self.arrived[(stage, index)] = array("f", data[MESSAGE_HEAD.size:])
+                self.arrived_per_stage[stage] += 1
         return sends
 
     # ---- the all-reduce ------------------------------------------------------------------
@@ -221,8 +229,7 @@ class Run:
             got = self.arrived.get((REDUCE, index))
             if got is not None:
                 reduce_arrived.add(index)
-                result[first:last] = array("f", [(a + b) / 2 for a, b in
-                                                 zip(mine[first:last], got, strict=True)])
+                result[first:last] = mean_of(mine[first:last], got)
         # Broadcast: our averaged half to the peer, then the peer's half to us.
         self.send_stage(BROADCAST, self.own, result)
         self.receive_stage(BROADCAST, self.peer)
@@ -234,6 +241,7 @@ class Run:
                 result[first:last] = got
         seconds = time.monotonic() - started
         self.control.close()
+        exact = mean_of(self.x[0], self.x[1])
         return {"qp": self.args.qp, "rank": self.args.rank, "numel": self.args.numel,
                 "message_bytes": self.args.message_bytes, "seconds": seconds,
                 "reduce_messages": len(self.slices[self.own]),
@@ -241,18 +249,16 @@ class Run:
                 "broadcast_messages": len(self.slices[self.peer]),
                 "broadcast_arrived": len(bcast_arrived),
                 "error_completions": self.error_completions,
-                "exact": result == self.exact_mean(),
-                "consistent": self.consistent(result, reduce_arrived, bcast_arrived)}
+                "exact": result == exact,
+                "consistent": self.consistent(result, exact, reduce_arrived, bcast_arrived)}
 
-    def exact_mean(self) -> array:
-        return array("f", [(a + b) / 2 for a, b in zip(self.x[0], self.x[1], strict=True)])
-
-    def consistent(self, result: array, reduce_arrived: set, bcast_arrived: set) -> bool:
+    def consistent(self, result: array, exact: array, reduce_arrived: set,
+                   bcast_arrived: set) -> bool:
         """Every message's values are what the estimator gives for what arrived: our half,
         the mean where the peer's contribution came, else ours; the peer's half, what the
         peer broadcast (the mean, or the peer's own values where ours was lost) where its
         message came, else ours."""
-        exact, mine, theirs = self.exact_mean(), self.x[self.own], self.x[self.peer]
+        mine, theirs = self.x[self.own], self.x[self.peer]
         for index, (first, last) in enumerate(self.slices[self.own]):
             want = exact if index in reduce_arrived else mine
             if result[first:last] != want[first:last]:
