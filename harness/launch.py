@@ -59,6 +59,17 @@ def rank_env(cluster, rank: int, extra: dict | None = None) -> dict:
     return env
 
 
+def transport_env(profile) -> dict:
+    """What the ranks' transports may assume about the impairment `profile` applies.
+
+    UDP segmentation offload (one send, cut into datagrams by the kernel) is faithful only
+    where the impairment sees the datagrams after they were cut: at the receiver's ingress
+    (hosts run with receive offloads off, so nothing merges them again). At the sender's
+    egress, tc and nftables see the send before it is cut and would lose its datagrams
+    together, as one burst."""
+    return {"LOSSBED_UDP_SEGMENTATION": "1" if profile.direction == "ingress" else "0"}
+
+
 def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
         extra_env: dict | None = None, echo_rank0=None) -> list[RankResult]:
     """Run `python -m module args` as one rank per host and wait for all. If one fails, the

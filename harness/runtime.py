@@ -2,8 +2,9 @@
 environment, a TCPStore for rendezvous, a gloo process group (the reliable baseline and
 resyncs), and lossbed's UDP transport bound to the host's address on the emulated link
 (LOSSBED_ADDRESS; LOSSBED_MTU), with the loss semantics of LOSSBED_TRANSPORT (udp,
-roce-ud, roce-uc[:BYTES], roce-rc[:BYTES]) and an optional seeded receiver-side drop mask
-(LOSSBED_DROP_MASK=SEED:RATE)."""
+roce-ud, roce-uc[:BYTES], roce-rc[:BYTES]), an optional seeded receiver-side drop mask
+(LOSSBED_DROP_MASK=SEED:RATE), and UDP segmentation offload where the controller says the
+impairment allows it (LOSSBED_UDP_SEGMENTATION=1, see launch.transport_env)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Rank:
     address: str = ""
     mtu: int = 1500
     drop_mask: DropMask | None = None
+    segmentation: bool = False
     others: dict | None = None
 
     def transport_for(self, semantics: str) -> UdpTransport:
@@ -43,7 +45,7 @@ class Rank:
         if wanted not in self.others:
             self.others[wanted] = UdpTransport(
                 self.rank, self.world, self.address, self.store, mtu=self.mtu,
-                semantics=wanted, drop_mask=self.drop_mask,
+                semantics=wanted, drop_mask=self.drop_mask, segmentation=self.segmentation,
                 key_prefix=f"lossbed/udp/{wanted}")
         return self.others[wanted]
 
@@ -97,9 +99,11 @@ def start(timeout_s: float = 60.0, rate_mbit: float = 0.0, transport: str | None
     semantics = Semantics.parse(transport or os.environ.get("LOSSBED_TRANSPORT", "udp"))
     mask = parse_drop_mask(drop_mask or os.environ.get("LOSSBED_DROP_MASK"))
     address, mtu = _env("LOSSBED_ADDRESS", master), int(_env("LOSSBED_MTU", "1500"))
+    segmentation = os.environ.get("LOSSBED_UDP_SEGMENTATION", "0") == "1"
     udp = UdpTransport(rank, world, address, store, mtu=mtu, rate_mbit=rate_mbit,
-                       semantics=semantics, drop_mask=mask)
-    return Rank(rank, world, store, udp, address=address, mtu=mtu, drop_mask=mask)
+                       semantics=semantics, drop_mask=mask, segmentation=segmentation)
+    return Rank(rank, world, store, udp, address=address, mtu=mtu, drop_mask=mask,
+                segmentation=segmentation)
 
 
 def parse_drop_mask(text: str | None) -> DropMask | None:

@@ -105,7 +105,7 @@ def run(cluster, spec: BenchSpec, progress=print) -> list[dict]:
             results = launch.run(cluster, "harness.bench.collective_worker", [
                 "--sizes", *map(str, sizes), "--algorithms", *spec.algorithms,
                 "--iters", str(spec.iters), "--warmup", str(spec.warmup)],
-                timeout_s=3600)
+                timeout_s=3600, extra_env=launch.transport_env(profile))
             report = verify.verify(cluster)
         finally:
             engine.clear(cluster)

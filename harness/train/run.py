@@ -65,7 +65,8 @@ def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
         with keeper:
             results = launch.run(cluster, "harness.train.worker",
                                  [json.dumps([c.to_dict() for c in cfgs]), str(work)],
-                                 timeout_s=24 * 3600, echo_rank0=echo)
+                                 timeout_s=24 * 3600, echo_rank0=echo,
+                                 extra_env=launch.transport_env(profile))
             report = verify.verify(cluster)
     finally:
         engine.clear(cluster)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import select
 import socket
@@ -23,6 +24,8 @@ import socket
 import numpy as np
 
 from harness.transport import header as hdr
+
+log = logging.getLogger(__name__)
 
 MSG_DONTWAIT = 0x40
 MMSGHDR_WORDS = 8       # sizeof(struct mmsghdr) == 64: 8 u64 words
@@ -106,17 +109,38 @@ class BatchReceiver:
         return self.data[:n, :hdr.HEADER_BYTES].copy().view(HEADER_DTYPE)[:, 0]
 
 
+SOL_UDP, UDP_SEGMENT = 17, 103
+MAX_UDP_PAYLOAD = 65507  # one IPv4 datagram
+MAX_GSO_SEGMENTS = 64    # UDP_MAX_SEGMENTS of older kernels (6.x allow 128)
+
+
+def enable_segmentation(sock: socket.socket, segment_bytes: int) -> int:
+    """Ask the kernel to cut every datagram longer than `segment_bytes` into datagrams of
+    `segment_bytes` (UDP GSO). Returns how many segments one send may carry; 1 where the
+    kernel cannot (then every packet goes as its own datagram)."""
+    try:
+        sock.setsockopt(SOL_UDP, UDP_SEGMENT, segment_bytes)
+    except OSError:
+        return 1
+    return max(1, min(MAX_GSO_SEGMENTS, MAX_UDP_PAYLOAD // segment_bytes))
+
+
 class BatchSender:
     """Packets to one destination per sendmmsg: header rows built by numpy, payloads sent
-    straight from the caller's array."""
+    straight from the caller's array. With `segments` > 1 (the socket has UDP_SEGMENT set
+    to `segment_bytes`), up to that many consecutive full-size packets go as one message
+    that the kernel cuts into datagrams: every datagram still starts with its own header,
+    because each packet's header and payload together are exactly one segment."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, segment_bytes: int = 0, segments: int = 1):
         self.fd = sock.fileno()
+        self.segment_bytes, self.segments = segment_bytes, segments
         self._names: dict[tuple[str, int], np.ndarray] = {}
 
     def send(self, destination: tuple[str, int], headers: np.ndarray, payload_addresses,
-             payload_bytes: np.ndarray) -> int:
-        """Send len(headers) datagrams; returns how many went out. `headers`: contiguous
+             payload_bytes: np.ndarray) -> tuple[int, int]:
+        """Send len(headers) datagrams; returns how many went out, and in how many sends
+        the kernel cut into several datagrams. `headers`: contiguous
         HEADER_DTYPE array; payload i is payload_bytes[i] bytes at payload_addresses[i]
         (memory the caller keeps alive through this call)."""
         name = self._names.get(destination)
@@ -128,16 +152,19 @@ class BatchSender:
         iov[:, 1] = hdr.HEADER_BYTES
         iov[:, 2] = payload_addresses
         iov[:, 3] = payload_bytes
-        msgs = np.zeros((n, MMSGHDR_WORDS), np.uint64)
+        first, packets = self._messages(np.asarray(payload_bytes, np.int64))
+        m = len(first)
+        msgs = np.zeros((m, MMSGHDR_WORDS), np.uint64)
         msgs[:, 0] = name.ctypes.data
         msgs[:, 1] = SOCKADDR_IN_BYTES
-        msgs[:, 2] = iov.ctypes.data + 8 * 2 * IOVEC_WORDS * np.arange(n, dtype=np.uint64)
-        msgs[:, 3] = 2
-        sent = failed = 0
-        while sent < n:
-            count = min(n - sent, MAX_SEND_BATCH)
+        msgs[:, 2] = iov.ctypes.data + 8 * 2 * IOVEC_WORDS * first.astype(np.uint64)
+        msgs[:, 3] = 2 * packets
+        sent = failed = segmented = 0
+        while sent < m:
+            count = min(m - sent, MAX_SEND_BATCH)
             done = _sendmmsg(self.fd, msgs.ctypes.data + 8 * MMSGHDR_WORDS * sent, count, 0)
             if done > 0:
+                segmented += int(np.count_nonzero(packets[sent:sent + done] > 1))
                 sent += done
                 continue
             err = ctypes.get_errno()
@@ -146,7 +173,34 @@ class BatchSender:
                 select.select([], [self.fd], [], 0.01)
             elif err == errno.EINTR:
                 continue
+            elif err in (errno.EIO, errno.EINVAL) and packets[sent] > 1:
+                # The route cannot segment (e.g. its device computes no checksums): send
+                # this and everything after it one datagram at a time, from now on.
+                log.warning("UDP segmentation refused (%s): sending datagram by datagram",
+                            os.strerror(err))
+                self.segments = 1
+                rest = int(first[sent])
+                went, _ = self.send(destination, headers[rest:], payload_addresses[rest:],
+                                    payload_bytes[rest:])
+                failed += (n - rest) - went
+                break
             else:
-                sent += 1  # this datagram cannot go (e.g. no route): skip it, like a drop
-                failed += 1
-        return n - failed
+                # this message cannot go (e.g. no route): skip it, like a drop
+                failed += int(packets[sent])
+                sent += 1
+        return n - failed, segmented
+
+    def _messages(self, payload_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which packets go in one message: (first packet of each message, packets in it).
+        A message holds up to `segments` consecutive packets, all but its last exactly one
+        segment long (the kernel cuts at every segment_bytes)."""
+        n = len(payload_bytes)
+        if self.segments <= 1 or n <= 1:
+            return np.arange(n), np.ones(n, np.int64)
+        full = payload_bytes + hdr.HEADER_BYTES == self.segment_bytes
+        # runs end after each packet that is not full; each run is cut into messages
+        run = np.concatenate(([0], np.cumsum(~full[:-1])))
+        run_start = np.flatnonzero(np.diff(run, prepend=-1))
+        position = np.arange(n) - run_start[run]
+        starts = np.flatnonzero(position % self.segments == 0)
+        return starts, np.diff(starts, append=n)

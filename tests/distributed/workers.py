@@ -186,6 +186,50 @@ def semantics(r, names: list[str], units: int, unit_bytes: int) -> dict:
     return out
 
 
+def segmented(r, units: int, burst: int) -> dict:
+    """Rank 1 sends `units` numbered full-size packets to rank 0 with send_packets, `burst`
+    packets per call as shard number `call` (the transport cuts them into its sends as it
+    would any shard), then end markers; rank 0 says which arrived."""
+    from harness.transport import header as hdr
+    from harness.transport.udp import APPLIED, END
+
+    t = r.transport
+    per = t.per_packet
+    x = np.repeat(np.arange(units, dtype=np.float32), per)
+    calls = -(-units // burst)
+    r.store.set(f"seg/ready/{r.rank}", "1")
+    r.store.wait([f"seg/ready/{k}" for k in range(r.world)])
+    out = {}
+    if r.rank == 1:
+        for call in range(calls):
+            starts = np.arange(call * burst, min((call + 1) * burst, units)) * per
+            t.send_packets(0, hdr.STAGE_REDUCE, 0, 0, call, x, starts, starts + per)
+            time.sleep(0.003)  # the receiver is one Python process: let it keep up
+        t.send_end(0, hdr.STAGE_REDUCE, 0, 0, calls - 1, burst, copies=8)
+        r.store.set("seg/counters", json.dumps(t.counters.to_dict()))
+    elif r.rank == 0:
+        got, intact, ended = set(), 0, False
+
+        def handle(head, payload):
+            nonlocal intact, ended
+            if head.stage == hdr.STAGE_REDUCE_END:
+                ended = True
+                return END
+            unit = head.shard * burst + head.index
+            values = np.frombuffer(payload, dtype=np.float32)
+            intact += len(values) == per and bool((values == unit).all())
+            got.add(unit)
+            return APPLIED
+
+        t.receive_until(time.monotonic() + 30, lambda: ended or len(got) == units, handle)
+        r.store.wait(["seg/counters"])
+        out = {"arrived": sorted(got), "intact": intact,
+               "sender": json.loads(r.store.get("seg/counters"))}
+    r.store.set(f"seg/done/{r.rank}", "1")
+    r.store.wait([f"seg/done/{k}" for k in range(r.world)])
+    return out
+
+
 def main() -> int:
     mode = sys.argv[1]
     r = runtime.start()
@@ -198,6 +242,8 @@ def main() -> int:
             result = drift(r, int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
         elif mode == "die":
             result = die(r, int(sys.argv[2]))
+        elif mode == "segmented":
+            result = segmented(r, int(sys.argv[2]), int(sys.argv[3]))
         elif mode == "semantics":
             result = semantics(r, sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4]))
         else:
