@@ -51,6 +51,7 @@ MAX_STASH = 1 << 16
 # as p99 in a 40-step benchmark; with 8 (1e-8), 1 in 4 million. They cost 8 header-only
 # datagrams per shard sent, in one system call.
 END_COPIES = 8
+GO_KEYS = 3  # release keys of the step alignment, reused in turn (see _align)
 
 
 class RankLost(RuntimeError):
@@ -130,7 +131,10 @@ class _Step:
         self.started = time.monotonic()
 
     def counts(self) -> np.ndarray:
-        """Contributions per element of the own shard, own included."""
+        """Contributions per element of the own shard, own included (one number for all of
+        them when nothing was lost: then spelling it out per element only costs time)."""
+        if not self.reduce.left:
+            return np.float32(self.layout.world)
         per_packet = (1 + self.reduce.got.sum(axis=0)).astype(np.float32)
         # every packet of a shard holds per_packet values but the last, which holds the rest
         return np.repeat(per_packet, self.layout.per_packet)[:self.own[1] - self.own[0]]
@@ -428,24 +432,41 @@ class LossyCollective:
         channel: its port is never impaired). Without this, a rank that waited out a
         deadline in the last step would start this one late, and its packets would miss
         the others' deadlines: lateness would turn into loss. A rank that does not arrive
-        within three deadline ceilings has died (or lost the network), and is named."""
+        within three deadline ceilings has died (or lost the network), and is named.
+
+        It costs two store round trips per rank and step, on the step's critical path: one
+        counter of arrivals (its value says which round this is and who came last), and a
+        wait for the round's release key, which the last to arrive sets. Release keys are
+        reused in turn (GO_KEYS of them) so the store does not grow over a long run: the
+        last arrival of round r clears the key of round r + 2 after releasing everyone.
+        That key was last set in round r - 1, which everyone has passed; and no one can wait
+        on it before round r + 1 is complete, which needs this rank to arrive there first."""
         if self.store is None:
             return
         from datetime import timedelta
 
-        prefix = self.key_prefix
-        patience = 3 * self.deadline.ceiling_s
+        prefix, ceiling = self.key_prefix, self.deadline.ceiling_s
+        patience = 3 * ceiling
+        round_ = None
         try:
-            self.store.set(f"{prefix}/hb/{self.rank}", str(step))
-            if int(self.store.add(f"{prefix}/step/{step}", 1)) == self.world:
-                self.store.set(f"{prefix}/go/{step}", "1")
-                if step >= 2:  # keep the store small over long runs
-                    for key in (f"{prefix}/step/{step - 2}", f"{prefix}/go/{step - 2}"):
-                        self.store.delete_key(key)
-            else:
-                self.store.wait([f"{prefix}/go/{step}"], timedelta(seconds=patience))
+            arrived = int(self.store.add(f"{prefix}/arrivals", 1))
+            round_ = (arrived - 1) // self.world
+            go = f"{prefix}/go/{round_ % GO_KEYS}"
+            if arrived % self.world == 0:  # the last to arrive: release everyone
+                self.store.set(go, "1")
+                self.store.delete_key(f"{prefix}/go/{(round_ + 2) % GO_KEYS}")
+                return
+            try:
+                self.store.wait([go], timedelta(seconds=ceiling))
+            except Exception:
+                # Someone is late. Say that we are here, so that who is missing can be
+                # named if this goes on, then keep waiting.
+                self.store.set(f"{prefix}/present/{round_}/{self.rank}", str(step))
+                self.store.wait([go], timedelta(seconds=patience - ceiling))
         except Exception as err:
-            missing = self._absent(step)
+            # Give those who arrived up to one ceiling later time to say so, too.
+            time.sleep(ceiling + 0.5)
+            missing = self._absent(round_)
             if self.rank == 0:
                 # Rank 0 hosts the store: linger so the other ranks can read from it who is
                 # missing, instead of only seeing the store vanish when this process exits.
@@ -457,10 +478,14 @@ class LossyCollective:
             raise RankLost(f"rank {self.rank}: the rendezvous store is unreachable ({err}): "
                            "rank 0, which hosts it, has died or lost its network") from None
 
-    def _absent(self, step: int) -> list[int]:
+    def _absent(self, round_: int | None) -> list[int]:
+        """The ranks that have not said they arrived at this round (none if the store
+        cannot be read)."""
+        if round_ is None:
+            return []
         try:
-            return [k for k in range(self.world)
-                    if int(self.store.get(f"{self.key_prefix}/hb/{k}")) < step]
+            return [k for k in range(self.world) if k != self.rank and not self.store.check(
+                [f"{self.key_prefix}/present/{round_}/{k}"])]
         except Exception:
             return []
 

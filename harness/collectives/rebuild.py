@@ -23,7 +23,8 @@ ESTIMATORS = ("zero_fill", "received_mean", "rescale")
 
 def rebuild(estimator: str, total: np.ndarray, count: np.ndarray, own: np.ndarray,
             world: int, loss_rate: float) -> np.ndarray:
-    """The mean estimate per element. `count` is per element (own included, so >= 1)."""
+    """The mean estimate per element. `count` is per element (own included, so >= 1), or
+    one number for every element."""
     if estimator == "zero_fill":
         return total / world
     if estimator == "received_mean":

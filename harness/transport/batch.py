@@ -198,6 +198,11 @@ class BatchSender:
         if self.segments <= 1 or n <= 1:
             return np.arange(n), np.ones(n, np.int64)
         full = payload_bytes + hdr.HEADER_BYTES == self.segment_bytes
+        if not full[:-1].any():  # e.g. end markers (headers only): one datagram each
+            return np.arange(n), np.ones(n, np.int64)
+        if full[:-1].all():  # a shard: every packet full but maybe the last
+            starts = np.arange(0, n, self.segments)
+            return starts, np.diff(starts, append=n)
         # runs end after each packet that is not full; each run is cut into messages
         run = np.concatenate(([0], np.cumsum(~full[:-1])))
         run_start = np.flatnonzero(np.diff(run, prepend=-1))

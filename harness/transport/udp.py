@@ -49,6 +49,7 @@ APPLIED, DUPLICATE, STALE, FUTURE, MALFORMED = "applied", "duplicate", "stale", 
     "malformed"
 QUEUED = "queued"  # RC: handed to the collective through the queue
 END = "end"        # an end marker (header.STAGE_*_END), taken note of
+FOREIGN, MASKED = "foreign", "masked"  # what the transport itself drops, before any handler
 
 
 @dataclass
@@ -346,9 +347,24 @@ class UdpTransport:
         if len(rows):
             for verdict, count in handle_batch(heads[rows], rx.data, rows).items():
                 self._count(verdict, count)
-        for row in np.flatnonzero(~plain).tolist():
+        # End markers come in identical copies (several usually in one batch): the first of
+        # each goes through _datagram, the others get the verdict it got.
+        marker = (~plain & (sizes == hdr.HEADER_BYTES) & (heads["stage"] >= hdr.STAGE_REDUCE_END)
+                  & (heads["fragments"] == 1))
+        first = np.flatnonzero(~plain & ~marker)
+        copies = np.zeros(n, dtype=np.int64)
+        if marker.any():
+            rows = np.flatnonzero(marker)
+            raw = np.ascontiguousarray(rx.data[rows, :hdr.HEADER_BYTES]).view(
+                f"V{hdr.HEADER_BYTES}")[:, 0]
+            unique, at, times = np.unique(raw, return_index=True, return_counts=True)
+            copies[rows[at]] = times - 1
+            first = np.sort(np.concatenate([first, rows[at]]))
+        for row in first.tolist():
             sender = (socket.inet_ntoa(int(address[row]).to_bytes(4, "big")), int(port[row]))
-            self._datagram(int(sizes[row]), sender, handle, memoryview(rx.data[row]))
+            verdict = self._datagram(int(sizes[row]), sender, handle, memoryview(rx.data[row]))
+            if copies[row] and verdict is not None:
+                self._count(verdict, int(copies[row]))
 
     def _receive_delivered(self, deadline, done, handle) -> None:
         while not done():
@@ -394,22 +410,25 @@ class UdpTransport:
         self._delivered.put((head, bytes(payload)))
         return QUEUED
 
-    def _datagram(self, size: int, sender, handle, view: memoryview) -> None:
+    def _datagram(self, size: int, sender, handle, view: memoryview) -> str | None:
+        """Check one datagram, hand it on, count it; returns the verdict counted (None for
+        RC control and retransmission traffic, and for a fragment of a message not yet
+        whole)."""
         c = self.counters
         head = hdr.unpack(view[:size])
         if head is None or head.nonce != self.nonce or head.source >= self.world \
                 or self.sources.get(sender) != head.source or head.source == self.rank:
             c.foreign += 1
-            return
+            return FOREIGN
         if head.length != size - hdr.HEADER_BYTES or head.length % 4:
             c.malformed += 1
-            return
+            return MALFORMED
         if head.stage in (hdr.STAGE_ACK, hdr.STAGE_NAK):
             self._on_control(head)
-            return
+            return None
         if self.drop_mask is not None and self.drop_mask.drops(head):
             c.masked += 1
-            return
+            return MASKED
         if self.semantics.reliable:
             flow = self._recv_flows[head.source]
             verdict = flow.accept(head.psn)
@@ -433,7 +452,9 @@ class UdpTransport:
             if whole is None:
                 return
             head, payload = whole
-        self._count(handle(head, payload))
+        verdict = handle(head, payload)
+        self._count(verdict)
+        return verdict
 
     def _count(self, verdict: str, count: int = 1) -> None:
         c = self.counters
@@ -451,6 +472,10 @@ class UdpTransport:
             c.early += count
         elif verdict == END:
             c.ends_received += count
+        elif verdict == FOREIGN:
+            c.foreign += count
+        elif verdict == MASKED:
+            c.masked += count
         else:
             c.malformed += count
 

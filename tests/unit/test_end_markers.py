@@ -7,6 +7,7 @@ a seeded drop mask at the receiver: the same positions are lost in every run."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import torch
@@ -73,3 +74,37 @@ def test_without_end_markers_the_same_loss_waits_out_the_deadline_for_the_same_r
     assert any(s.reduce_deadline_hit or s.broadcast_deadline_hit for s in stats[0])
     assert max(s.seconds for s in stats[0]) >= DEADLINE_S
     assert all(c["ends_sent"] == 0 for c in counters)
+
+
+def test_copies_of_an_end_marker_in_one_batch_get_the_verdict_of_the_first():
+    """The batched receiver judges one copy of each marker and counts the others alike:
+    3 copies of a marker the collective takes, 2 of one it finds misfit, 2 foreign."""
+    from collections import Counter
+
+    from harness.transport import header as hdr
+    from harness.transport.udp import END, MALFORMED
+
+    store, (rx, tx) = make_pair()
+    try:
+        def marker(count: int, nonce: int) -> bytes:
+            return hdr.HEADER.pack(hdr.MAGIC, hdr.VERSION, hdr.STAGE_REDUCE_END, 1, nonce, 0,
+                                   0, 0, 0, 1, count, count, 0, 0)
+
+        good, misfit = marker(5, rx.nonce), marker(6, rx.nonce)
+        foreign = marker(5, rx.nonce ^ 1)
+        for datagram in [good] * 3 + [misfit] * 2 + [foreign] * 2:
+            tx.sock.sendto(datagram, rx.endpoints[0])
+        judged = []
+
+        def handle(head, payload):
+            judged.append(head.count)
+            return END if head.count == 5 else MALFORMED
+
+        rx.receive_until(time.monotonic() + 0.5, lambda: False, handle,
+                         lambda heads, data, rows: Counter())
+        assert sorted(judged) == [5, 6]  # one look at each distinct marker
+        c = rx.counters
+        assert (c.ends_received, c.malformed, c.foreign) == (3, 2, 2)
+    finally:
+        rx.close()
+        tx.close()
