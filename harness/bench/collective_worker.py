@@ -1,4 +1,6 @@
-"""One rank of `lossbed collective-bench`: times each algorithm on each tensor size.
+"""One rank of `lossbed collective-bench`: times each algorithm on each tensor size, the
+algorithms taking turns (ROUND_ITERS iterations each) so that they share the machine's
+slow spells.
 
 Started by the controller (harness.launch) with torchrun-style variables. Rank 0 prints one
 JSON object per (algorithm, size) on stdout.
@@ -19,6 +21,7 @@ from harness.collectives import reliable
 from harness.collectives.lossy import LossyCollective
 from harness.collectives.rps import RPS
 
+ROUND_ITERS = 10  # timed iterations of one algorithm before the next takes its turn
 ALGORITHMS = ("gloo", "lossy-zero_fill", "lossy-received_mean", "lossy-rescale", "rps")
 # Any lossy algorithm (or rps) also runs over other loss semantics as NAME@TRANSPORT,
 # e.g. lossy-received_mean@roce-uc:65536 or rps@roce-rc.
@@ -33,6 +36,38 @@ def store_barrier(store, name: str, world: int, timeout_s: float = 600) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"barrier {name}: not every rank arrived in {timeout_s} s")
         time.sleep(0.005)
+
+
+class Timing:
+    """One algorithm's timed iterations on one size, gathered over its turns."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self.sent = self.missing = self.expected = 0
+
+    def run(self, collective, tensor, counters, iters: int) -> None:
+        sent0, missing0 = counters.packets_sent, counters.missing
+        expected0 = counters.packets_received + counters.missing
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            collective(tensor)
+            self.times.append(time.perf_counter() - t0)
+        self.sent += counters.packets_sent - sent0
+        self.missing += counters.missing - missing0
+        self.expected += counters.packets_received + counters.missing - expected0
+
+    def summary(self, size_bytes: int, lossy: bool) -> dict:
+        times, seconds = self.times, sum(self.times)
+        return {
+            "p50_ms": statistics.median(times) * 1e3,
+            "p99_ms": percentile(times, 0.99) * 1e3, "max_ms": max(times) * 1e3,
+            "mean_ms": seconds / len(times) * 1e3,
+            # algorithm bandwidth: the tensor's bytes per second of one all-reduce
+            "algbw_gbps": size_bytes * 8 / statistics.median(times) / 1e9,
+            "packets_per_s": self.sent / seconds if lossy else None,
+            "missing_fraction": self.missing / self.expected
+            if lossy and self.expected else None,
+        }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -67,36 +102,29 @@ def main(argv=None) -> int:
         for size in args.sizes:
             numel = max(size // 4, 1)
             tensor = torch.randn(numel, generator=torch.Generator().manual_seed(r.rank))
+            timed = {name: Timing() for name in args.algorithms}
             for name in args.algorithms:
-                run = runners[name]
-                semantics = name.partition("@")[2]
-                counters = (r.transport_for(semantics) if semantics else r.transport).counters
                 store_barrier(r.store, f"{name}/{size}", r.world)
                 for _ in range(args.warmup):
-                    run(tensor)
-                sent0, missing0 = counters.packets_sent, counters.missing
-                expected0 = counters.packets_received + counters.missing
-                times = []
-                for _ in range(args.iters):
-                    t0 = time.perf_counter()
-                    run(tensor)
-                    times.append(time.perf_counter() - t0)
-                store_barrier(r.store, f"{name}/{size}/done", r.world)
-                if r.rank == 0:
-                    expected = counters.packets_received + counters.missing - expected0
-                    seconds = sum(times)
-                    print(json.dumps({
-                        "algorithm": name, "size_bytes": numel * 4, "iters": args.iters,
-                        "p50_ms": statistics.median(times) * 1e3,
-                        "p99_ms": percentile(times, 0.99) * 1e3, "max_ms": max(times) * 1e3,
-                        "mean_ms": seconds / len(times) * 1e3,
-                        # algorithm bandwidth: the tensor's bytes per second of one all-reduce
-                        "algbw_gbps": numel * 4 * 8 / statistics.median(times) / 1e9,
-                        "packets_per_s": (counters.packets_sent - sent0) / seconds
-                        if name != "gloo" else None,
-                        "missing_fraction": (counters.missing - missing0) / expected
-                        if name != "gloo" and expected else None,
-                    }), flush=True)
+                    runners[name](tensor)
+            # The algorithms take turns, ROUND_ITERS iterations each, so that a slow spell
+            # of the machine (other tenants, a busy core) falls on all of them alike rather
+            # than on whichever one it happened to be timing.
+            for first in range(0, args.iters, ROUND_ITERS):
+                for name in args.algorithms:
+                    semantics = name.partition("@")[2]
+                    counters = (r.transport_for(semantics) if semantics
+                                else r.transport).counters
+                    store_barrier(r.store, f"{name}/{size}/{first}", r.world)
+                    timed[name].run(runners[name], tensor, counters,
+                                    min(ROUND_ITERS, args.iters - first))
+            store_barrier(r.store, f"{size}/done", r.world)
+            if r.rank == 0:
+                for name, timing in timed.items():
+                    print(json.dumps({"algorithm": name, "size_bytes": numel * 4,
+                                      "iters": args.iters,
+                                      **timing.summary(numel * 4, lossy=name != "gloo")}),
+                          flush=True)
     finally:
         r.close()
     return 0
