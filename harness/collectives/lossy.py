@@ -285,6 +285,16 @@ class LossyCollective:
         self.key_prefix = key_prefix
         self._reduce_expected = 0
         self._reduce_missing = 0
+        self._layouts: dict[int, Layout] = {}
+
+    def _layout(self, numel: int) -> Layout:
+        """The layout of a tensor size, made once: its packet tables take a while to build
+        and every step of a training run has the same sizes."""
+        layout = self._layouts.get(numel)
+        if layout is None:
+            layout = self._layouts[numel] = Layout(numel, self.world,
+                                                   self.transport.per_packet)
+        return layout
 
     @property
     def loss_rate(self) -> float:
@@ -324,7 +334,7 @@ class LossyCollective:
         """One step. `contribution` is what this rank sends to the owners (gradients);
         `shared` is what owners broadcast and everyone receives into (the result, or the
         parameters). on_reduced(start, end, estimate) writes the owner's shard of `shared`."""
-        layout = Layout(contribution.size, self.world, self.transport.per_packet)
+        layout = self._layout(contribution.size)
         # Steps are numbered by the transport, so collectives sharing it (several
         # estimators, or a collective and RPS) never take each other's packets.
         step = self.transport.next_step()
@@ -417,7 +427,7 @@ class LossyCollective:
         import torch.distributed as dist
 
         flat = params.view(-1)
-        layout = Layout(flat.numel(), self.world, self.transport.per_packet)
+        layout = self._layout(flat.numel())
         for shard in range(self.world):
             start, end = layout.shard_bounds(shard)
             if end > start:

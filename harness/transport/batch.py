@@ -66,9 +66,13 @@ def sockaddr_in(address: str, port: int) -> np.ndarray:
 
 
 class BatchReceiver:
-    """Up to `batch` datagrams per recvmmsg into rows of one preallocated buffer."""
+    """Up to `batch` datagrams per recvmmsg into rows of one preallocated buffer. The
+    collective checks and applies a batch with a few dozen numpy calls whatever its size,
+    so larger batches cost less per datagram: at 4 MiB and MTU 9000 a rank got its ~750
+    datagrams per step in 13.5 batches of at most 64, and in 6 of at most 256 (profiled: 40%
+    less time in the batch handling)."""
 
-    def __init__(self, sock: socket.socket, slot_bytes: int, batch: int = 64):
+    def __init__(self, sock: socket.socket, slot_bytes: int, batch: int = 256):
         slot_bytes = -(-slot_bytes // 64) * 64  # rows aligned: payloads are read as float32
         self.fd, self.batch, self.slot_bytes = sock.fileno(), batch, slot_bytes
         self.data = np.zeros((batch, slot_bytes), np.uint8)
@@ -135,7 +139,17 @@ class BatchSender:
     def __init__(self, sock: socket.socket, segment_bytes: int = 0, segments: int = 1):
         self.fd = sock.fileno()
         self.segment_bytes, self.segments = segment_bytes, segments
-        self._names: dict[tuple[str, int], np.ndarray] = {}
+        self._names: dict[tuple[str, int], tuple[np.ndarray, int]] = {}  # and its address
+        self._grow(256)
+
+    def _grow(self, rows: int) -> None:
+        """Scratch arrays for `rows` packets, reused by every send: their addresses are
+        taken once (numpy's .ctypes costs about as much as the system call it feeds)."""
+        self._iov = np.empty((rows, 2 * IOVEC_WORDS), np.uint64)
+        self._msgs = np.zeros((rows, MMSGHDR_WORDS), np.uint64)
+        self._msgs[:, 1] = SOCKADDR_IN_BYTES
+        self._iov_at, self._msgs_at = self._iov.ctypes.data, self._msgs.ctypes.data
+        self._row = np.arange(rows, dtype=np.uint64)
 
     def send(self, destination: tuple[str, int], headers: np.ndarray, payload_addresses,
              payload_bytes: np.ndarray) -> tuple[int, int]:
@@ -143,26 +157,28 @@ class BatchSender:
         the kernel cut into several datagrams. `headers`: contiguous
         HEADER_DTYPE array; payload i is payload_bytes[i] bytes at payload_addresses[i]
         (memory the caller keeps alive through this call)."""
-        name = self._names.get(destination)
-        if name is None:
-            name = self._names[destination] = sockaddr_in(*destination)
+        named = self._names.get(destination)
+        if named is None:
+            name = sockaddr_in(*destination)
+            named = self._names[destination] = (name, name.ctypes.data)
         n = len(headers)
-        iov = np.empty((n, 2 * IOVEC_WORDS), np.uint64)
-        iov[:, 0] = headers.ctypes.data + hdr.HEADER_BYTES * np.arange(n, dtype=np.uint64)
+        if n > len(self._row):
+            self._grow(n)
+        iov = self._iov[:n]
+        iov[:, 0] = headers.ctypes.data + hdr.HEADER_BYTES * self._row[:n]
         iov[:, 1] = hdr.HEADER_BYTES
         iov[:, 2] = payload_addresses
         iov[:, 3] = payload_bytes
         first, packets = self._messages(np.asarray(payload_bytes, np.int64))
         m = len(first)
-        msgs = np.zeros((m, MMSGHDR_WORDS), np.uint64)
-        msgs[:, 0] = name.ctypes.data
-        msgs[:, 1] = SOCKADDR_IN_BYTES
-        msgs[:, 2] = iov.ctypes.data + 8 * 2 * IOVEC_WORDS * first.astype(np.uint64)
+        msgs = self._msgs[:m]
+        msgs[:, 0] = named[1]
+        msgs[:, 2] = self._iov_at + 8 * 2 * IOVEC_WORDS * first.astype(np.uint64)
         msgs[:, 3] = 2 * packets
         sent = failed = segmented = 0
         while sent < m:
             count = min(m - sent, MAX_SEND_BATCH)
-            done = _sendmmsg(self.fd, msgs.ctypes.data + 8 * MMSGHDR_WORDS * sent, count, 0)
+            done = _sendmmsg(self.fd, self._msgs_at + 8 * MMSGHDR_WORDS * sent, count, 0)
             if done > 0:
                 segmented += int(np.count_nonzero(packets[sent:sent + done] > 1))
                 sent += done
@@ -194,18 +210,16 @@ class BatchSender:
         """Which packets go in one message: (first packet of each message, packets in it).
         A message holds up to `segments` consecutive packets, all but its last exactly one
         segment long (the kernel cuts at every segment_bytes)."""
-        n = len(payload_bytes)
-        if self.segments <= 1 or n <= 1:
+        n, k = len(payload_bytes), self.segments
+        full = payload_bytes[:-1] + hdr.HEADER_BYTES == self.segment_bytes
+        if k <= 1 or n <= 1 or not full.any():  # e.g. end markers (headers only)
             return np.arange(n), np.ones(n, np.int64)
-        full = payload_bytes + hdr.HEADER_BYTES == self.segment_bytes
-        if not full[:-1].any():  # e.g. end markers (headers only): one datagram each
-            return np.arange(n), np.ones(n, np.int64)
-        if full[:-1].all():  # a shard: every packet full but maybe the last
-            starts = np.arange(0, n, self.segments)
-            return starts, np.diff(starts, append=n)
+        if full.all():  # a shard: every packet full but maybe the last
+            starts = np.arange(0, n, k)
+            return starts, np.minimum(k, n - starts)
         # runs end after each packet that is not full; each run is cut into messages
-        run = np.concatenate(([0], np.cumsum(~full[:-1])))
+        run = np.concatenate(([0], np.cumsum(~full)))
         run_start = np.flatnonzero(np.diff(run, prepend=-1))
         position = np.arange(n) - run_start[run]
-        starts = np.flatnonzero(position % self.segments == 0)
+        starts = np.flatnonzero(position % k == 0)
         return starts, np.diff(starts, append=n)

@@ -351,20 +351,18 @@ class UdpTransport:
         # each goes through _datagram, the others get the verdict it got.
         marker = (~plain & (sizes == hdr.HEADER_BYTES) & (heads["stage"] >= hdr.STAGE_REDUCE_END)
                   & (heads["fragments"] == 1))
-        first = np.flatnonzero(~plain & ~marker)
-        copies = np.zeros(n, dtype=np.int64)
-        if marker.any():
-            rows = np.flatnonzero(marker)
-            raw = np.ascontiguousarray(rx.data[rows, :hdr.HEADER_BYTES]).view(
-                f"V{hdr.HEADER_BYTES}")[:, 0]
-            unique, at, times = np.unique(raw, return_index=True, return_counts=True)
-            copies[rows[at]] = times - 1
-            first = np.sort(np.concatenate([first, rows[at]]))
-        for row in first.tolist():
+        first = np.flatnonzero(~plain & ~marker).tolist()
+        copies: dict[tuple, list[int]] = {}  # (marker, sender): [its first row, copies]
+        for row in np.flatnonzero(marker).tolist():
+            key = (rx.data[row, :hdr.HEADER_BYTES].tobytes(), address[row], port[row])
+            seen = copies.setdefault(key, [row, 0])
+            seen[1] += 1
+        extra = {row: times - 1 for row, times in copies.values()}
+        for row in sorted(first + list(extra)):
             sender = (socket.inet_ntoa(int(address[row]).to_bytes(4, "big")), int(port[row]))
             verdict = self._datagram(int(sizes[row]), sender, handle, memoryview(rx.data[row]))
-            if copies[row] and verdict is not None:
-                self._count(verdict, int(copies[row]))
+            if extra.get(row) and verdict is not None:
+                self._count(verdict, extra[row])
 
     def _receive_delivered(self, deadline, done, handle) -> None:
         while not done():
