@@ -103,13 +103,16 @@ class _Step:
     """What one rank expects and has received in one collective step."""
 
     def __init__(self, layout: Layout, step: int, bucket: int, rank: int,
-                 contribution: np.ndarray, shared: np.ndarray):
+                 contribution: np.ndarray, shared: np.ndarray, total: np.ndarray):
         self.layout, self.step, self.bucket, self.rank = layout, step, bucket, rank
         world, per_packet = layout.world, layout.per_packet
         self.own = layout.shard_bounds(rank)
         self.own_packets = layout.packets(rank)
-        # float32 sums, like gloo's: at 0% loss the result matches it to rounding
-        self.total = contribution[self.own[0]:self.own[1]].copy()
+        # float32 sums, like gloo's: at 0% loss the result matches it to rounding. `total`
+        # is the collective's buffer for this size, reused step after step: a fresh array
+        # per step cost more in page faults than the copy itself.
+        np.copyto(total, contribution[self.own[0]:self.own[1]])
+        self.total = total
 
         def last_floats(shard: int) -> int:
             size = layout.shard_size(shard)
@@ -286,6 +289,7 @@ class LossyCollective:
         self._reduce_expected = 0
         self._reduce_missing = 0
         self._layouts: dict[int, Layout] = {}
+        self._totals: dict[int, np.ndarray] = {}  # the reduce sums of the own shard, per size
 
     def _layout(self, numel: int) -> Layout:
         """The layout of a tensor size, made once: its packet tables take a while to build
@@ -308,10 +312,8 @@ class LossyCollective:
     def _send_shard(self, layout: Layout, x: np.ndarray, stage: int, shard: int, dest: int,
                     step: int, bucket: int) -> None:
         starts, ends = layout.packet_arrays(shard)
-        self.transport.send_packets(dest, stage, step, bucket, shard, x, starts, ends)
-        if len(starts) and self.end_copies and not self.transport.semantics.reliable:
-            self.transport.send_end(dest, stage, step, bucket, shard, len(starts),
-                                    self.end_copies)
+        copies = 0 if self.transport.semantics.reliable else self.end_copies
+        self.transport.send_packets(dest, stage, step, bucket, shard, x, starts, ends, copies)
 
     def _receive(self, state: _Step, until, budget: float) -> bool:
         """Receive until `until()` or the budget runs out; True if the deadline was hit."""
@@ -339,7 +341,11 @@ class LossyCollective:
         # estimators, or a collective and RPS) never take each other's packets.
         step = self.transport.next_step()
         self._align(step)
-        state = _Step(layout, step, bucket, self.rank, contribution, shared)
+        total = self._totals.get(contribution.size)
+        if total is None:
+            start, end = layout.shard_bounds(self.rank)
+            total = self._totals[contribution.size] = np.empty(end - start, np.float32)
+        state = _Step(layout, step, bucket, self.rank, contribution, shared, total)
         stash, self.transport.stash = self.transport.stash, []
         for head, payload in stash:  # packets of this step that came during the last one
             verdict = state.handle(head, memoryview(payload), self.transport.stash)
@@ -365,8 +371,10 @@ class LossyCollective:
         self._reduce_expected += reduce_expected
         self._reduce_missing += reduce_missing
         start, end = state.own
+        # rebuilt in place: the sums are not needed once the estimate is made
         on_reduced(start, end, rebuild(self.estimator, state.total, state.counts(),
-                                       contribution[start:end], self.world, self.loss_rate))
+                                       contribution[start:end], self.world, self.loss_rate,
+                                       out=state.total))
 
         # Broadcast: our shard to everyone, then wait for the others'.
         for dest in range(self.world):
@@ -417,8 +425,9 @@ class LossyCollective:
             raise ValueError("grads and params must have the same number of elements")
 
         def owner_step(start, end, estimate):
-            step_fn(start, end, torch.from_numpy(np.ascontiguousarray(estimate,
-                                                                      dtype=np.float32)))
+            # a copy: `estimate` lives in a buffer the next step reuses, and the optimizer
+            # may keep the gradient it was given (as .grad)
+            step_fn(start, end, torch.from_numpy(np.array(estimate, dtype=np.float32)))
 
         return self._run(_flat_numpy(grads), _flat_numpy(params), bucket, owner_step)
 

@@ -22,14 +22,18 @@ ESTIMATORS = ("zero_fill", "received_mean", "rescale")
 
 
 def rebuild(estimator: str, total: np.ndarray, count: np.ndarray, own: np.ndarray,
-            world: int, loss_rate: float) -> np.ndarray:
+            world: int, loss_rate: float, out: np.ndarray | None = None) -> np.ndarray:
     """The mean estimate per element. `count` is per element (own included, so >= 1), or
-    one number for every element."""
+    one number for every element. Written into `out` (which may be `total`) if given."""
     if estimator == "zero_fill":
-        return total / world
+        return np.divide(total, world, out=out)
     if estimator == "received_mean":
-        return total / count
+        return np.divide(total, count, out=out)
     if estimator == "rescale":
         keep = max(1.0 - loss_rate, 1e-3)
-        return (own + (total - own) / keep) / world
+        estimate = np.subtract(total, own, out=out)  # what the others sent ...
+        estimate /= keep                             # ... scaled up for what was lost
+        estimate += own
+        estimate /= world
+        return estimate
     raise ValueError(f"unknown estimator {estimator!r}: use one of {', '.join(ESTIMATORS)}")

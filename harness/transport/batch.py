@@ -217,6 +217,12 @@ class BatchSender:
         if full.all():  # a shard: every packet full but maybe the last
             starts = np.arange(0, n, k)
             return starts, np.minimum(k, n - starts)
+        lead = int(np.argmin(full))  # the first packet that is not full ends the first run
+        if not full[lead:].any():  # a shard and then its end markers (headers only)
+            starts = np.arange(0, lead + 1, k)
+            return (np.concatenate((starts, np.arange(lead + 1, n))),
+                    np.concatenate((np.minimum(k, lead + 1 - starts),
+                                    np.ones(n - lead - 1, np.int64))))
         # runs end after each packet that is not full; each run is cut into messages
         run = np.concatenate(([0], np.cumsum(~full)))
         run_start = np.flatnonzero(np.diff(run, prepend=-1))

@@ -202,25 +202,34 @@ class UdpTransport:
             self._transmit(dest, head, part)
 
     def send_packets(self, dest: int, stage: int, step: int, bucket: int, shard: int,
-                     x: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+                     x: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                     end_copies: int = 0) -> None:
         """All packets of one shard to `dest` at once (batched transports, no pacing):
-        packet i carries x[starts[i]:ends[i]] (float32), sent straight from x's memory."""
+        packet i carries x[starts[i]:ends[i]] (float32), sent straight from x's memory.
+        Then `end_copies` end markers (see send_end), in the same system call."""
+        n = len(starts)
         if not self.batched or self.rate_bytes_s:
             view = memoryview(x).cast("B")
             for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(),
                                                      strict=True)):
-                self.send(dest, stage, step, bucket, shard, index, len(starts),
-                          view[4 * start:4 * end])
+                self.send(dest, stage, step, bucket, shard, index, n, view[4 * start:4 * end])
+            if n and end_copies:
+                self.send_end(dest, stage, step, bucket, shard, n, end_copies)
             return
-        n = len(starts)
-        lengths = 4 * (ends - starts)
-        heads = self._batch_heads(n, stage, step, bucket, shard)
-        heads["index"], heads["count"], heads["length"] = np.arange(n), n, lengths
-        sent, segmented = self._tx.send(self.endpoints[dest], heads,
-                                        (x.ctypes.data + 4 * starts).astype(np.uint64), lengths)
+        copies = end_copies if n else 0
+        heads = self._batch_heads(n + copies, stage, step, bucket, shard)
+        lengths = np.zeros(n + copies, np.int64)
+        lengths[:n] = 4 * (ends - starts)
+        addresses = np.zeros(n + copies, np.uint64)
+        addresses[:n] = x.ctypes.data + 4 * starts
+        heads["index"][:n], heads["count"], heads["length"] = np.arange(n), n, lengths
+        heads["stage"][n:], heads["index"][n:] = hdr.END_OF[stage], n  # the end markers
+        sent, segmented = self._tx.send(self.endpoints[dest], heads, addresses, lengths)
         self.counters.segmented_sends += segmented
-        self.counters.packets_sent += sent
-        self.counters.bytes_sent += int(lengths[:sent].sum())
+        # (a datagram that could not go at all, e.g. no route, is taken as a marker here)
+        self.counters.packets_sent += min(sent, n)
+        self.counters.ends_sent += max(0, sent - n)
+        self.counters.bytes_sent += int(lengths[:min(sent, n)].sum())
 
     def send_end(self, dest: int, stage: int, step: int, bucket: int, shard: int, count: int,
                  copies: int) -> None:

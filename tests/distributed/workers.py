@@ -114,9 +114,10 @@ def die(r, at_send: int) -> dict:
             count(1)
             real_send(*args)
 
-        def send_packets(dest, stage, step, bucket, shard, x, starts, ends):  # batched path
+        def send_packets(dest, stage, step, bucket, shard, x, starts, ends,
+                         end_copies=0):  # the batched path
             count(len(starts))
-            real_send_packets(dest, stage, step, bucket, shard, x, starts, ends)
+            real_send_packets(dest, stage, step, bucket, shard, x, starts, ends, end_copies)
 
         r.transport.send, r.transport.send_packets = send, send_packets
     x = data(r.rank, 200_000)

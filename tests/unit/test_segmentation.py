@@ -38,6 +38,9 @@ def test_full_packets_go_in_sends_of_up_to_segments_and_a_short_one_ends_its_sen
     # the kernel cuts at every segment: a short packet can only be the last of its send
     assert grouping([full] * 9 + [40] + [full] * 3 + [12]) == ([0, 7, 10], [7, 3, 4])
     assert grouping([0] * 3) == ([0, 1, 2], [1, 1, 1])  # end markers: one datagram each
+    # a shard and its end markers in one call: the first marker may end the last send
+    assert grouping([full] * 9 + [0] * 3) == ([0, 7, 10, 11], [7, 3, 1, 1])
+    assert grouping([full] * 8 + [40] + [0] * 2) == ([0, 7, 9, 10], [7, 2, 1, 1])
     assert grouping([full] * 5, segments=1) == ([0, 1, 2, 3, 4], [1] * 5)
 
 
