@@ -83,6 +83,7 @@ class _Stage:
         self.base = np.array(base, dtype=np.int64)
         self.per_packet, self.target = per_packet, target
         self.got = np.zeros((len(expected), max(1, max(expected))), dtype=bool)
+        self.claims = np.empty(self.got.shape, dtype=np.int64)  # scratch of _Step._apply
         self.pending = self.expected.copy()
         self.ended = np.zeros(len(expected), dtype=bool)
         self.left = int(self.expected.sum())
@@ -200,11 +201,11 @@ class _Step:
                 & (length == 4 * floats))
         _tally(verdicts, MALFORMED, len(fits) - int(np.count_nonzero(fits)))
         sel = np.flatnonzero(fits)
-        # a duplicate: already here, or a second copy in this batch
-        key = source[sel] * st.got.shape[1] + index[sel]
-        first_copy = np.zeros(len(sel), dtype=bool)
-        first_copy[np.unique(key, return_index=True)[1]] = True
-        new = first_copy & ~st.got[source[sel], index[sel]]
+        # a duplicate: already here, or a second copy in this batch. Every packet claims its
+        # slot; one claim per slot stands (whichever: numpy does not say), the others lose.
+        src_sel, idx_sel, order = source[sel], index[sel], np.arange(len(sel))
+        st.claims[src_sel, idx_sel] = order
+        new = (st.claims[src_sel, idx_sel] == order) & ~st.got[src_sel, idx_sel]
         _tally(verdicts, DUPLICATE, len(sel) - int(np.count_nonzero(new)))
         sel = sel[new]
         if not len(sel):

@@ -116,6 +116,7 @@ class BatchReceiver:
 SOL_UDP, UDP_SEGMENT = 17, 103
 MAX_UDP_PAYLOAD = 65507  # one IPv4 datagram
 MAX_GSO_SEGMENTS = 64    # UDP_MAX_SEGMENTS of older kernels (6.x allow 128)
+MAX_PLANS = 256          # batch shapes a sender remembers (see BatchSender._messages)
 
 
 def enable_segmentation(sock: socket.socket, segment_bytes: int) -> int:
@@ -140,6 +141,7 @@ class BatchSender:
         self.fd = sock.fileno()
         self.segment_bytes, self.segments = segment_bytes, segments
         self._names: dict[tuple[str, int], tuple[np.ndarray, int]] = {}  # and its address
+        self._plans: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # see _messages
         self._grow(256)
 
     def _grow(self, rows: int) -> None:
@@ -195,6 +197,7 @@ class BatchSender:
                 log.warning("UDP segmentation refused (%s): sending datagram by datagram",
                             os.strerror(err))
                 self.segments = 1
+                self._plans.clear()
                 rest = int(first[sent])
                 went, _ = self.send(destination, headers[rest:], payload_addresses[rest:],
                                     payload_bytes[rest:])
@@ -209,7 +212,17 @@ class BatchSender:
     def _messages(self, payload_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Which packets go in one message: (first packet of each message, packets in it).
         A message holds up to `segments` consecutive packets, all but its last exactly one
-        segment long (the kernel cuts at every segment_bytes)."""
+        segment long (the kernel cuts at every segment_bytes). A collective sends the same
+        few shapes of batch over and over: each is worked out once."""
+        key = payload_bytes.tobytes()
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            plan = self._plans[key] = self._plan(payload_bytes)
+        return plan
+
+    def _plan(self, payload_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n, k = len(payload_bytes), self.segments
         full = payload_bytes[:-1] + hdr.HEADER_BYTES == self.segment_bytes
         if k <= 1 or n <= 1 or not full.any():  # e.g. end markers (headers only)

@@ -27,7 +27,7 @@ from tests.unit.test_transport_hostile import make_pair
 
 def grouping(payloads: list[int], segments: int = 7, segment_bytes: int = 144):
     sender = batch.BatchSender.__new__(batch.BatchSender)
-    sender.segments, sender.segment_bytes = segments, segment_bytes
+    sender.segments, sender.segment_bytes, sender._plans = segments, segment_bytes, {}
     first, packets = sender._messages(np.array(payloads))
     return first.tolist(), packets.tolist()
 
