@@ -16,9 +16,13 @@ Nobody waits for a retransmission. Each stage ends when every source has either 
 everything or said that it sent everything, or when its deadline passes. A source says so
 with end markers after its data (END_COPIES of them, as any one may be lost): a path keeps
 a source's packets in order, so what is still missing then was lost, and waiting longer
-would only add latency. The deadline remains for sources that fall silent (all markers lost,
-a rank stalled or dead). On a path that reorders (netem delay with jitter), a packet
-overtaken by the markers arrives after its stage ended and is counted late, not applied.
+would only add latency. Bursts of loss take the markers with the tail of the data they
+follow, so the news is told twice more, later: a source's broadcast packets (it broadcasts
+only after sending us all its reduce packets) end its reduce stage, and LATE_END_COPIES of
+its broadcast markers follow LATE_END_AFTER_S after its broadcast. The deadline remains for
+sources that fall silent (all markers lost, a rank stalled or dead). On a path that reorders
+(netem delay with jitter), a packet overtaken by the markers arrives after its stage ended
+and is counted late, not applied.
 Ranks start each step together through the rendezvous store (a
 reliable, unimpaired channel), so one rank's lateness never becomes another's loss; a rank
 that does not arrive has died, and the others stop with a clear error naming it.
@@ -51,6 +55,8 @@ MAX_STASH = 1 << 16
 # as p99 in a 40-step benchmark; with 8 (1e-8), 1 in 4 million. They cost 8 header-only
 # datagrams per shard sent, in one system call.
 END_COPIES = 8
+LATE_END_COPIES = 4       # copies of the broadcast's end markers sent again, later ...
+LATE_END_AFTER_S = 0.012  # ... this long after the broadcast (see _run)
 GO_KEYS = 3  # release keys of the step alignment, reused in turn (see _align)
 
 
@@ -104,8 +110,12 @@ class _Step:
     """What one rank expects and has received in one collective step."""
 
     def __init__(self, layout: Layout, step: int, bucket: int, rank: int,
-                 contribution: np.ndarray, shared: np.ndarray, total: np.ndarray):
+                 contribution: np.ndarray, shared: np.ndarray, total: np.ndarray,
+                 infer_ends: bool = True):
         self.layout, self.step, self.bucket, self.rank = layout, step, bucket, rank
+        # Take a source's broadcast as the end of its reduce packets to us (what end markers
+        # say, told again by every broadcast packet): off where paths reorder.
+        self.infer_ends = infer_ends
         world, per_packet = layout.world, layout.per_packet
         self.own = layout.shard_bounds(rank)
         self.own_packets = layout.packets(rank)
@@ -201,6 +211,9 @@ class _Step:
                 & (length == 4 * floats))
         _tally(verdicts, MALFORMED, len(fits) - int(np.count_nonzero(fits)))
         sel = np.flatnonzero(fits)
+        if stage == hdr.STAGE_BROADCAST and self.infer_ends:
+            # A source broadcasts only after it sent us its reduce packets, all of them.
+            self.reduce.ended[source[sel]] = True
         # a duplicate: already here, or a second copy in this batch. Every packet claims its
         # slot; one claim per slot stands (whichever: numpy does not say), the others lose.
         src_sel, idx_sel, order = source[sel], index[sel], np.arange(len(sel))
@@ -263,6 +276,8 @@ class _Step:
                 or head.index != head.count or head.length != 0):
             return MALFORMED
         st.ended[src] = True
+        if stage == hdr.STAGE_BROADCAST and self.infer_ends:
+            self.reduce.ended[src] = True  # as for its broadcast packets (see _apply)
         return END
 
 
@@ -316,6 +331,13 @@ class LossyCollective:
         copies = 0 if self.transport.semantics.reliable else self.end_copies
         self.transport.send_packets(dest, stage, step, bucket, shard, x, starts, ends, copies)
 
+    def _send_late_ends(self, layout: Layout, step: int, bucket: int) -> None:
+        count = layout.packets(self.rank)
+        for dest in range(self.world):
+            if dest != self.rank and count:
+                self.transport.send_end(dest, hdr.STAGE_BROADCAST, step, bucket, self.rank,
+                                        count, LATE_END_COPIES)
+
     def _receive(self, state: _Step, until, budget: float) -> bool:
         """Receive until `until()` or the budget runs out; True if the deadline was hit."""
         deadline = time.monotonic() + budget
@@ -346,7 +368,8 @@ class LossyCollective:
         if total is None:
             start, end = layout.shard_bounds(self.rank)
             total = self._totals[contribution.size] = np.empty(end - start, np.float32)
-        state = _Step(layout, step, bucket, self.rank, contribution, shared, total)
+        state = _Step(layout, step, bucket, self.rank, contribution, shared, total,
+                      infer_ends=self.end_copies > 0)
         stash, self.transport.stash = self.transport.stash, []
         for head, payload in stash:  # packets of this step that came during the last one
             verdict = state.handle(head, memoryview(payload), self.transport.stash)
@@ -389,7 +412,21 @@ class LossyCollective:
         bcast_budget = (reduce_since + reduce_budget - waiting_since
                         + (RC_STAGE_TIMEOUT_S if reliable
                            else self.deadline.budget("broadcast:" + kind)))
-        bcast_hit = self._receive(state, state.bcast.over, bcast_budget)
+        if self.end_copies and not reliable:
+            # Say again, a little later, that our broadcast went out. Under burst loss the
+            # markers right after the data often share its fate (a burst of 10 packets takes
+            # all 8). These go LATE_END_AFTER_S after the data, or when our own broadcast
+            # stage ends if sooner, by when a burst has usually ended (the burst profile
+            # ends them after 10 ms at most). A peer still waiting for our broadcast then
+            # stops waiting, instead of at its deadline.
+            first = min(bcast_budget, LATE_END_AFTER_S)
+            bcast_hit = self._receive(state, state.bcast.over, first)
+            self._send_late_ends(layout, step, bucket)
+            if bcast_hit and bcast_budget > first:
+                bcast_hit = self._receive(state, state.bcast.over,
+                                          waiting_since + bcast_budget - time.monotonic())
+        else:
+            bcast_hit = self._receive(state, state.bcast.over, bcast_budget)
         self.deadline.observe("broadcast:" + kind, max(state.bcast.last_at - waiting_since, 0.0))
 
         self.transport.counters.missing += reduce_missing + state.bcast.left

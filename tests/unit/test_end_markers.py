@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from harness.collectives.deadline import Deadline
-from harness.collectives.lossy import LossyCollective
+from harness.collectives.lossy import END_COPIES, LossyCollective
+from harness.transport import header as hdr
 from harness.transport.dropmask import DropMask
 from tests.unit.test_transport_hostile import make_pair
 
@@ -59,9 +60,10 @@ def test_under_loss_end_markers_end_stages_long_before_the_deadline():
         for s in step:  # ... yet no stage waited for its deadline
             assert not s.reduce_deadline_hit and not s.broadcast_deadline_hit, s
             assert s.seconds < DEADLINE_S / 2, s
-    # 3 steps x 2 stages x 4 copies to the one peer; the mask lost some of those received
-    assert all(c["ends_sent"] == 24 for c in counters), counters
-    assert all(0 < c["ends_received"] <= 24 for c in counters), counters
+    # 3 steps x (2 stages x 4 copies + 4 late copies of the broadcast's) to the one peer;
+    # the mask lost some of those received
+    assert all(c["ends_sent"] == 36 for c in counters), counters
+    assert all(0 < c["ends_received"] <= 36 for c in counters), counters
     assert all(c["late"] == 0 for c in counters), counters  # nothing came after its stage
 
 
@@ -108,3 +110,61 @@ def test_copies_of_an_end_marker_in_one_batch_get_the_verdict_of_the_first():
     finally:
         rx.close()
         tx.close()
+
+
+def tail_burst(stage: int):
+    """A drop mask that loses, in step 0, rank 1's last packet of `stage` to rank 0 and the
+    END_COPIES end markers sent right after it: a burst that takes the tail of a stream."""
+
+    class TailBurst(DropMask):
+        def __init__(self, seed, rate):
+            super().__init__(seed, 0.0)
+            self.markers_lost = 0
+
+        def drops(self, head):
+            if head.source != 1 or head.step != 0:
+                return False
+            if head.stage == stage and head.index == head.count - 1:
+                return True
+            if head.stage == hdr.END_OF[stage] and self.markers_lost < END_COPIES:
+                self.markers_lost += 1
+                return True
+            return False
+
+    return TailBurst(0, 0.0)
+
+
+def one_step_with(mask):
+    store, transports = make_pair(drop_mask=mask)
+    try:
+        collectives = [LossyCollective(t, store, deadline=Deadline(floor_s=DEADLINE_S,
+                                                                   ceiling_s=DEADLINE_S))
+                       for t in transports]
+        xs = [torch.ones(20_000) * (k + 1) for k in (0, 1)]
+        out = [None, None]
+        threads = [threading.Thread(target=rank_step, args=(collectives, k, xs[k], out))
+                   for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out[0]  # rank 0's StepStats
+    finally:
+        for t in transports:
+            t.close()
+
+
+def test_a_lost_reduce_tail_ends_when_its_source_broadcasts():
+    """All end markers of rank 1's reduce packets are lost with its last packet; rank 1's
+    broadcast, which it sends only after all its reduce packets, tells rank 0 the same."""
+    stats = one_step_with(tail_burst(hdr.STAGE_REDUCE))
+    assert stats.reduce_missing == 1
+    assert not stats.reduce_deadline_hit and stats.seconds < DEADLINE_S / 2, stats
+
+
+def test_a_lost_broadcast_tail_ends_with_the_late_end_markers():
+    """All end markers right after rank 1's broadcast are lost with its last packet; the
+    copies rank 1 sends again later end rank 0's wait."""
+    stats = one_step_with(tail_burst(hdr.STAGE_BROADCAST))
+    assert stats.broadcast_missing == 1
+    assert not stats.broadcast_deadline_hit and stats.seconds < DEADLINE_S / 2, stats
