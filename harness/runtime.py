@@ -21,6 +21,9 @@ from harness.transport.semantics import Semantics
 from harness.transport.udp import UdpTransport
 
 log = logging.getLogger(__name__)
+# How long a finished rank keeps its transports open for peers still finishing (more than
+# the lossy collective's 60 s RC stage timeout: a peer is never left without answers)
+CLOSE_WAIT_S = 90.0
 
 
 @dataclass
@@ -57,6 +60,12 @@ class Rank:
         import time
 
         failing = sys.exc_info()[0] is not None
+        # A peer may still need this rank's transports: under RC semantics it waits for the
+        # acknowledgement of its last datagrams, which only a running transport sends again
+        # when the first was lost. CI saw a rank give up after 60 s because its peer had
+        # finished and closed. So transports close once every rank is done (a failing rank
+        # says it is done, and waits for nobody).
+        self._wait_for_all("lossbed/done", 0.0 if failing else CLOSE_WAIT_S)
         self.transport.close()
         for other in (self.others or {}).values():
             other.close()
@@ -75,6 +84,20 @@ class Rank:
                 time.sleep(0.01)
         except Exception:
             pass  # a rank that died: nothing to wait for
+
+
+    def _wait_for_all(self, key: str, timeout_s: float) -> None:
+        """Count this rank in at `key` and wait until every rank is (or the timeout; a
+        store that is gone means rank 0 left, and there is no one left to wait for)."""
+        import time
+
+        try:
+            self.store.add(key, 1)
+            deadline = time.monotonic() + timeout_s
+            while int(self.store.add(key, 0)) < self.world and time.monotonic() < deadline:
+                time.sleep(0.01)
+        except Exception:
+            pass
 
 
 def _env(name: str, default: str | None = None) -> str:
