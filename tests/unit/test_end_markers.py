@@ -32,15 +32,8 @@ def run(end_copies: int, steps: int, seed: int = 11):
         for step in range(steps):
             xs = [torch.from_numpy(np.random.default_rng(step * 2 + k).standard_normal(
                 20_000).astype(np.float32)) for k in (0, 1)]
-            out = [None, None]
-            threads = [threading.Thread(target=rank_step, args=(collectives, k, xs[k], out))
-                       for k in (0, 1)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
             results.append(xs)
-            stats.append(out)
+            stats.append(step_both(collectives, xs))
         counters = [t.counters.to_dict() for t in transports]
     finally:
         for t in transports:
@@ -48,8 +41,19 @@ def run(end_copies: int, steps: int, seed: int = 11):
     return results, stats, counters
 
 
-def rank_step(collectives, k, x, out):
-    out[k] = collectives[k].allreduce(x)
+def step_both(collectives, xs) -> list:
+    """One all-reduce step of both ranks, each in its own thread; their StepStats."""
+    out = [None, None]
+
+    def rank_step(k):
+        out[k] = collectives[k].allreduce(xs[k])
+
+    threads = [threading.Thread(target=rank_step, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
 
 
 def test_under_loss_end_markers_end_stages_long_before_the_deadline():
@@ -140,15 +144,7 @@ def one_step_with(mask):
         collectives = [LossyCollective(t, store, deadline=Deadline(floor_s=DEADLINE_S,
                                                                    ceiling_s=DEADLINE_S))
                        for t in transports]
-        xs = [torch.ones(20_000) * (k + 1) for k in (0, 1)]
-        out = [None, None]
-        threads = [threading.Thread(target=rank_step, args=(collectives, k, xs[k], out))
-                   for k in (0, 1)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return out[0]  # rank 0's StepStats
+        return step_both(collectives, [torch.ones(20_000) * (k + 1) for k in (0, 1)])[0]
     finally:
         for t in transports:
             t.close()
