@@ -120,8 +120,7 @@ class _Step:
         self.own = layout.shard_bounds(rank)
         self.own_packets = layout.packets(rank)
         # float32 sums, like gloo's: at 0% loss the result matches it to rounding. `total`
-        # is the collective's buffer for this size, reused step after step: a fresh array
-        # per step cost more in page faults than the copy itself.
+        # is the collective's buffer for this size, reused step after step.
         np.copyto(total, contribution[self.own[0]:self.own[1]])
         self.total = total
 
@@ -304,17 +303,19 @@ class LossyCollective:
         self.key_prefix = key_prefix
         self._reduce_expected = 0
         self._reduce_missing = 0
-        self._layouts: dict[int, Layout] = {}
-        self._totals: dict[int, np.ndarray] = {}  # the reduce sums of the own shard, per size
+        # per tensor size: its layout and the buffer of the own shard's reduce sums
+        self._sizes: dict[int, tuple[Layout, np.ndarray]] = {}
 
-    def _layout(self, numel: int) -> Layout:
-        """The layout of a tensor size, made once: its packet tables take a while to build
-        and every step of a training run has the same sizes."""
-        layout = self._layouts.get(numel)
-        if layout is None:
-            layout = self._layouts[numel] = Layout(numel, self.world,
-                                                   self.transport.per_packet)
-        return layout
+    def _size(self, numel: int) -> tuple[Layout, np.ndarray]:
+        """The layout of a tensor size and its sums buffer, made once: the packet tables
+        take a while to build, a fresh 1 MiB buffer per step cost more in page faults than
+        its arithmetic, and every step of a training run has the same sizes."""
+        entry = self._sizes.get(numel)
+        if entry is None:
+            layout = Layout(numel, self.world, self.transport.per_packet)
+            start, end = layout.shard_bounds(self.rank)
+            entry = self._sizes[numel] = (layout, np.empty(end - start, np.float32))
+        return entry
 
     @property
     def loss_rate(self) -> float:
@@ -333,8 +334,10 @@ class LossyCollective:
 
     def _send_late_ends(self, layout: Layout, step: int, bucket: int) -> None:
         count = layout.packets(self.rank)
+        if not count:  # an empty shard: no broadcast, nothing to say about it
+            return
         for dest in range(self.world):
-            if dest != self.rank and count:
+            if dest != self.rank:
                 self.transport.send_end(dest, hdr.STAGE_BROADCAST, step, bucket, self.rank,
                                         count, LATE_END_COPIES)
 
@@ -359,15 +362,11 @@ class LossyCollective:
         """One step. `contribution` is what this rank sends to the owners (gradients);
         `shared` is what owners broadcast and everyone receives into (the result, or the
         parameters). on_reduced(start, end, estimate) writes the owner's shard of `shared`."""
-        layout = self._layout(contribution.size)
+        layout, total = self._size(contribution.size)
         # Steps are numbered by the transport, so collectives sharing it (several
         # estimators, or a collective and RPS) never take each other's packets.
         step = self.transport.next_step()
         self._align(step)
-        total = self._totals.get(contribution.size)
-        if total is None:
-            start, end = layout.shard_bounds(self.rank)
-            total = self._totals[contribution.size] = np.empty(end - start, np.float32)
         state = _Step(layout, step, bucket, self.rank, contribution, shared, total,
                       infer_ends=self.end_copies > 0)
         stash, self.transport.stash = self.transport.stash, []
@@ -474,7 +473,7 @@ class LossyCollective:
         import torch.distributed as dist
 
         flat = params.view(-1)
-        layout = self._layout(flat.numel())
+        layout, _ = self._size(flat.numel())
         for shard in range(self.world):
             start, end = layout.shard_bounds(shard)
             if end > start:
