@@ -73,9 +73,13 @@ class VMHost:
         sys.stdout.flush()
         return result.returncode
 
-    def popen(self, argv, **kwargs):
-        raise LossbedError(f"host {self.name} is a VM: long-running processes start through "
-                           "its exec channel (run), not as local children")
+    def popen(self, argv, *, env=None, cwd=None, **_):
+        """A long-running process in the VM (a rank), followed through the exec channel.
+        Its output comes as text lines; env adds to the guest's own environment."""
+        from testbed.vm.process import GuestProcess
+
+        return GuestProcess(Path(self.channel), argv, {"PYTHONPATH": self.project,
+                                                       **(env or {})}, cwd or self.project)
 
     def netlink(self):
         raise LossbedError(f"host {self.name} is a VM: its netlink work runs inside it "
@@ -277,7 +281,11 @@ def _qemu_argv(cluster: VMCluster, host: VMHost, index: int, kernel: Path, initr
     no_offloads = ",".join(f"{feature}=off" for feature in (
         "csum", "gso", "guest_csum", "guest_tso4", "guest_tso6", "guest_ecn", "guest_ufo",
         "host_tso4", "host_tso6", "host_ecn", "host_ufo", "mrg_rxbuf"))
-    accel = ["-enable-kvm"] if cluster.accel == "kvm" else ["-accel", "tcg"]
+    # The guest runs this machine's own Python packages, built for its CPU: numpy 2 needs
+    # x86-64-v2 (SSE4.2, POPCNT) at least, which qemu's default CPU model lacks (numpy
+    # dies of SIGILL there). "max" is every feature TCG emulates; "host" is the real CPU.
+    accel = (["-enable-kvm", "-cpu", "host"] if cluster.accel == "kvm"
+             else ["-accel", "tcg", "-cpu", "max"])
     return [
         image.QEMU, *accel, "-m", str(cluster.memory_mb), "-smp", "1",
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",

@@ -10,7 +10,11 @@ address), modules, rdma, ssh (host key and authorized key).
 
 The exec channel is a virtio-serial port named "lossbed.0": one JSON request per line
 ({"id", "argv", "stdin" (base64), "timeout"}), one JSON reply per line ({"id", "rc",
-"stdout", "stderr"} base64), requests served concurrently.
+"stdout", "stderr"} base64), requests served concurrently. Long-running processes (a
+training rank) are started with {"spawn": argv, "env", "cwd"}, which replies with their
+pid at once; {"poll": pid, "stdout_from", "stderr_from"} returns what they wrote since, and
+their exit code once they ended; {"kill": pid} ends their process group. Every call stays
+short, so the channel (qemu serves one client at a time) is never held by a process.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import glob
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -134,6 +139,7 @@ class Server:
         self.lock = threading.Lock()
         self.import_lock = threading.Lock()
         self.info = info
+        self.spawned: dict[int, tuple[subprocess.Popen, list[bytes], list[bytes]]] = {}
 
     def reply(self, message: dict) -> None:
         data = (json.dumps(message) + "\n").encode()
@@ -162,11 +168,60 @@ class Server:
             self.reply({"id": rid, "error": f"{type(err).__name__}: {err}", "type": "AgentCrash",
                         "traceback": traceback.format_exc()})
 
+    def spawn(self, rid, request: dict) -> None:
+        try:
+            proc = subprocess.Popen(
+                request["spawn"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, **request.get("env", {})}, cwd=request.get("cwd") or None)
+        except OSError as err:
+            self.reply({"id": rid, "error": str(err)})
+            return
+        out, err = [], []
+        readers = [threading.Thread(target=lambda f=stream, s=sink: s.extend(iter(f.readline,
+                                                                                  b"")),
+                                    daemon=True)
+                   for stream, sink in ((proc.stdout, out), (proc.stderr, err))]
+        for reader in readers:
+            reader.start()
+        self.spawned[proc.pid] = (proc, out, err, readers)
+        self.reply({"id": rid, "pid": proc.pid})
+
+    def poll(self, rid, request: dict) -> None:
+        """What a spawned process wrote since (whole lines), and its exit code once it ended
+        and everything it wrote was read."""
+        entry = self.spawned.get(request["poll"])
+        if entry is None:
+            self.reply({"id": rid, "error": f"no spawned process {request['poll']}"})
+            return
+        proc, out, err, readers = entry
+        code = proc.poll()
+        ended = code is not None and not any(r.is_alive() for r in readers)
+        o, e = len(out), len(err)  # the lines so far (the readers may still be appending)
+        self.reply({"id": rid, "rc": code if ended else None, "stdout_to": o, "stderr_to": e,
+                    "stdout": base64.b64encode(b"".join(out[request["stdout_from"]:o])).decode(),
+                    "stderr": base64.b64encode(b"".join(err[request["stderr_from"]:e])).decode()})
+        if ended:
+            del self.spawned[proc.pid]
+
+    def kill(self, rid, request: dict) -> None:
+        entry = self.spawned.get(request["kill"])
+        if entry is not None and entry[0].poll() is None:
+            try:
+                os.killpg(entry[0].pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.reply({"id": rid, "rc": 0})
+
     def handle(self, request: dict) -> None:
         rid = request.get("id")
         if "agent_op" in request:
             self.agent(rid, request)
             return
+        for op in ("spawn", "poll", "kill"):
+            if op in request:
+                getattr(self, op)(rid, request)
+                return
         if "argv" not in request:
             self.reply({"id": rid, "rc": 0, "info": self.info})
             return

@@ -87,6 +87,26 @@ def test_two_vms_come_up_with_their_own_kernel_and_exec_passes_output_and_codes(
 # over SSH in test_vm_over_ssh.py.
 
 
+def test_a_process_started_in_a_vm_streams_its_lines_and_its_group_can_be_killed(vms):
+    """What launching ranks on VM hosts rests on (testbed/vm/process.py): a process started
+    through the exec channel gives its output line by line while it runs, and its exit
+    code; a killed one takes its children with it, and the channel stays free meanwhile."""
+    h1 = vms.hosts[0]
+    proc = h1.popen(["sh", "-c", "echo one; echo two >&2; sleep 1; echo three; exit 3"])
+    lines = iter(proc.stdout)
+    assert next(lines) == "one\n"
+    assert proc.poll() is None  # still sleeping: the first line came while it ran
+    assert list(lines) == ["three\n"] and list(proc.stderr) == ["two\n"]
+    assert proc.wait(60) == 3
+
+    proc = h1.popen(["sh", "-c", "sleep 600 & sleep 600; echo never"])
+    time.sleep(1)
+    assert h1.run(["pgrep", "-c", "-x", "sleep"]).stdout.strip() == b"2"  # channel is free
+    proc.kill_group()
+    assert proc.wait(30) == -signal.SIGKILL and list(proc.stdout) == []
+    assert h1.run(["pgrep", "-x", "sleep"]).returncode == 1  # nothing left behind
+
+
 def test_netem_gilbert_elliott_between_vms_matches_loss_and_burst_length(vms):
     # 10% loss in bursts of 3: ~1,300 bursts in 40,000 packets. The mean burst's sd is
     # ~0.067 (10% = 4.5 sd); the loss's sd, inflated x4.4 for the chain's correlation, is
