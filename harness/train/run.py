@@ -30,11 +30,10 @@ log = logging.getLogger(__name__)
 
 def check(cfg: TrainConfig, cluster=None) -> None:
     """Every input problem, found before a process starts or a link is touched."""
-    if cfg.transport == "verbs":
-        from harness.verbs import device
-
-        device.require(cluster.hosts if cluster is not None else [])
     cfg.validate()
+    from harness.verbs import device
+
+    device.require_for([cfg.transport], cluster.hosts if cluster is not None else [])
     tok = tokenizers.load(cfg.tokenizer)
     text, source = load_text(cfg.corpus, cfg.hf_dataset)
     Corpus.build(text, tok, source, cfg.seq_len)
@@ -75,15 +74,18 @@ def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
         first = min(failed, key=lambda r: (r.returncode == -9, r.rank))
         raise LossbedError(f"training failed on rank {first.rank} ({first.host}), exit "
                            f"{first.returncode}:\n{first.stderr.strip()[-3000:]}")
-    lines = [json.loads(line) for line in results[0].stdout.strip().splitlines()
-             if line.startswith("{")]
+    printed = [[json.loads(line) for line in r.stdout.strip().splitlines()
+                if line.startswith("{")] for r in results]
+    lines = [x for x in printed[0] if "rank_metrics" not in x]  # rank 0's results, per run
+    # every rank's metrics, per run: each rank prints them after each run, in order
+    metrics = [[x["rank_metrics"] for x in rank if "rank_metrics" in x] for rank in printed]
     wall = time.monotonic() - started
-    return [record(cfg, cluster, profile, choice.backend, report, lines[i], work / f"run{i}",
-                   len(results), wall / len(cfgs)) for i, cfg in enumerate(cfgs)]
+    return [record(cfg, cluster, profile, choice.backend, report, lines[i],
+                   [m[i] for m in metrics], work / f"run{i}", wall / len(cfgs))
+            for i, cfg in enumerate(cfgs)]
 
 
-def record(cfg, cluster, profile, backend, report, result, work, world, wall_s) -> dict:
-    ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(world)]
+def record(cfg, cluster, profile, backend, report, result, ranks, work, wall_s) -> dict:
     step_us, collective_us = Histogram(), Histogram()
     for m in ranks:
         step_us.merge(Histogram.from_dict(m["step_us"]))
@@ -106,6 +108,8 @@ def record(cfg, cluster, profile, backend, report, result, work, world, wall_s) 
         "losses": ranks[0]["losses"],
         "ppl": result["ppl"], "ppl_rank0": result["ppl_rank0"], "drift": result["drift"],
         "packets_sent": sent, "packets_lost": missing,
+        # RDMA transports: the devices' own counts (retransmissions, sequence errors, ...)
+        "device_counters": _sum_counts(m.get("device_counters", {}) for m in ranks),
         "bytes_sent": sum(m["counters"]["bytes_sent"] for m in ranks),
         "measured_loss": dropped / seen if seen else 0.0,
         "measured_loss_interval": interval,
@@ -113,6 +117,14 @@ def record(cfg, cluster, profile, backend, report, result, work, world, wall_s) 
         "parameters": result["parameters"], "corpus": result["corpus"],
         "model_sha": result["model_sha"], "wall_s": wall_s, "work_dir": str(work),
     }
+
+
+def _sum_counts(counts) -> dict:
+    total: dict[str, int] = {}
+    for one in counts:
+        for key, value in one.items():
+            total[key] = total.get(key, 0) + value
+    return total
 
 
 def _ms(h: Histogram) -> dict:

@@ -161,10 +161,15 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
         "rank": r.rank, "losses": losses, "train_s": train_s,
         "step_us": step_us.to_dict(), "collective_us": timing.collective_us.to_dict(),
         "counters": {k: after[k] - before[k] for k in after},
+        # RDMA queue pairs: what the device counted (retransmissions, sequence errors, ...)
+        "device_counters": getattr(transport, "device_counters", dict)(),
         "tokens": cfg.steps * cfg.batch * cfg.seq_len,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"rank{r.rank}.json").write_text(json.dumps(metrics))
+    # ... and on stdout, which the controller always gets: a host's folders may not be the
+    # controller's (a VM writes into its own memory; a cluster may share no file system)
+    print(json.dumps({"rank_metrics": metrics}), flush=True)
     if r.rank != 0:
         return None
     torch.save(own, out_dir / "rank0_params.pt")
