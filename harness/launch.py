@@ -23,6 +23,9 @@ from testbed.errors import LossbedError
 
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Set in the controller's environment, passed to every rank: the seeded receiver-side drop
+# mask (SEED:RATE), the RDMA device of the verbs transport, the reliable baseline's backend
+FORWARDED = ("LOSSBED_DROP_MASK", "LOSSBED_RDMA_DEVICE", "LOSSBED_BACKEND")
 
 
 @dataclass
@@ -55,6 +58,9 @@ def rank_env(cluster, rank: int, extra: dict | None = None) -> dict:
         "LOSSBED_MTU": str(cluster.mtu),
         "PYTHONPATH": str(getattr(host, "project", PROJECT_ROOT)), "OMP_NUM_THREADS": "1",
     }
+    for name in FORWARDED:  # the controller's choices, for ranks that do not inherit them
+        if os.environ.get(name):
+            env[name] = os.environ[name]
     env.update(extra or {})
     return env
 
@@ -70,6 +76,14 @@ def transport_env(profile) -> dict:
     return {"LOSSBED_UDP_SEGMENTATION": "1" if profile.direction == "ingress" else "0"}
 
 
+def _kill(proc) -> None:
+    """SIGKILL to a rank's process group (a VM's rank: in the VM, see testbed/vm/process.py)."""
+    if isinstance(proc, subprocess.Popen):
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.kill_group()
+
+
 def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
         extra_env: dict | None = None, echo_rank0=None) -> list[RankResult]:
     """Run `python -m module args` as one rank per host and wait for all. If one fails, the
@@ -78,10 +92,11 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
     procs = []
     slots = rank_slots(cluster)
     remote = getattr(cluster, "kind", "") == "remote"
+    local = getattr(cluster, "kind", "") not in ("remote", "vm")
     try:
         for rank, (host, _) in enumerate(slots):
             env = rank_env(cluster, rank, extra_env)
-            if not remote:  # a local rank inherits this environment; a remote one does not
+            if local:  # a local rank inherits this environment; a remote or VM one has its own
                 env = {**os.environ, **env}
             python = getattr(host, "python", sys.executable) if remote else sys.executable
             procs.append(host.popen([python, "-m", module, *args], env=env,
@@ -121,7 +136,7 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
     finally:
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                _kill(p)
         for p in procs:
             p.wait()
     for t in threads:

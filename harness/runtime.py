@@ -2,9 +2,11 @@
 environment, a TCPStore for rendezvous, a gloo process group (the reliable baseline and
 resyncs), and lossbed's UDP transport bound to the host's address on the emulated link
 (LOSSBED_ADDRESS; LOSSBED_MTU), with the loss semantics of LOSSBED_TRANSPORT (udp,
-roce-ud, roce-uc[:BYTES], roce-rc[:BYTES]), an optional seeded receiver-side drop mask
-(LOSSBED_DROP_MASK=SEED:RATE), and UDP segmentation offload where the controller says the
-impairment allows it (LOSSBED_UDP_SEGMENTATION=1, see launch.transport_env)."""
+roce-ud, roce-uc[:BYTES], roce-rc[:BYTES]; or real RDMA queue pairs instead: verbs-ud,
+verbs-uc[:BYTES], verbs-rc[:BYTES], see harness/verbs/transport.py), an optional seeded
+receiver-side drop mask (LOSSBED_DROP_MASK=SEED:RATE), and UDP segmentation offload where
+the controller says the impairment allows it (LOSSBED_UDP_SEGMENTATION=1, see
+launch.transport_env)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from harness.transport.dropmask import DropMask
+from harness.transport.dropmask import DropMask, parse_drop_mask
 from harness.transport.semantics import Semantics
 from harness.transport.udp import UdpTransport
 
@@ -46,9 +48,9 @@ class Rank:
             return self.transport
         self.others = self.others or {}
         if wanted not in self.others:
-            self.others[wanted] = UdpTransport(
-                self.rank, self.world, self.address, self.store, mtu=self.mtu,
-                semantics=wanted, drop_mask=self.drop_mask, segmentation=self.segmentation,
+            self.others[wanted] = make_transport(
+                self.rank, self.world, self.address, self.store, wanted, mtu=self.mtu,
+                drop_mask=self.drop_mask, segmentation=self.segmentation,
                 key_prefix=f"lossbed/udp/{wanted}")
         return self.others[wanted]
 
@@ -123,20 +125,26 @@ def start(timeout_s: float = 60.0, rate_mbit: float = 0.0, transport: str | None
     mask = parse_drop_mask(drop_mask or os.environ.get("LOSSBED_DROP_MASK"))
     address, mtu = _env("LOSSBED_ADDRESS", master), int(_env("LOSSBED_MTU", "1500"))
     segmentation = os.environ.get("LOSSBED_UDP_SEGMENTATION", "0") == "1"
-    udp = UdpTransport(rank, world, address, store, mtu=mtu, rate_mbit=rate_mbit,
-                       semantics=semantics, drop_mask=mask, segmentation=segmentation)
-    return Rank(rank, world, store, udp, address=address, mtu=mtu, drop_mask=mask,
+    transport = make_transport(rank, world, address, store, semantics, mtu=mtu,
+                               rate_mbit=rate_mbit, drop_mask=mask, segmentation=segmentation)
+    return Rank(rank, world, store, transport, address=address, mtu=mtu, drop_mask=mask,
                 segmentation=segmentation)
 
 
-def parse_drop_mask(text: str | None) -> DropMask | None:
-    if not text:
-        return None
-    seed, _, rate = text.partition(":")
-    try:
-        return DropMask(int(seed), float(rate))
-    except ValueError:
-        raise SystemExit(f"LOSSBED_DROP_MASK={text!r}: write SEED:RATE, e.g. 7:0.1") from None
+def make_transport(rank: int, world: int, address: str, store, semantics: Semantics, *,
+                   mtu: int, drop_mask: DropMask | None, segmentation: bool,
+                   rate_mbit: float = 0.0, key_prefix: str = "lossbed/udp"):
+    """The transport for `semantics`: RDMA queue pairs for verbs-*, else UDP datagrams."""
+    if semantics.verbs:
+        from harness.verbs.transport import VerbsTransport
+
+        if rate_mbit:
+            raise SystemExit(f"{semantics}: pacing (--rate-mbit) is for the UDP transport; "
+                             "an RDMA device paces itself")
+        return VerbsTransport(rank, world, address, store, semantics, drop_mask=drop_mask)
+    return UdpTransport(rank, world, address, store, mtu=mtu, rate_mbit=rate_mbit,
+                        semantics=semantics, drop_mask=drop_mask, segmentation=segmentation,
+                        key_prefix=key_prefix)
 
 
 def run_and_exit(main) -> None:

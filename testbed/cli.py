@@ -372,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, or cuda (GPU hosts)")
     p.add_argument("--transport", default="udp",
                    help="loss semantics of the lossy variants: udp, roce-ud, roce-uc[:BYTES], "
-                        "roce-rc[:BYTES], or verbs (real RDMA queue pairs)")
+                        "roce-rc[:BYTES]; or real RDMA queue pairs: verbs-ud, verbs-uc[:BYTES], "
+                        "verbs-rc[:BYTES] (verbs = verbs-uc)")
     p.add_argument("--resync-every", type=int, default=0,
                    help="unbiased_drift: reliable parameter resync every K steps (0: never)")
     p.add_argument("--eval-tokens", type=int, default=0, help="0: the whole held-out split")

@@ -89,6 +89,9 @@ def run(cluster, spec: BenchSpec, progress=print) -> list[dict]:
     spec.validate()
     if len(cluster.hosts) < 2:
         raise UsageError("--hosts", "a collective needs 2 or more hosts", "Use --hosts 4")
+    from harness.verbs import device
+
+    device.require_for([a.partition("@")[2] for a in spec.algorithms], cluster.hosts)
     sizes = [max(int(s * MIB) // 4 * 4, 4) for s in spec.sizes_mib]
     raw_pps = raw_udp_rate(cluster)
     cases = [("clean", 0.0)] if 0.0 in spec.losses else []

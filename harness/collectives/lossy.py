@@ -34,15 +34,20 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from harness.collectives.deadline import Deadline
 from harness.collectives.layout import Layout
 from harness.collectives.rebuild import ESTIMATORS, rebuild
 from harness.transport import header as hdr
 from harness.transport.udp import APPLIED, DUPLICATE, END, FUTURE, MALFORMED, STALE
+
+if TYPE_CHECKING:
+    # torch is imported only where tensors come in: the collective itself is numpy's, and a
+    # host that runs it torch-free (a VM under TCG) saves the minute torch takes to import
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -444,8 +449,9 @@ class LossyCollective:
 
     # ---- what callers use ---------------------------------------------------------------
 
-    def allreduce(self, tensor: torch.Tensor, bucket: int = 0) -> StepStats:
-        """In place: `tensor` becomes the estimated mean over ranks (gradient mode)."""
+    def allreduce(self, tensor: torch.Tensor | np.ndarray, bucket: int = 0) -> StepStats:
+        """In place: `tensor` (or a float32 numpy array) becomes the estimated mean over
+        ranks (gradient mode)."""
         x = _flat_numpy(tensor)
 
         def write_mean(start, end, estimate):
@@ -460,6 +466,8 @@ class LossyCollective:
         parameters are broadcast. A rank that misses a packet keeps its stale parameters."""
         if grads.numel() != params.numel():
             raise ValueError("grads and params must have the same number of elements")
+
+        import torch
 
         def owner_step(start, end, estimate):
             # a copy: `estimate` lives in a buffer the next step reuses, and the optimizer
@@ -546,7 +554,14 @@ class LossyCollective:
             return []
 
 
-def _flat_numpy(tensor: torch.Tensor) -> np.ndarray:
+def _flat_numpy(tensor: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(tensor, np.ndarray):
+        if tensor.dtype != np.float32 or not tensor.flags.c_contiguous:
+            raise ValueError("the lossy collective works on contiguous float32 arrays (got "
+                             f"{tensor.dtype}, contiguous={tensor.flags.c_contiguous})")
+        return tensor.reshape(-1)
+    import torch
+
     if tensor.dtype != torch.float32 or tensor.device.type != "cpu" \
             or not tensor.is_contiguous():
         raise ValueError("the lossy collective works on contiguous float32 CPU tensors "

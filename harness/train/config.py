@@ -51,8 +51,7 @@ class TrainConfig:
                                  "too small", "Use 1 or more")
         from harness.transport.semantics import Semantics
 
-        if self.transport != "verbs":  # verbs is checked on the hosts (harness.verbs.device)
-            Semantics.parse(self.transport)
+        Semantics.parse(self.transport)  # verbs-*: the hosts' devices are checked by run.check
         if self.device not in ("cpu", "cuda"):
             raise UsageError("--device", f"unknown device {self.device!r}", "Use cpu or cuda")
         if self.optimizer not in ("adamw", "sgd"):

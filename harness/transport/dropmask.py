@@ -41,3 +41,14 @@ class DropMask:
         if drop:
             self.dropped.append(pos + (attempt,))
         return drop
+
+
+def parse_drop_mask(text: str | None) -> DropMask | None:
+    """LOSSBED_DROP_MASK / --drop-mask: SEED:RATE, or nothing for no mask."""
+    if not text:
+        return None
+    seed, _, rate = text.partition(":")
+    try:
+        return DropMask(int(seed), float(rate))
+    except ValueError:
+        raise SystemExit(f"drop mask {text!r}: write SEED:RATE, e.g. 7:0.1") from None

@@ -9,7 +9,15 @@
                gap, go-back-N retransmission from the first missing packet, a timeout
                when the NAK itself is lost. Everything arrives, in order; loss costs time.
 
-Written as NAME or NAME:BYTES (roce-uc:65536).
+The same three semantics over real RDMA queue pairs (harness/verbs/transport.py), where
+the loss is the network's and the hardware's, not lossbed's emulation:
+
+    verbs-ud   a UD queue pair: one message per packet, sized to the device's path MTU
+    verbs-uc   UC queue pairs, one per peer: messages of MESSAGE bytes (default 64 KiB)
+    verbs-rc   RC queue pairs: the device retransmits (go-back-N in RoCE without PFC)
+    verbs      verbs-uc
+
+Written as NAME or NAME:BYTES (roce-uc:65536, verbs-uc:8192).
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ from harness.transport import header as hdr
 from testbed.errors import UsageError
 
 ROCE_PACKET_BYTES = 4096  # RoCE's largest path MTU
-NAMES = ("udp", "roce-ud", "roce-uc", "roce-rc")
+NAMES = ("udp", "roce-ud", "roce-uc", "roce-rc", "verbs-ud", "verbs-uc", "verbs-rc")
+SIZED = ("roce-uc", "roce-rc", "verbs-uc", "verbs-rc")  # the names that take :BYTES
 DEFAULT_MESSAGE_BYTES = 64 * 1024
 
 
@@ -33,15 +42,15 @@ class Semantics:
     def parse(cls, text: str) -> Semantics:
         name, _, size = text.partition(":")
         if name == "verbs":
-            raise UsageError("--transport", "verbs needs an RDMA device on every host",
-                             "It is checked per host by lossbed train (harness.verbs.device)")
+            name = "verbs-uc"
         if name not in NAMES:
             raise UsageError("--transport", f"unknown transport semantics {text!r}",
-                             f"Use one of: {', '.join(NAMES)} (roce-uc:BYTES sets the message)")
+                             f"Use one of: {', '.join(NAMES)}, verbs (roce-uc:BYTES sets the "
+                             "message)")
         if size:
-            if name not in ("roce-uc", "roce-rc"):
+            if name not in SIZED:
                 raise UsageError("--transport", f"{name} has no message size",
-                                 "Only roce-uc and roce-rc take :BYTES")
+                                 f"Only {', '.join(SIZED)} take :BYTES")
             try:
                 message = int(size)
             except ValueError:
@@ -55,7 +64,17 @@ class Semantics:
 
     @property
     def reliable(self) -> bool:
-        return self.name == "roce-rc"
+        return self.name in ("roce-rc", "verbs-rc")
+
+    @property
+    def verbs(self) -> bool:
+        """Real RDMA queue pairs (harness/verbs/transport.py), not UDP datagrams."""
+        return self.name.startswith("verbs-")
+
+    @property
+    def queue_pair(self) -> str:
+        """ud, uc or rc: the RDMA queue pair type whose semantics these are ("" for udp)."""
+        return self.name.rpartition("-")[2] if "-" in self.name else ""
 
     def fragment_floats(self, mtu: int) -> int:
         """float32 values per datagram."""
@@ -69,6 +88,6 @@ class Semantics:
         return self.fragment_floats(mtu)
 
     def __str__(self) -> str:
-        if self.name in ("roce-uc", "roce-rc"):
+        if self.name in SIZED:
             return f"{self.name}:{self.message_bytes}"
         return self.name

@@ -82,6 +82,30 @@ class TransportError(RuntimeError):
     pass
 
 
+def count_verdict(c: Counters, verdict: str, count: int = 1) -> None:
+    """Count `count` units that a packet handler gave `verdict`."""
+    if verdict == QUEUED:
+        return  # counted when the collective takes it from the queue
+    if verdict == APPLIED:
+        c.packets_received += count
+    elif verdict == DUPLICATE:
+        c.duplicates += count
+    elif verdict == STALE:
+        c.late += count
+    elif verdict == FUTURE:
+        c.future += count
+    elif verdict == "early":
+        c.early += count
+    elif verdict == END:
+        c.ends_received += count
+    elif verdict == FOREIGN:
+        c.foreign += count
+    elif verdict == MASKED:
+        c.masked += count
+    else:
+        c.malformed += count
+
+
 class UdpTransport:
     """segmentation=True lets batched sends hand the kernel up to ~64 KB at a time, cut
     into MTU-sized datagrams by UDP GSO after the sender's own hooks. Every datagram still
@@ -464,27 +488,7 @@ class UdpTransport:
         return verdict
 
     def _count(self, verdict: str, count: int = 1) -> None:
-        c = self.counters
-        if verdict == QUEUED:
-            return  # counted when the collective takes it from the queue
-        if verdict == APPLIED:
-            c.packets_received += count
-        elif verdict == DUPLICATE:
-            c.duplicates += count
-        elif verdict == STALE:
-            c.late += count
-        elif verdict == FUTURE:
-            c.future += count
-        elif verdict == "early":
-            c.early += count
-        elif verdict == END:
-            c.ends_received += count
-        elif verdict == FOREIGN:
-            c.foreign += count
-        elif verdict == MASKED:
-            c.masked += count
-        else:
-            c.malformed += count
+        count_verdict(self.counters, verdict, count)
 
     def _reassemble(self, head: hdr.Header, payload: memoryview):
         """A message's fragments, copied aside until all are there; then the whole message.

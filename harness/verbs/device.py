@@ -1,10 +1,24 @@
-"""Is there an RDMA device on a host? (`--transport verbs` asks before anything starts.)"""
+"""Is there an RDMA device on every host? (`--transport verbs-*` asks before anything starts.)"""
 
 from __future__ import annotations
 
-from testbed.errors import EnvironmentProblem, LossbedError
+import sys
 
-PYVERBS_CHECK = ["/usr/bin/python3", "-c", "import pyverbs.device"]
+from harness.verbs.api import SYSTEM_PACKAGES
+from testbed.errors import EnvironmentProblem
+
+# What the ranks will do (harness/verbs/api.py): load pyverbs in the Python that runs them,
+# from the system's packages if it has none of its own
+PYVERBS_CHECK = [sys.executable, "-c", "import sys\ntry:\n import pyverbs.device\nexcept "
+                 f"ImportError:\n sys.path.append('{SYSTEM_PACKAGES}')\n import pyverbs.device"]
+
+
+def require_for(transports: list[str], hosts) -> None:
+    """require(hosts) if any of `transports` (as --transport takes them) is a verbs one."""
+    from harness.transport.semantics import Semantics
+
+    if any(Semantics.parse(t).verbs for t in transports if t):
+        require(hosts)
 
 
 def require(hosts) -> None:
@@ -17,12 +31,10 @@ def require(hosts) -> None:
                 "(/sys/class/infiniband is empty). Use VM hosts with Soft-RoCE "
                 "(lossbed up --kind vm --rdma) or hosts with RDMA NICs; the emulated "
                 "semantics roce-ud, roce-uc and roce-rc need none")
-        if host.run(PYVERBS_CHECK).returncode != 0:
+        python = getattr(host, "python", None)
+        check = [python, *PYVERBS_CHECK[1:]] if python else PYVERBS_CHECK
+        loaded = host.run(check)
+        if loaded.returncode != 0:
             raise EnvironmentProblem(
-                f"--transport verbs: host {host.name} has {', '.join(devices)} but no "
-                "pyverbs: install rdma-core and python3-pyverbs there")
-    raise LossbedError(
-        "--transport verbs: the RDMA devices are there, but the lossy collectives do not "
-        "run over verbs queue pairs yet; use roce-ud, roce-uc or roce-rc (emulated on "
-        "UDP); over real queue pairs, python3 -m harness.verbs.collective runs the lossy "
-        "all-reduce between two hosts (torch-free), and harness.verbs.transfer moves messages")
+                f"--transport verbs: host {host.name} has {', '.join(devices)} but its ranks' "
+                f"Python cannot load pyverbs: {loaded.stderr.decode().strip()[-300:]}")

@@ -20,7 +20,6 @@ import json
 import socket
 import sys
 import time
-from types import SimpleNamespace
 
 CONTROL_PORT = 29499
 UD_GRH_BYTES = 40  # a UD receive buffer starts with the 40-byte global route header
@@ -29,21 +28,12 @@ PORT_NUM = 1
 
 
 def _verbs():
+    from harness.verbs import api
+
     try:
-        import pyverbs.enums as e
-        from pyverbs.addr import AH, AHAttr, GlobalRoute
-        from pyverbs.cq import CQ
-        from pyverbs.device import Context
-        from pyverbs.mr import MR
-        from pyverbs.pd import PD
-        from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
-        from pyverbs.wr import SGE, RecvWR, SendWR
-    except ImportError as err:
-        raise SystemExit(f"pyverbs is missing ({err}): install python3-pyverbs and rdma-core, "
-                         "and run with the system python3") from None
-    return SimpleNamespace(e=e, AH=AH, AHAttr=AHAttr, GlobalRoute=GlobalRoute, CQ=CQ,
-                           Context=Context, MR=MR, PD=PD, QP=QP, QPAttr=QPAttr, QPCap=QPCap,
-                           QPInitAttr=QPInitAttr, SGE=SGE, RecvWR=RecvWR, SendWR=SendWR)
+        return api.load()
+    except api.VerbsMissing as err:
+        raise SystemExit(str(err)) from None
 
 
 def pattern(seq: int, size: int) -> bytes:
@@ -116,9 +106,7 @@ class Endpoint:
 
 
 def _gid(text: str):
-    from pyverbs.addr import GID
-
-    return GID(text)
+    return _verbs().GID(text)
 
 
 def _control_server(port: int) -> socket.socket:

@@ -4,6 +4,7 @@ netem loss. Its own module, so its VMs never run beside another module's (2 core
 from __future__ import annotations
 
 import json
+import sys
 import threading
 
 import pytest
@@ -71,20 +72,19 @@ def test_under_loss_uc_loses_whole_messages_and_ud_single_packets(rdma_vms):
     assert ud["completed"] == ud["intact"], ud
 
 
-def verbs_allreduce(cluster, qp: str, message_bytes: int, numel: int) -> list[dict]:
-    """The lossy all-reduce of harness.verbs.collective between h1 (rank 0) and h2 (rank 1),
-    over real queue pairs; each rank's report."""
+def verbs_allreduce(cluster, transport: str, numel: int, steps: int = 2) -> list[dict]:
+    """lossbed's lossy all-reduce (LossyCollective over the verbs transport, torch-free)
+    between h1 (rank 0) and h2 (rank 1), over real queue pairs; each rank's report."""
     h1, h2 = cluster.hosts
     out = {}
 
-    def rank(k, host, peer):
-        out[k] = host.run(["/usr/bin/python3", "-m", "harness.verbs.collective", "--rank",
-                           str(k), "--qp", qp, "--address", host.address, "--peer",
-                           peer.address, "--numel", str(numel), "--message-bytes",
-                           str(message_bytes)], timeout=300)
+    def rank(k, host):
+        out[k] = host.run([sys.executable, "-m", "harness.verbs.collective", "--rank", str(k),
+                           "--world", "2", "--address", host.address, "--store", h1.address,
+                           "--transport", transport, "--numel", str(numel),
+                           "--steps", str(steps)], timeout=300)
 
-    threads = [threading.Thread(target=rank, args=(0, h1, h2)),
-               threading.Thread(target=rank, args=(1, h2, h1))]
+    threads = [threading.Thread(target=rank, args=(k, h)) for k, h in enumerate(cluster.hosts)]
     for t in threads:
         t.start()
     for t in threads:
@@ -94,43 +94,84 @@ def verbs_allreduce(cluster, qp: str, message_bytes: int, numel: int) -> list[di
     return [json.loads(out[k].stdout) for k in (0, 1)]
 
 
-def test_lossy_allreduce_over_ud_and_uc_queue_pairs_is_exact_without_loss(rdma_vms):
-    for qp, message_bytes in (("ud", 1024), ("uc", 8192)):
-        for r in verbs_allreduce(rdma_vms, qp, message_bytes, numel=8000):
-            assert r["reduce_arrived"] == r["reduce_messages"] > 0, r
-            assert r["broadcast_arrived"] == r["broadcast_messages"] > 0, r
-            assert r["exact"] and r["error_completions"] == 0, r
+def lost(reports: list[dict]) -> float:
+    """The fraction of messages (data, not end markers) that never arrived, over all ranks
+    and steps."""
+    steps = [s for r in reports for s in r["steps"]]
+    expected = sum(s["reduce_messages"] + s["broadcast_messages"] for s in steps)
+    return sum(s["reduce_lost"] + s["broadcast_lost"] for s in steps) / expected
+
+
+def test_lossy_allreduce_over_ud_uc_and_rc_queue_pairs_is_exact_without_loss(rdma_vms):
+    for transport in ("verbs-ud", "verbs-uc:8192", "verbs-rc:8192"):
+        reports = verbs_allreduce(rdma_vms, transport, numel=8000)
+        for r in reports:
+            assert r["counters"]["malformed"] == r["counters"]["foreign"] == 0, r
+            for step in r["steps"]:
+                assert step["reduce_messages"] > 0 and step["broadcast_messages"] > 0, r
+                assert step["reduce_lost"] == step["broadcast_lost"] == 0, r
+                assert step["exact"] and step["consistent"], r
+        # UD's message is one packet of the path MTU (1024 B on a 1500-byte link)
+        assert reports[0]["message_bytes"] == (1024 if transport == "verbs-ud" else 8192)
 
 
 def test_lossy_allreduce_under_loss_ud_loses_packets_uc_whole_messages_rc_nothing(rdma_vms):
-    """5% packet loss (netem): UD messages of 1 KiB are one packet each, UC messages of 8 KiB
-    are 8 (a message is lost with 1-0.95^8 = 34%). Whatever was lost, every value on every
-    rank is one the received-mean estimator may give for what arrived (nothing partial is
-    ever used); RC retransmits until the result is exact."""
+    """5% packet loss (netem): UD messages are one packet each, UC messages of 8 KiB are 8
+    (a message is lost with 1-0.95^8 = 34%). Whatever was lost, every value on every rank is
+    one the received-mean estimator may give for what arrived (nothing partial is ever
+    used); over RC the device retransmits until the result is exact, and says so in its
+    counters."""
     the_plan, choice = engine.make_plan(rdma_vms, profiles.load("random-loss", ["loss_pct=5"]))
     engine.apply(rdma_vms, the_plan, choice)
     try:
-        ud = verbs_allreduce(rdma_vms, "ud", 1024, numel=40_000)
-        uc = verbs_allreduce(rdma_vms, "uc", 8192, numel=80_000)
-        rc = verbs_allreduce(rdma_vms, "rc", 8192, numel=40_000)
+        ud = verbs_allreduce(rdma_vms, "verbs-ud", numel=40_000)
+        uc = verbs_allreduce(rdma_vms, "verbs-uc:8192", numel=80_000)
+        rc = verbs_allreduce(rdma_vms, "verbs-rc:8192", numel=40_000)
     finally:
         engine.clear(rdma_vms)
 
-    def lost(reports):
-        expected = sum(r["reduce_messages"] + r["broadcast_messages"] for r in reports)
-        arrived = sum(r["reduce_arrived"] + r["broadcast_arrived"] for r in reports)
-        return (expected - arrived) / expected
-
     for name, reports in (("UD 1 KiB", ud), ("UC 8 KiB", uc), ("RC 8 KiB", rc)):
         print(f"{name}: {lost(reports):.1%} of messages lost, "
-              f"{max(r['seconds'] for r in reports):.2f} s")
+              f"{max(r['seconds'] for r in reports):.2f} s, device: "
+              f"{[r['device_counters'] for r in reports]}")
     for r in ud + uc + rc:
-        assert r["consistent"], r
-    # UD: 316 messages, 5% lost (4 sd: 0.5%-9.9%); UC: 80 messages, 34% lost (4 sd: 13%-55%).
-    # UC's upper bound is looser than 4 sd: one run lost 52.5% (3.5 sd), and Soft-RoCE
-    # under an emulated CPU may lose some packets of its own. That UC loses far more than
-    # UD is the point, and it is asserted as such.
+        assert all(step["consistent"] for step in r["steps"]), r
+    # UD: 328 messages, 5% lost (4 sd: 0.2%-9.8%); UC: 80 messages, 34% lost (4 sd:
+    # 13%-55%). UC's upper bound is looser than 4 sd: Soft-RoCE loses more UC messages than
+    # 1-(1-p)^8 (46% in one run at 4.3% packet loss; its receiver also drops the message
+    # after one whose last packet was lost). That UC loses far more than UD is the point,
+    # and it is asserted as such.
     assert 0.004 < lost(ud) < 0.10, ud
-    assert 0.13 < lost(uc) < 0.70, uc
+    assert 0.13 < lost(uc) < 0.75, uc
     assert lost(uc) > 2 * lost(ud), (uc, ud)
-    assert lost(rc) == 0 and all(r["exact"] for r in rc), rc
+    assert lost(rc) == 0 and all(step["exact"] for r in rc for step in r["steps"]), rc
+    # the device retransmitted what netem took: its requester saw NAKs or timeouts
+    device = [r["device_counters"] for r in rc]
+    assert sum(d.get("completer_retry_err", 0) + d.get("rcvd_seq_err", 0)
+               for d in device) > 0, device
+
+
+def test_lossbed_train_over_real_uc_queue_pairs_under_netem_loss(rdma_vms, tmp_path):
+    """`lossbed train --transport verbs-uc` end to end on the VM hosts: the ranks start in
+    the VMs through their exec channels, the lossy collective runs over Soft-RoCE UC queue
+    pairs while netem loses 5% of the packets, and the record comes back with perplexity,
+    the messages lost whole, and the device's own counters. (torch takes about a minute to
+    import under TCG: one short run.)"""
+    from tests.helpers import lossbed
+
+    out = tmp_path / "run.json"
+    result = lossbed("train", "--cluster", rdma_vms.name, "--variant", "unbiased",
+                     "--transport", "verbs-uc:16384", "--steps", "3", "--preset", "tiny",
+                     "--batch", "2", "--seq-len", "32", "--eval-tokens", "256",
+                     "--profile", "random-loss", "--set", "loss_pct=5", "--json", str(out),
+                     timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rec = json.loads(out.read_text())
+    assert rec["variant"] == "unbiased@verbs-uc:16384" and len(rec["losses"]) == 3, rec
+    assert rec["ppl"] == rec["ppl"] and 1 < rec["ppl"] < 1e4, rec  # finite
+    # 16 KiB messages are 16 packets: at 5% packet loss most are lost whole, not all
+    assert 0 < rec["packets_lost"] < rec["packets_sent"], rec
+    assert 0.01 < rec["measured_loss"] < 0.12, rec
+    device = rec["device_counters"]
+    assert device.get("rdma_sends", 0) > 0 and device.get("rdma_recvs", 0) > 0, device
+    assert engine.read_record(rdma_vms) is None  # the impairment was cleared
