@@ -79,6 +79,8 @@ class VerbsTransport:
                  key_prefix: str | None = None, receives_per_peer: int | None = None):
         if not semantics.verbs:
             raise ValueError(f"{semantics} is not a verbs transport")
+        if world < 2:
+            raise ValueError(f"a verbs transport needs 2 or more ranks (world {world})")
         self.rank, self.world, self.semantics = rank, world, semantics
         self.drop_mask = drop_mask
         self.counters = Counters()
