@@ -82,28 +82,18 @@ class TransportError(RuntimeError):
     pass
 
 
+# The counter each handler verdict adds to (anything else: malformed)
+COUNTER_OF_VERDICT = {APPLIED: "packets_received", DUPLICATE: "duplicates", STALE: "late",
+                      FUTURE: "future", "early": "early", END: "ends_received",
+                      FOREIGN: "foreign", MASKED: "masked"}
+
+
 def count_verdict(c: Counters, verdict: str, count: int = 1) -> None:
     """Count `count` units that a packet handler gave `verdict`."""
     if verdict == QUEUED:
         return  # counted when the collective takes it from the queue
-    if verdict == APPLIED:
-        c.packets_received += count
-    elif verdict == DUPLICATE:
-        c.duplicates += count
-    elif verdict == STALE:
-        c.late += count
-    elif verdict == FUTURE:
-        c.future += count
-    elif verdict == "early":
-        c.early += count
-    elif verdict == END:
-        c.ends_received += count
-    elif verdict == FOREIGN:
-        c.foreign += count
-    elif verdict == MASKED:
-        c.masked += count
-    else:
-        c.malformed += count
+    name = COUNTER_OF_VERDICT.get(verdict, "malformed")
+    setattr(c, name, getattr(c, name) + count)
 
 
 class UdpTransport:
