@@ -37,13 +37,15 @@ FW_CFG_CONFIG = "opt/lossbed/config"
 INIT_SCRIPT = f"""#!/bin/busybox sh
 # lossbed VM init: the machine's root read-only over 9p, a tmpfs overlay, then lossbed's
 # command (from fw_cfg) in a chroot. Everything written in the VM stays in its memory.
+# cache=loose: the guest keeps what it read of the machine's files (Python, the venv, the
+# project do not change while a VM lives): torch's first import, 82 s -> 63 s under TCG.
 B=/bin/busybox
 $B mount -t proc proc /proc; $B mount -t sysfs sys /sys; $B mount -t devtmpfs dev /dev
 for m in {' '.join(INITRAMFS_MODULES)}; do
   [ -f /mods/$m.ko ] && {{ $B insmod /mods/$m.ko || echo "lossbed-init: insmod $m failed"; }}
 done
 $B mkdir -p /lower /rw /root
-$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 hostroot /lower \\
+$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose hostroot /lower \\
   || {{ echo "lossbed-init: 9p mount failed"; $B poweroff -f; }}
 $B mount -t tmpfs tmpfs /rw; $B mkdir -p /rw/upper /rw/work
 $B mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /root \\
