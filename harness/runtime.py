@@ -141,6 +141,7 @@ def make_transport(rank: int, world: int, address: str, store, semantics: Semant
         if rate_mbit:
             raise SystemExit(f"{semantics}: pacing (--rate-mbit) is for the UDP transport; "
                              "an RDMA device paces itself")
+        # (its store keys are its own, lossbed/verbs/<semantics>: key_prefix is UDP's)
         return VerbsTransport(rank, world, address, store, semantics, drop_mask=drop_mask)
     return UdpTransport(rank, world, address, store, mtu=mtu, rate_mbit=rate_mbit,
                         semantics=semantics, drop_mask=drop_mask, segmentation=segmentation,

@@ -14,6 +14,7 @@ import json
 import logging
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from harness import launch
@@ -109,7 +110,8 @@ def record(cfg, cluster, profile, backend, report, result, ranks, work, wall_s) 
         "ppl": result["ppl"], "ppl_rank0": result["ppl_rank0"], "drift": result["drift"],
         "packets_sent": sent, "packets_lost": missing,
         # RDMA transports: the devices' own counts (retransmissions, sequence errors, ...)
-        "device_counters": _sum_counts(m.get("device_counters", {}) for m in ranks),
+        "device_counters": dict(sum((Counter(m.get("device_counters", {})) for m in ranks),
+                                    Counter())),
         "bytes_sent": sum(m["counters"]["bytes_sent"] for m in ranks),
         "measured_loss": dropped / seen if seen else 0.0,
         "measured_loss_interval": interval,
@@ -117,14 +119,6 @@ def record(cfg, cluster, profile, backend, report, result, ranks, work, wall_s) 
         "parameters": result["parameters"], "corpus": result["corpus"],
         "model_sha": result["model_sha"], "wall_s": wall_s, "work_dir": str(work),
     }
-
-
-def _sum_counts(counts) -> dict:
-    total: dict[str, int] = {}
-    for one in counts:
-        for key, value in one.items():
-            total[key] = total.get(key, 0) + value
-    return total
 
 
 def _ms(h: Histogram) -> dict:

@@ -81,13 +81,13 @@ def run(args) -> dict:
                                receives_per_peer=args.receives_per_peer)
     collective = LossyCollective(transport, store, estimator="received_mean",
                                  deadline=Deadline(ceiling_s=args.ceiling_s))
+    layout = Layout(args.numel, args.world, transport.per_packet)  # the collective's cut
     steps, started = [], time.monotonic()
     try:
         for step in range(args.steps):
             x = contributions(args.seed, step, args.world, args.numel)
             result = x[args.rank].copy()
             stats = collective.allreduce(result)
-            layout = Layout(args.numel, args.world, transport.per_packet)
             steps.append({
                 "seconds": stats.seconds,
                 "reduce_messages": stats.reduce_expected, "reduce_lost": stats.reduce_missing,

@@ -102,7 +102,7 @@ class VerbsTransport:
         ud = self.qp_kind == "ud"
         # A message holds a header and float32 values; UD's is one packet at most.
         self.message_bytes = mtu_bytes if ud else semantics.message_bytes
-        self.per_packet = self.fragment_floats = (self.message_bytes - hdr.HEADER_BYTES) // 4
+        self.per_packet = (self.message_bytes - hdr.HEADER_BYTES) // 4
         if self.per_packet < 1:
             raise TransportError(f"{semantics}: a message of {self.message_bytes} bytes has "
                                  f"no room for values after the {hdr.HEADER_BYTES}-byte "
@@ -152,7 +152,6 @@ class VerbsTransport:
         self._free = deque(range(SEND_SLOTS))
         self._posted = 0
         self._pending: deque = deque()  # (peer, message) taken off the queue while sending
-        self.send_errors = 0
         self._exchange(store, key_prefix or f"lossbed/verbs/{semantics}")
         self._counters_at_start = self._read_device_counters()
         log.info("rank %d: verbs transport on %s (GID %s), %s, messages of %d B (%d floats), "
@@ -277,16 +276,21 @@ class VerbsTransport:
         receives), the peers' messages keep coming: copy them aside and post their buffers
         again, so that the receive queue never runs dry for want of polling. (A queue that
         does run dry loses messages, UD and UC, or has RC senders wait, as on any NIC.)"""
-        e = self.v.e
         n, wcs = self.recv_cq.poll(num_entries=64)
         for wc in wcs if n > 0 else []:
-            if wc.status == e.IBV_WC_SUCCESS:
-                at = wc.wr_id * self.slot_bytes + self._grh
-                self._pending.append((self._peer_of(wc), self._rx[at:at + wc.byte_len
-                                                                  - self._grh].tobytes()))
-            else:
-                self.counters.malformed += 1
+            message = self._received(wc)
+            if message is not None:
+                self._pending.append((self._peer_of(wc), message.tobytes()))
             self._repost(wc.wr_id)
+
+    def _received(self, wc) -> np.ndarray | None:
+        """The message of a receive completion, in its receive buffer (valid until the
+        buffer is posted again); None, and counted, for a failed completion."""
+        if wc.status != self.v.e.IBV_WC_SUCCESS:
+            self.counters.malformed += 1
+            return None
+        at = wc.wr_id * self.slot_bytes + self._grh
+        return self._rx[at:at + wc.byte_len - self._grh]
 
     def _repost(self, slot: int) -> None:
         self.qps[slot // self._depth][0].post_recv(self._recv_wrs[slot])
@@ -304,7 +308,6 @@ class VerbsTransport:
         for wc in wcs if n > 0 else []:
             self._free.append(wc.wr_id)
             if wc.status != self.v.e.IBV_WC_SUCCESS:
-                self.send_errors += 1
                 raise TransportError(
                     f"rank {self.rank}: a {self.qp_kind.upper()} send on {self.device} failed "
                     f"with completion status {wc.status} ({_status_name(wc.status)}): the "
@@ -328,7 +331,6 @@ class VerbsTransport:
         """Feed the messages of this job to `handle` until `done()` or the deadline
         (time.monotonic()); each receive buffer is posted again once its message was
         handled."""
-        e = self.v.e
         while self._pending and not done():
             peer, message = self._pending.popleft()
             self._message(peer, memoryview(message), handle)
@@ -341,12 +343,9 @@ class VerbsTransport:
                 time.sleep(IDLE_SLEEP_S)
                 continue
             for wc in wcs:
-                if wc.status == e.IBV_WC_SUCCESS:
-                    at = wc.wr_id * self.slot_bytes + self._grh
-                    self._message(self._peer_of(wc),
-                                  memoryview(self._rx[at:at + wc.byte_len - self._grh]), handle)
-                else:
-                    self.counters.malformed += 1
+                message = self._received(wc)
+                if message is not None:
+                    self._message(self._peer_of(wc), memoryview(message), handle)
                 self._repost(wc.wr_id)  # its message was handled (applied or copied)
 
     def _message(self, peer: int | None, data: memoryview, handle) -> str:

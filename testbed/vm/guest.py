@@ -139,7 +139,8 @@ class Server:
         self.lock = threading.Lock()
         self.import_lock = threading.Lock()
         self.info = info
-        self.spawned: dict[int, tuple[subprocess.Popen, list[bytes], list[bytes]]] = {}
+        # pid: (the process, its stdout lines, its stderr lines, the threads reading them)
+        self.spawned: dict[int, tuple] = {}
 
     def reply(self, message: dict) -> None:
         data = (json.dumps(message) + "\n").encode()
