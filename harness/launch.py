@@ -77,7 +77,8 @@ def transport_env(profile) -> dict:
 
 
 def _kill(proc) -> None:
-    """SIGKILL to a rank's process group (a VM's rank: in the VM, see testbed/vm/process.py)."""
+    """SIGKILL to a rank's process group (a VM's rank: in the VM, see
+    testbed/clusters/vm/process.py)."""
     if isinstance(proc, subprocess.Popen):
         os.killpg(proc.pid, signal.SIGKILL)
     else:

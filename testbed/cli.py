@@ -10,7 +10,8 @@ import signal
 import sys
 from pathlib import Path
 
-from testbed import clusters, netns_cluster
+from testbed import clusters
+from testbed.clusters import netns as netns_cluster
 from testbed.errors import LossbedError, UsageError
 
 log = logging.getLogger("lossbed")
@@ -19,7 +20,7 @@ log = logging.getLogger("lossbed")
 def _cluster(args):
     """The cluster a command works on: an inventory of real hosts, or a local cluster."""
     if getattr(args, "inventory", None):
-        from testbed import remote
+        from testbed.clusters import remote
 
         return remote.from_inventory(args.inventory, lease_s=args.lease_s,
                                      force_interface=args.force_interface)
@@ -37,7 +38,7 @@ def _add_inventory(p) -> None:
 
 def _cmd_up(args) -> int:
     if args.kind == "vm":
-        from testbed.vm import cluster as vm_cluster
+        from testbed.clusters.vm import cluster as vm_cluster
 
         cluster = vm_cluster.up(vm_cluster.VMSpec(
             hosts=args.hosts, name=args.name, mtu=args.mtu, subnet=args.subnet, ssh=args.ssh,
@@ -154,7 +155,7 @@ def _cmd_show(args) -> int:
 
 
 def _cmd_verify(args) -> int:
-    from testbed import verify
+    from testbed.impair import verify
 
     report = verify.verify(_cluster(args))
     print(json.dumps(report.to_dict(), indent=2) if args.json else verify.format_report(report))
@@ -163,7 +164,7 @@ def _cmd_verify(args) -> int:
 
 def _cmd_collective_bench(args) -> int:
     from harness.bench import collective_bench as cb
-    from testbed import netns_cluster
+    from testbed.clusters import netns as netns_cluster
 
     spec = cb.BenchSpec(sizes_mib=args.sizes, losses=args.loss, profiles=args.profiles,
                         algorithms=args.algorithms, iters=args.iters)
@@ -218,7 +219,7 @@ def _cmd_bench(args) -> int:
     from harness.bench import report
     from harness.bench.training_bench import BenchSpec, run_bench
     from harness.train.config import VARIANTS
-    from testbed import netns_cluster
+    from testbed.clusters import netns as netns_cluster
 
     spec = BenchSpec(losses=args.loss, profile=args.profile, hosts=args.hosts, steps=args.steps,
                      seeds=args.seeds, variants=args.variants or list(VARIANTS),
@@ -265,7 +266,7 @@ def _cmd_inventory(args) -> int:
     """An inventory of a local cluster started with --ssh: its hosts as real ones."""
     import yaml
 
-    from testbed import sshd
+    from testbed.clusters import sshd
 
     cluster = clusters.load(args.cluster)
     if not getattr(cluster, "ssh", False):

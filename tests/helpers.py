@@ -11,7 +11,9 @@ import time
 import uuid
 from pathlib import Path
 
-from testbed import clusters, netns_cluster, state
+from testbed import clusters
+from testbed.clusters import netns as netns_cluster
+from testbed.clusters import state
 
 REPO = Path(__file__).resolve().parents[1]
 LOSSBED = [sys.executable, "-m", "testbed.cli"]
@@ -48,8 +50,9 @@ def send_between_vms(cluster, count: int, rate_pps: int = 4000) -> dict:
     out = {}
 
     def receive():
-        out["recv"] = h1.run([h1.python, "-m", "testbed.traffic", "recv", "--bind", h1.address,
-                              "--count", str(count), "--idle-s", "3"], timeout=600)
+        out["recv"] = h1.run([h1.python, "-m", "testbed.impair.traffic", "recv",
+                              "--bind", h1.address, "--count", str(count), "--idle-s", "3"],
+                             timeout=600)
 
     thread = threading.Thread(target=receive)
     thread.start()
@@ -57,7 +60,7 @@ def send_between_vms(cluster, count: int, rate_pps: int = 4000) -> dict:
     # compete for the 2 cores); datagrams sent before it binds would count as lost. A VM's
     # exec channel runs one command at a time, so h1 cannot be asked whether it is bound.
     time.sleep(5)
-    sent = h2.run([h2.python, "-m", "testbed.traffic", "send", "--to", h1.address,
+    sent = h2.run([h2.python, "-m", "testbed.impair.traffic", "send", "--to", h1.address,
                    "--count", str(count), "--rate-pps", str(rate_pps)], timeout=600)
     thread.join()
     assert sent.returncode == 0, sent.stderr
@@ -68,7 +71,7 @@ def send_between_vms(cluster, count: int, rate_pps: int = 4000) -> dict:
 def two_vm_hosts(**spec):
     """A module's 2-VM cluster (a generator for a fixture): booted, then taken down and
     checked clean."""
-    from testbed.vm import cluster as vm_cluster
+    from testbed.clusters.vm import cluster as vm_cluster
 
     name = unique_name()
     cluster = vm_cluster.up(vm_cluster.VMSpec(hosts=2, name=name, **spec))

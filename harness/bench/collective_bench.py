@@ -20,9 +20,9 @@ from harness import launch
 from harness.bench.collective_worker import ALGORITHMS
 from harness.transport import header as hdr
 from harness.transport.semantics import Semantics
-from testbed import profiles, verify
+from testbed import profiles
 from testbed.errors import LossbedError, UsageError
-from testbed.impair import engine
+from testbed.impair import engine, verify
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20

@@ -22,9 +22,10 @@ from harness.data.corpus import Corpus, load_text
 from harness.metrics.hdr import Histogram
 from harness.model import tokenizer as tokenizers
 from harness.train.config import TrainConfig
-from testbed import lease, profiles, stats, verify
+from testbed import profiles, stats
 from testbed.errors import LossbedError
-from testbed.impair import engine
+from testbed.host import lease
+from testbed.impair import engine, verify
 
 log = logging.getLogger(__name__)
 

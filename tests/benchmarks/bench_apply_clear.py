@@ -12,7 +12,8 @@ import argparse
 import statistics
 import time
 
-from testbed import netns_cluster, profiles
+from testbed import profiles
+from testbed.clusters import netns as netns_cluster
 from testbed.impair import engine
 
 

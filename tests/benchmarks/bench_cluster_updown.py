@@ -12,7 +12,7 @@ import argparse
 import statistics
 import time
 
-from testbed import netns_cluster
+from testbed.clusters import netns as netns_cluster
 
 
 def measure(hosts: int, ssh: bool, repeat: int) -> tuple[float, float]:

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from harness.bench.compare import compare
-from testbed import netns_cluster
-from testbed.hosts import processes_in_namespaces
+from testbed.clusters import netns as netns_cluster
+from testbed.host.hosts import processes_in_namespaces
 from tests.helpers import REPO, lossbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]

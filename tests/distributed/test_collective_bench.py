@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from testbed import netns_cluster
+from testbed.clusters import netns as netns_cluster
 from tests.helpers import lossbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]

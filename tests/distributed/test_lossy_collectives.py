@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from harness import launch
-from testbed import clusters, netns_cluster, profiles
+from testbed import clusters, profiles
+from testbed.clusters import netns as netns_cluster
 from testbed.impair import engine
 from tests.helpers import unique_name
 

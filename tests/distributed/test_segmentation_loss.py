@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from harness import launch
-from testbed import clusters, netns_cluster, profiles, verify
-from testbed.impair import engine
+from testbed import clusters, profiles
+from testbed.clusters import netns as netns_cluster
+from testbed.impair import engine, verify
 from tests.helpers import unique_name
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]

@@ -15,8 +15,9 @@ import torch
 
 from harness.train import run
 from harness.train.config import TrainConfig
-from testbed import clusters, netns_cluster
-from testbed.hosts import is_running, processes_in_namespaces
+from testbed import clusters
+from testbed.clusters import netns as netns_cluster
+from testbed.host.hosts import is_running, processes_in_namespaces
 from testbed.impair import engine
 from tests.helpers import REPO, lossbed, unique_name
 

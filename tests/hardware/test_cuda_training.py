@@ -12,7 +12,8 @@ import torch
 
 from harness.train import run
 from harness.train.config import TrainConfig
-from testbed import clusters, netns_cluster
+from testbed import clusters
+from testbed.clusters import netns as netns_cluster
 from tests.helpers import unique_name
 
 pytestmark = [

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import clusters, netns_cluster
+from testbed import clusters
+from testbed.clusters import netns as netns_cluster
 from tests.helpers import NOTHING, leftovers, unique_name
 
 

@@ -8,7 +8,8 @@ import os
 import pytest
 from pyroute2 import netns
 
-from testbed import netns_cluster, preflight
+from testbed.clusters import netns as netns_cluster
+from testbed.clusters import preflight
 from testbed.errors import EnvironmentProblem
 from tests.helpers import NOTHING, REPO, leftovers, lossbed, unique_name
 
@@ -104,4 +105,4 @@ def test_kernel_without_namespaces_gets_a_clear_message(monkeypatch):
     with pytest.raises(EnvironmentProblem, match="does not support network namespaces"):
         netns_cluster.up(netns_cluster.ClusterSpec(hosts=2, name=name))
     assert leftovers(name) == NOTHING
-    assert preflight  # the check lives in testbed.preflight
+    assert preflight  # the check lives in testbed.clusters.preflight

@@ -12,8 +12,10 @@ import time
 
 import pytest
 
-from testbed import clusters, netns_cluster, state
-from testbed.hosts import is_running, processes_in_namespaces
+from testbed import clusters
+from testbed.clusters import netns as netns_cluster
+from testbed.clusters import state
+from testbed.host.hosts import is_running, processes_in_namespaces
 from tests.helpers import NOTHING, REPO, leftovers, lossbed, unique_name
 
 pytestmark = pytest.mark.netns
@@ -44,7 +46,7 @@ def _kill_self_during_up(name: str, hosts: int, after_calls: int, patch: str) ->
 
 def test_down_after_sigkill_while_sshd_was_starting():
     name = unique_name()
-    rc = _kill_self_during_up(name, hosts=4, after_calls=2, patch="testbed.sshd.start")
+    rc = _kill_self_during_up(name, hosts=4, after_calls=2, patch="testbed.clusters.sshd.start")
     assert rc == -signal.SIGKILL
     # It really died in the middle: the record says so, namespaces (4 hosts, the switch and
     # the --ssh controller) and two sshd exist.

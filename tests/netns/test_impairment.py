@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from testbed import profiles, traffic, verify
-from testbed.impair import engine
+from testbed import profiles
+from testbed.impair import engine, traffic, verify
 
 pytestmark = pytest.mark.netns
 
@@ -23,7 +23,8 @@ def apply(cluster, profile: str, sets: list[str], backend: str | None = None):
 
 @pytest.fixture(scope="module")
 def four_hosts():
-    from testbed import clusters, netns_cluster
+    from testbed import clusters
+    from testbed.clusters import netns as netns_cluster
     from tests.helpers import unique_name
 
     cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=4, name=unique_name()))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import profiles, state
+from testbed import profiles
+from testbed.clusters import state
 from testbed.errors import LossbedError
 from testbed.impair import bpf, engine, nft
 from tests.helpers import lossbed
@@ -123,7 +124,7 @@ def test_verify_refuses_a_map_that_is_gone(cluster):
     record = engine.read_record(cluster)
     for host in cluster.hosts:
         bpf.clear(host, host.ifname)  # removed behind lossbed's back
-    from testbed import verify
+    from testbed.impair import verify
 
     with pytest.raises(LossbedError, match="are gone"):
         verify.verify(cluster)

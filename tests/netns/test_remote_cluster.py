@@ -13,8 +13,10 @@ import time
 
 import pytest
 
-from testbed import clusters, netns_cluster, traffic
-from testbed.hosts import is_running, processes_in_namespaces
+from testbed import clusters
+from testbed.clusters import netns as netns_cluster
+from testbed.host.hosts import is_running, processes_in_namespaces
+from testbed.impair import traffic
 from tests.helpers import REPO, lossbed, unique_name
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]

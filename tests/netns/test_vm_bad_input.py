@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from testbed.clusters.vm import cluster as vm_cluster
+from testbed.clusters.vm import image
 from testbed.errors import EnvironmentProblem, UsageError
-from testbed.vm import cluster as vm_cluster
-from testbed.vm import image
 from tests.helpers import NOTHING, leftovers, lossbed, unique_name
 
 pytestmark = [pytest.mark.netns, pytest.mark.vm]

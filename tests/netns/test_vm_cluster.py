@@ -14,9 +14,11 @@ import time
 
 import pytest
 
-from testbed import netns_cluster, profiles, state, traffic
-from testbed.hosts import processes_in_namespaces
-from testbed.impair import engine
+from testbed import profiles
+from testbed.clusters import netns as netns_cluster
+from testbed.clusters import state
+from testbed.host.hosts import processes_in_namespaces
+from testbed.impair import engine, traffic
 from tests.helpers import (
     NOTHING,
     REPO,
@@ -61,7 +63,7 @@ def test_vm_hosts_go_down_clean_after_the_controller_is_killed_in_up():
     assert qemu_pids, "the test meant to kill the controller while a VM was running"
     assert lossbed("down", name).returncode == 0
     assert leftovers(name) == NOTHING
-    from testbed.hosts import is_running
+    from testbed.host.hosts import is_running
     assert not any(is_running(p) for p in qemu_pids)
     assert not list(itertools.chain(state.state_root().glob(f"{name}*")))
 
@@ -88,7 +90,7 @@ def test_two_vms_come_up_with_their_own_kernel_and_exec_passes_output_and_codes(
 
 
 def test_a_process_started_in_a_vm_streams_its_lines_and_its_group_can_be_killed(vms):
-    """What launching ranks on VM hosts rests on (testbed/vm/process.py): a process started
+    """What launching ranks on VM hosts rests on (testbed/clusters/vm/process.py): a process started
     through the exec channel gives its output line by line while it runs, and its exit
     code; a killed one takes its children with it, and the channel stays free meanwhile."""
     h1 = vms.hosts[0]

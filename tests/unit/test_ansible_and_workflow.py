@@ -39,7 +39,7 @@ def test_every_role_variable_is_prefixed_and_defaulted():
 
 
 def test_the_example_inventory_is_one_lossbed_reads():
-    from testbed import inventory
+    from testbed.clusters import inventory
 
     hosts = inventory.load(REPO / "ansible" / "inventory.example.yml")
     assert set(hosts) == {"gpu1", "gpu2"} and hosts["gpu1"].lossbed_gpus == 8

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import inventory, remote
+from testbed.clusters import inventory, remote
 from testbed.errors import UsageError
 
 GOOD = """

@@ -3,7 +3,7 @@ import ipaddress
 
 import pytest
 
-from testbed import addressing, naming, state
+from testbed.clusters import addressing, naming, state
 from testbed.errors import ClusterError, UsageError
 from testbed.progress import Progress
 

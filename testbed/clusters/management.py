@@ -15,7 +15,7 @@ import ipaddress
 
 from pyroute2 import IPRoute, netns
 
-from testbed import addressing, naming
+from testbed.clusters import addressing, naming
 
 POOL = ipaddress.ip_network("10.202.0.0/16")
 HOST_IFNAME = "mgmt0"

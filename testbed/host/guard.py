@@ -1,6 +1,6 @@
 """Run a command for a remote controller, and stop it when the controller goes away.
 
-    ssh host 'python -m testbed.guard python -m harness.train.worker …'
+    ssh host 'python -m testbed.host.guard python -m harness.train.worker …'
 
 The command runs in its own process group. When this process's stdin (the SSH channel)
 closes — the controller ended the launch, was killed, or lost the network — the group gets
@@ -22,7 +22,7 @@ GRACE_S = 5.0
 def main(argv: list[str] | None = None) -> int:
     command = sys.argv[1:] if argv is None else argv
     if not command:
-        print("usage: python -m testbed.guard COMMAND [ARGS…]", file=sys.stderr)
+        print("usage: python -m testbed.host.guard COMMAND [ARGS…]", file=sys.stderr)
         return 2
     child = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL)
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from pyroute2 import IPRoute, netns
 
-from testbed import addressing, naming, preflight, sshd, state, switch
+from testbed.clusters import addressing, naming, preflight, sshd, state, switch
 from testbed.errors import ClusterError, UsageError
-from testbed.hosts import (
+from testbed.host.hosts import (
     NamespaceHost,
     disable_offloads,
     kill_namespace_processes,
@@ -187,7 +187,7 @@ def validate(spec: ClusterSpec) -> LocalCluster:
     names = [naming.host_name(i) for i in range(spec.hosts)]
     mgmt_subnet, mgmt = None, [""] * spec.hosts
     if spec.ssh:
-        from testbed import management
+        from testbed.clusters import management
 
         mgmt_subnet = management.pick_subnet(spec.hosts, [*taken, (subnet, "this cluster")])
         mgmt = addressing.host_addresses(mgmt_subnet, spec.hosts)
@@ -258,7 +258,7 @@ def _build(cluster: LocalCluster) -> None:
         progress.advance("hosts")
 
     if cluster.ssh:
-        from testbed import management
+        from testbed.clusters import management
 
         management.build(cluster, cluster.mgmt_subnet)
         sshd.prepare(cluster.state_dir, cluster.hosts)

@@ -3,7 +3,7 @@ then serve the exec channel until the VM is switched off.
 
 Standard library only at boot, and `ip`/`ethtool`/`modprobe` for the network: under TCG,
 importing pyroute2 alone takes ~3 s, which every `lossbed up --kind vm` would pay. lossbed's
-host-side work (testbed.agent) is imported on its first request and then served in-process.
+host-side work (testbed.host.agent) is imported on its first request and then served in-process.
 
 The config comes through fw_cfg as JSON: name, address, prefixlen, mtu, hosts (name ->
 address), modules, rdma, ssh (host key and authorized key).
@@ -152,13 +152,13 @@ class Server:
                 pass  # nobody is connected on the host side: the reply is dropped
 
     def agent(self, rid, request: dict) -> None:
-        """lossbed's host-side work (testbed.agent), in this long-lived process: the heavy
+        """lossbed's host-side work (testbed.host.agent), in this long-lived process: the heavy
         imports (pyroute2, pydantic: ~5 s under TCG) are paid once per boot, not per call."""
         try:
             with self.import_lock:
-                from testbed import agent
                 from testbed.errors import LossbedError
-                from testbed.hosts import LocalHost
+                from testbed.host import agent
+                from testbed.host.hosts import LocalHost
             host = LocalHost(**request.get("host", {}))
             result = agent.dispatch(host, request["agent_op"], request.get("payload", {}))
             self.reply({"id": rid, "result": result})

@@ -7,8 +7,8 @@ import subprocess
 
 from pyroute2 import IPRoute, netns
 
-from testbed import naming
-from testbed.hosts import disable_offloads
+from testbed.clusters import naming
+from testbed.host.hosts import disable_offloads
 
 # A switch forwards frames; it must not run them through a host firewall. With
 # br_netfilter in the kernel (built in here) every bridged IP packet takes a detour through

@@ -2,7 +2,7 @@
 the host is: in this process for a namespace host (through a netlink session opened into its
 namespace), or inside a VM or on a remote machine as
 
-    python -m testbed.agent OP  < request.json  > reply.json
+    python -m testbed.host.agent OP  < request.json  > reply.json
 
 where the host is the machine the agent runs on. Operations: probe (which impairment
 backends the kernel has), apply, clear, counters (of an applied plan), udp_snmp.
@@ -57,7 +57,7 @@ def check(host, payload: dict) -> dict:
 
 
 def apply(host, payload: dict) -> dict:
-    from testbed import lease
+    from testbed.host import lease
     from testbed.impair.plan import HostPlan
 
     if payload.get("lease_s") is not None and not payload.get("force"):
@@ -78,14 +78,14 @@ def apply(host, payload: dict) -> dict:
 
 
 def renew(host, payload: dict) -> bool:
-    from testbed import lease
+    from testbed.host import lease
 
     return lease.renew(host.name, host.ifname)
 
 
 def clear(host, payload: dict) -> list[str]:
     """Remove lossbed's objects of every backend (also those of a crashed run)."""
-    from testbed import lease
+    from testbed.host import lease
 
     lease.end(host.name, host.ifname)
     cleared, errors = [], []
@@ -126,14 +126,14 @@ def dispatch(host, op: str, payload: dict):
 
 def main(argv: list[str] | None = None) -> int:
     """Run one operation on this machine: request JSON on stdin, reply JSON on stdout."""
-    from testbed.hosts import LocalHost
+    from testbed.host.hosts import LocalHost
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["watchdog"] and len(argv) == 3:
         return watchdog(argv[1], argv[2])
     if len(argv) != 1 or argv[0] not in OPERATIONS:
-        print(json.dumps({"error": f"usage: python -m testbed.agent {{{','.join(OPERATIONS)}}}",
-                          "type": "UsageError"}))
+        usage = f"usage: python -m testbed.host.agent {{{','.join(OPERATIONS)}}}"
+        print(json.dumps({"error": usage, "type": "UsageError"}))
         return 2
     request = json.loads(sys.stdin.read() or "{}")
     host = LocalHost(**request.get("host", {}))
@@ -150,11 +150,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def watchdog(lease_path: str, ifname: str) -> int:
-    """Detached beside an impairment: clears it when its lease expires (testbed.lease)."""
+    """Detached beside an impairment: clears it when its lease expires (testbed.host.lease)."""
     from pathlib import Path
 
-    from testbed import lease
-    from testbed.hosts import LocalHost
+    from testbed.host import lease
+    from testbed.host.hosts import LocalHost
 
     host = LocalHost(name="local", ifname=ifname)
 

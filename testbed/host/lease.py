@@ -1,7 +1,7 @@
 """Impairment leases on remote hosts: an impairment reverts by itself unless renewed.
 
 When the agent applies a profile on a remote host it writes a lease file and starts a
-watchdog beside it (`python -m testbed.agent watchdog …`, detached). The controller renews
+watchdog beside it (`python -m testbed.host.agent watchdog …`, detached). The controller renews
 the lease (touches the file over SSH) while it runs; `clear` removes the file and the
 impairment at once. If the controller is killed or loses the network, renewals stop, and
 after `lease_s` the watchdog clears every lossbed object from the interface: a lost SSH
@@ -35,10 +35,10 @@ def start(host: str, ifname: str, seconds: float) -> Path:
     LEASE_DIR.mkdir(parents=True, exist_ok=True)
     path = lease_file(host, ifname)
     path.write_text(f"{seconds}\n")
-    subprocess.Popen([sys.executable, "-m", "testbed.agent", "watchdog", str(path), ifname],
+    subprocess.Popen([sys.executable, "-m", "testbed.host.agent", "watchdog", str(path), ifname],
                      start_new_session=True, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                     env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     return path
 
 

@@ -14,8 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from testbed.clusters.vm import channel
 from testbed.errors import ClusterError
-from testbed.vm import channel
 
 POLL_S = 0.25
 _END = object()

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m testbed.traffic",
+    parser = argparse.ArgumentParser(prog="python -m testbed.impair.traffic",
                                      description="numbered UDP datagrams, counted")
     sub = parser.add_subparsers(dest="mode", required=True)
     s = sub.add_parser("send")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from testbed import netns_cluster, state
+from testbed.clusters import netns as netns_cluster
+from testbed.clusters import state
 from testbed.errors import ClusterError
 
 
@@ -41,7 +42,7 @@ def load(name: str | None, how: str = "--cluster NAME"):
     if record["kind"] == netns_cluster.KIND:
         return netns_cluster.LocalCluster.from_record(record)
     if record["kind"] == "vm":
-        from testbed.vm.cluster import VMCluster
+        from testbed.clusters.vm.cluster import VMCluster
 
         return VMCluster.from_record(record)
     raise ClusterError(f"cluster {name!r} has unknown kind {record['kind']!r}")

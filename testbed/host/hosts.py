@@ -88,8 +88,8 @@ class NamespaceHost:
         return read_offloads(self.socket(), ifname or self.ifname)
 
     def agent_call(self, op: str, payload: dict):
-        """Host-side work (testbed.agent) runs in this process, reaching into the namespace."""
-        from testbed import agent
+        """Host-side work (testbed.host.agent) runs in this process, reaching into the namespace."""
+        from testbed.host import agent
 
         return agent.dispatch(self, op, payload)
 
@@ -120,7 +120,7 @@ class LocalHost:
         return socket.socket(family, kind)
 
     def agent_call(self, op: str, payload: dict):
-        from testbed import agent
+        from testbed.host import agent
 
         return agent.dispatch(self, op, payload)
 

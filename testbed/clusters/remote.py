@@ -3,8 +3,8 @@
 Commands and file transfer go through Fabric connections (opened one host at a time first,
 so an unreachable host or a rejected key gets its own clear error before anything is
 applied anywhere; then used in parallel). lossbed's netlink work runs on each host through
-its agent (`python -m testbed.agent`), the same code that runs locally. Ranks are started
-under `testbed.guard`, which stops them when the controller's SSH channel closes.
+its agent (`python -m testbed.host.agent`), the same code that runs locally. Ranks are started
+under `testbed.host.guard`, which stops them when the controller's SSH channel closes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed import inventory, state
+from testbed.clusters import inventory, state
 from testbed.errors import ClusterError, LossbedError, UsageError
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class RemoteHost:
         request = json.dumps({"host": {"name": self.name, "address": self.address,
                                        "ifname": self.ifname}, "payload": payload})
         command = (f"cd {shlex.quote(self.project)} && PYTHONPATH={shlex.quote(self.project)} "
-                   f"exec {shlex.quote(self.python)} -m testbed.agent {shlex.quote(op)}")
+                   f"exec {shlex.quote(self.python)} -m testbed.host.agent {shlex.quote(op)}")
         code, out, err = self._exec(command, request.encode(), timeout=300)
         lines = [ln for ln in out.decode(errors="replace").strip().splitlines()
                  if ln.startswith("{")]
@@ -146,11 +146,11 @@ class RemoteHost:
             channel.close()
 
     def popen(self, argv, env=None, cwd=None, **kwargs):
-        """A rank on this host: `ssh … testbed.guard argv`, a local process whose pipes are
+        """A rank on this host: `ssh … testbed.host.guard argv`, a local process whose pipes are
         the remote ones; when it ends (or is killed), the guard stops the remote ranks."""
         exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items())
         command = (f"cd {shlex.quote(self.project)} && exec env {exports} "
-                   f"{shlex.quote(self.python)} -m testbed.guard "
+                   f"{shlex.quote(self.python)} -m testbed.host.guard "
                    + shlex.join(str(a) for a in argv))
         return subprocess.Popen(self.ssh_argv(command), stdin=subprocess.PIPE, **kwargs)
 
@@ -166,7 +166,7 @@ class RemoteHost:
 
     def netlink(self):
         raise LossbedError(f"host {self.name} is remote: its netlink work runs there "
-                           "(testbed.agent)")
+                           "(testbed.host.agent)")
 
     def exec_passthrough(self, argv) -> int:
         return subprocess.call(self.ssh_argv(shlex.join(argv)))

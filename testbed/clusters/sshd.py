@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from testbed.errors import EnvironmentProblem
-from testbed.hosts import NamespaceHost
+from testbed.host.hosts import NamespaceHost
 
 SSHD = "/usr/sbin/sshd"
 SSH_PORT = 22

@@ -21,10 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed import naming, netns_cluster, preflight, state, switch
+from testbed.clusters import naming, preflight, state, switch
+from testbed.clusters import netns as netns_cluster
+from testbed.clusters.vm import channel, image
 from testbed.errors import ClusterError, EnvironmentProblem, LossbedError, UsageError
 from testbed.progress import Progress
-from testbed.vm import channel, image
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ DEFAULT_MEMORY_MB = 768
 QEMU_OVERHEAD_MB = 160      # qemu's own memory beside the guest's
 KEEP_FREE_MB = 1024         # never plan the machine into swapping
 BOOT_TIMEOUT_S = 180        # TCG on a busy 2-core machine is slow
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 RDMA_COMMANDS = ("rdma", "ibv_devices")
 PYVERBS = Path("/usr/lib/python3/dist-packages/pyverbs")
 
@@ -52,7 +53,7 @@ class VMSpec:
 @dataclass(frozen=True)
 class VMHost:
     """A host that is a VM: commands go through its exec channel, host-side lossbed work
-    through `python -m testbed.agent` inside it."""
+    through `python -m testbed.host.agent` inside it."""
 
     name: str
     address: str
@@ -76,17 +77,17 @@ class VMHost:
     def popen(self, argv, *, env=None, cwd=None, **_):
         """A long-running process in the VM (a rank), followed through the exec channel.
         Its output comes as text lines; env adds to the guest's own environment."""
-        from testbed.vm.process import GuestProcess
+        from testbed.clusters.vm.process import GuestProcess
 
         return GuestProcess(Path(self.channel), argv, {"PYTHONPATH": self.project,
                                                        **(env or {})}, cwd or self.project)
 
     def netlink(self):
         raise LossbedError(f"host {self.name} is a VM: its netlink work runs inside it "
-                           "(testbed.agent), not from the controller")
+                           "(testbed.host.agent), not from the controller")
 
     def agent_call(self, op: str, payload: dict):
-        """testbed.agent's operation, served by the guest process itself (see guest.py)."""
+        """testbed.host.agent's operation, served by the guest process itself (see guest.py)."""
         reply = channel.call(Path(self.channel), {
             "agent_op": op, "payload": payload,
             "host": {"name": self.name, "address": self.address, "ifname": self.ifname}},
@@ -150,7 +151,7 @@ class VMCluster:
                "accel": self.accel, "kernel": self.kernel,
                "switch_namespace": self.switch_namespace, "hosts": hosts}
         if self.ssh:
-            from testbed import sshd
+            from testbed.clusters import sshd
             out["ssh"] = {"user": "root", "port": sshd.SSH_PORT,
                           "key": str(sshd.client_key(self.state_dir)),
                           "known_hosts": str(sshd.known_hosts(self.state_dir))}
@@ -311,7 +312,7 @@ def _guest_config(cluster: VMCluster, host: VMHost) -> dict:
            "mtu": cluster.mtu, "hosts": {h.name: h.address for h in cluster.hosts},
            "rdma": cluster.rdma, "modules": []}
     if cluster.ssh:
-        from testbed import sshd
+        from testbed.clusters import sshd
         d = sshd.ssh_dir(cluster.state_dir)
         cfg["ssh"] = {"host_key": (d / "ssh_host_ed25519_key").read_text(),
                       "authorized_key": (d / "authorized_keys").read_text()}
@@ -329,7 +330,7 @@ def _build(cluster: VMCluster, kernel: Path) -> None:
     state.write(cluster.name, cluster.record("building"))
     switch.create(cluster.name)
     if cluster.ssh:
-        from testbed import sshd
+        from testbed.clusters import sshd
         sshd.prepare(d, cluster.hosts)
     progress.advance("switch")
     taps = []
@@ -338,7 +339,7 @@ def _build(cluster: VMCluster, kernel: Path) -> None:
         (d / f"{host.name}.json").write_text(json.dumps(_guest_config(cluster, host)))
         (d / f"{host.name}.cmd").write_text(
             f"cd {host.project} && PYTHONPATH={host.project} exec {host.python} "
-            "-m testbed.vm.guest")
+            "-m testbed.clusters.vm.guest")
         argv = _qemu_argv(cluster, host, index, kernel, initramfs, tap)
         # qemu starts inside the switch namespace: its tap device is born there.
         result = subprocess.run(["ip", "netns", "exec", cluster.switch_namespace, *argv],
@@ -367,7 +368,7 @@ def _controller_namespace(cluster: VMCluster) -> None:
     this is the data network; nothing is impaired while provisioning)."""
     from pyroute2 import IPRoute, netns
 
-    from testbed import addressing, management
+    from testbed.clusters import addressing, management
 
     namespace = management.controller_namespace(cluster.name)
     netns.create(namespace)
@@ -386,7 +387,7 @@ def _controller_namespace(cluster: VMCluster) -> None:
 
 
 def _qemu_running(cluster: VMCluster, host: VMHost) -> bool:
-    from testbed.hosts import is_running
+    from testbed.host.hosts import is_running
 
     try:
         pid = int((cluster.state_dir / f"{host.name}.pid").read_text())
