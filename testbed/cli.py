@@ -170,7 +170,7 @@ def _cmd_collective_bench(args) -> int:
                         algorithms=args.algorithms, iters=args.iters)
     spec.validate()
     own = None
-    if args.cluster:
+    if args.cluster is not None:
         cluster = clusters.load(args.cluster)
     else:
         own = f"cb{os.getpid() % 100000}"
@@ -228,7 +228,7 @@ def _cmd_bench(args) -> int:
     # absolute: ranks on remote hosts write under it from their own working folder
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     own = None
-    if args.cluster or args.inventory:
+    if args.cluster is not None or args.inventory:
         cluster = _cluster(args)
     else:
         own = f"bench{os.getpid() % 100000}"
@@ -446,6 +446,19 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _check_names(args) -> None:
+    """Every cluster name on the command line obeys the rule before anything runs: a name
+    reaches state paths, namespace names and `down`'s removals (exit 2 otherwise)."""
+    from testbed.clusters import naming
+
+    if getattr(args, "cluster", None) is not None:
+        naming.check_cluster_name(args.cluster, "--cluster")
+    if args.command in ("down", "status") and args.name is not None:
+        naming.check_cluster_name(args.name, "NAME")
+    if args.command == "up":
+        naming.check_cluster_name(args.name, "--name")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -459,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     _MAIN_PID = os.getpid()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
+        _check_names(args)
         return args.func(args)
     except LossbedError as err:
         print(f"lossbed: error: {err}", file=sys.stderr)

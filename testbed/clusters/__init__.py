@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from testbed.clusters import naming, state
 from testbed.clusters import netns as netns_cluster
-from testbed.clusters import state
 from testbed.errors import ClusterError
 
 
@@ -14,8 +14,8 @@ def known_clusters() -> list[str]:
 
 def resolve_name(name: str | None, how: str = "--cluster NAME") -> str:
     """The cluster the user means: the one named, or else the only one that is up."""
-    if name:
-        return name
+    if name is not None:
+        return naming.check_cluster_name(name, "--cluster" if "--cluster" in how else "NAME")
     names = known_clusters()
     if not names:
         raise ClusterError("no cluster is up: start one with: lossbed up --hosts 4")
@@ -49,6 +49,7 @@ def load(name: str | None, how: str = "--cluster NAME"):
 
 
 def down(name: str) -> dict:
+    naming.check_cluster_name(name, "NAME")
     record = state.read(name) or {}
     kind = record.get("kind", netns_cluster.KIND)
     if kind in (netns_cluster.KIND, "vm"):

@@ -23,13 +23,37 @@ Host variables override group and `all` variables. Keys lossbed does not know ar
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Annotated
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from testbed import yamlfile
 from testbed.errors import UsageError
+
+# Host and group names reach paths on the hosts (lease files) and on the controller: letters,
+# digits, '.', '-' and '_', starting with a letter or digit, at most 63 (a DNS label's limit)
+# -- what real inventories use (dgx-01.lab, rack_2), and never a path ('/', '..', '.x').
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+NAME_RULE = ("1 to 63 letters, digits, '.', '-' and '_', starting with a letter or digit, "
+             "without '..'")
+# Linux interface names: 1-15 bytes, no '/', no whitespace, not '.' or '..' (dev_valid_name)
+_IFNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}")
+
+
+def check_name(name, what: str) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise UsageError("--inventory", f"{what} {name!r} is not usable: a {what} is "
+                         f"{NAME_RULE}", f"Rename the {what}")
+    return name
+
+
+def _interface_name(value: str) -> str:
+    if not _IFNAME.fullmatch(value) or ".." in value or len(value.encode()) > 15:
+        raise ValueError(f"{value!r} is not a Linux interface name (1-15 characters of "
+                         "letters, digits, '_', '.', ':', '@', '-'; no '/')")
+    return value
 
 
 class HostEntry(BaseModel):
@@ -44,7 +68,7 @@ class HostEntry(BaseModel):
     ansible_become_user: str | None = None
     ansible_connection: str | None = None
     ansible_ssh_common_args: str | None = None
-    lossbed_interface: str
+    lossbed_interface: Annotated[str, AfterValidator(_interface_name)]
     lossbed_address: str
     lossbed_project: str = "/opt/lossbed"
     lossbed_python: str | None = None
@@ -58,38 +82,20 @@ class HostEntry(BaseModel):
         return self.lossbed_python or f"{self.lossbed_project}/.venv/bin/python"
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML that refuses a key given twice in one mapping (PyYAML keeps the last one)."""
-
-
-def _construct_mapping(loader, node, deep=False):
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise UsageError("inventory", f"{key!r} is given twice (line "
-                             f"{key_node.start_mark.line + 1})",
-                             "Give each host (and each key) once")
-        seen.add(key)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                                 _construct_mapping)
-
-
 def _walk(group: dict, inherited: dict, out: dict, where: str) -> None:
     if not isinstance(group, dict):
         raise UsageError("inventory", f"{where} must be a mapping",
                          "See ansible/inventory.example.yml")
     variables = {**inherited, **(group.get("vars") or {})}
     for name, host_vars in (group.get("hosts") or {}).items():
+        check_name(name, "host name")
         merged = {**variables, **(host_vars or {})}
         if name in out and out[name] != merged:
             raise UsageError("inventory", f"host {name!r} appears twice with different "
                              "settings", "Define each host once")
         out[name] = merged
     for child, sub in (group.get("children") or {}).items():
+        check_name(child, "group name")
         _walk(sub or {}, variables, out, f"{where}.children.{child}")
     unknown = set(group) - {"vars", "hosts", "children"}
     if unknown:
@@ -102,10 +108,9 @@ def load(path: str | Path) -> dict[str, HostEntry]:
     if not path.is_file():
         raise UsageError("--inventory", f"no inventory file {path}", "Give a YAML inventory")
     try:
-        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as err:
-        raise UsageError("--inventory", f"{path} is not valid YAML: {err}", "Fix the file") \
-            from None
+        data = yamlfile.read(path)
+    except yamlfile.YamlInputError as err:
+        raise UsageError("--inventory", f"{path}: {err}", "Fix the file") from None
     if not isinstance(data, dict) or "all" not in data:
         raise UsageError("--inventory", f"{path} has no top-level 'all' group",
                          "Start the file with all: (see ansible/inventory.example.yml)")

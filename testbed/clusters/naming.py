@@ -24,8 +24,12 @@ HOST_IFNAME = "eth0"
 DEFAULT_CLUSTER_NAME = "local"
 
 # Lower-case letters and digits only: no '-', so "lossbed-<name>-" is an unambiguous prefix
-# (cluster "a" can never claim the namespaces of cluster "a-b").
-_CLUSTER_NAME = re.compile(r"^[a-z][a-z0-9]*$")
+# (cluster "a" can never claim the namespaces of cluster "a-b"), and never a path: no '/',
+# no '.', never empty. At most 12, so the bridge "<name>-br" fits in an interface name.
+CLUSTER_NAME_MAX = IFNAME_MAX_BYTES - len("-br")
+_CLUSTER_NAME = re.compile(rf"^[a-z][a-z0-9]{{0,{CLUSTER_NAME_MAX - 1}}}$")
+CLUSTER_NAME_RULE = (f"a cluster name is 1 to {CLUSTER_NAME_MAX} lower-case letters and digits, "
+                     "starting with a letter")
 
 
 def host_name(index: int) -> str:
@@ -59,19 +63,25 @@ def cluster_of_namespace(namespace: str) -> str | None:
         return None
     rest = namespace[len(NAMESPACE_PREFIX) :]
     cluster, sep, _ = rest.partition("-")
-    if not sep or not _CLUSTER_NAME.match(cluster):
+    if not sep or not _CLUSTER_NAME.fullmatch(cluster):
         return None
     return cluster
 
 
+def check_cluster_name(name: str, flag: str = "--cluster") -> str:
+    """The name, if it is a cluster name; else UsageError with the rule. Every command that
+    takes a cluster name calls this before the name reaches a path, a namespace or a kernel
+    object."""
+    if not isinstance(name, str) or not _CLUSTER_NAME.fullmatch(name):
+        shown = name if len(repr(name)) <= 40 else f"{name[:20]}… ({len(name)} characters)"
+        raise UsageError(flag, f"{shown!r} is not a cluster name: {CLUSTER_NAME_RULE}",
+                         f"Use e.g. {flag} demo")
+    return name
+
+
 def validate_cluster_name(name: str, host_count: int) -> None:
-    """Refuse names that are not [a-z][a-z0-9]* or that make an interface name too long."""
-    if not _CLUSTER_NAME.match(name):
-        raise UsageError(
-            "--name",
-            f"{name!r} is not a valid cluster name",
-            "Use lower-case letters and digits, starting with a letter (e.g. --name demo)",
-        )
+    """Refuse names that break the rule or that make an interface name too long."""
+    check_cluster_name(name, "--name")
     longest_host = host_name(max(host_count, 1) - 1)
     ifname = max((bridge_ifname(name), switch_port_ifname(name, longest_host)), key=len)
     size = len(ifname.encode())

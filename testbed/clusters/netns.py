@@ -202,6 +202,7 @@ def validate(spec: ClusterSpec) -> LocalCluster:
 
 def up(spec: ClusterSpec) -> LocalCluster:
     """Build the cluster, or nothing: any failure (or Ctrl-C) tears down what was made."""
+    naming.check_cluster_name(spec.name, "--name")  # bad input first, then the machine
     preflight.require_root("lossbed up")
     preflight.require_namespaces()
     preflight.require_commands("ip", package="iproute2")

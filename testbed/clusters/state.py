@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from testbed.errors import ClusterError
+from testbed.errors import ClusterError, UsageError
 
 STATE_ROOT_ENV = "LOSSBED_STATE_DIR"
 DEFAULT_STATE_ROOT = "/run/lossbed"
@@ -26,13 +26,31 @@ def state_root() -> Path:
 
 
 def cluster_dir(cluster: str) -> Path:
+    """The cluster's folder: always a direct child of the state root, whatever `cluster` is.
+
+    This is the state module's own guard, independent of the name rule the commands apply
+    first (naming.check_cluster_name): a name that would lead anywhere else ('..', '/x',
+    'a/b', '') is refused here too, so nothing can be created or removed outside the root."""
+    if (not isinstance(cluster, str) or cluster in ("", ".", "..") or "/" in cluster
+            or "\0" in cluster or cluster.startswith(".")):
+        raise UsageError("NAME", f"{cluster!r} would be a path outside lossbed's state folder "
+                         f"{state_root()}", "Use a cluster name (lower-case letters and digits)")
     return state_root() / cluster
+
+
+def _inside_root(path: Path) -> bool:
+    """True when `path`, with every link resolved, is a folder directly inside the root."""
+    try:
+        return path.resolve().parent == state_root().resolve() and path.is_dir() \
+            and not path.is_symlink()
+    except OSError:
+        return False
 
 
 def claim(cluster: str) -> Path:
     """Create the cluster's state folder; fails if it exists, so two `up`s cannot share a name."""
-    state_root().mkdir(parents=True, exist_ok=True)
     path = cluster_dir(cluster)
+    state_root().mkdir(parents=True, exist_ok=True)
     try:
         path.mkdir(mode=0o700)
     except FileExistsError:
@@ -72,8 +90,14 @@ def recorded_clusters() -> list[str]:
 
 
 def forget(cluster: str) -> None:
-    """Remove the cluster's state folder, and the state root when it is left empty."""
-    shutil.rmtree(cluster_dir(cluster), ignore_errors=True)
+    """Remove the cluster's state folder, and the state root when it is left empty. Only a
+    real folder directly inside the root is ever removed (not a link out of it)."""
+    path = cluster_dir(cluster)
+    if path.is_symlink() or (path.exists() and not _inside_root(path)):
+        raise UsageError("NAME", f"{path} is outside lossbed's state folder {state_root()} "
+                         "(a link?): not removing it", "Remove it by hand if it is yours")
+    if path.exists():
+        shutil.rmtree(path, ignore_errors=True)
     try:
         state_root().rmdir()
     except OSError:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
+
+from testbed.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +26,17 @@ DEFAULT_LEASE_S = 120.0
 WATCH_EVERY_S = 0.5
 
 
+# What a host name or an interface name may hold to become part of a lease file's name (the
+# inventory checks names with a stricter rule first; this guard stands on its own, on the host)
+_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:@-]{0,62}")
+
+
 def lease_file(host: str, ifname: str) -> Path:
+    """The lease's file: always directly inside LEASE_DIR, whatever the names hold."""
+    for what, part in (("host name", host), ("interface name", ifname)):
+        if not isinstance(part, str) or not _PART.fullmatch(part) or ".." in part:
+            raise UsageError(what, f"{part!r} cannot name a lease file (it would be a path)",
+                             "Use letters, digits, '.', '-', '_' (fix the inventory)")
     return LEASE_DIR / f"{host}-{ifname}.lease"
 
 

@@ -50,7 +50,7 @@ def playbook(vms, inventory, name: str, *extra: str) -> tuple[dict, str]:
     result = subprocess.run(
         ["ip", "netns", "exec", f"lossbed-{vms.name}-ctl", str(REPO / ".venv/bin/ansible-playbook"),
          "-i", str(inventory), name, *extra],
-        capture_output=True, text=True, timeout=900, cwd=ANSIBLE,
+        capture_output=True, text=True, timeout=900, cwd=ANSIBLE, stdin=subprocess.DEVNULL,
         env={**os.environ, "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
              "ANSIBLE_LOCAL_TEMP": str(inventory.parent / "tmp")})
     log = result.stdout + result.stderr
