@@ -22,6 +22,9 @@ MAX_DEPTH = 64            # no lossbed file nests more than ~6 levels
 MAX_VALUES = 100_000      # after expanding aliases
 
 
+_SELF_REFERENCE = "an anchor (&name) contains an alias of itself (*name)"
+
+
 class YamlInputError(ValueError):
     """What is wrong with a YAML input, in one sentence (the caller adds which file)."""
 
@@ -85,6 +88,8 @@ def parse(text: str) -> Any:
         raise YamlInputError(f"it is nested too deeply (lossbed allows {MAX_DEPTH} "
                              "levels)") from None
     except yaml.YAMLError as err:
+        if "recursive node" in str(err):
+            raise YamlInputError(_SELF_REFERENCE) from None
         raise YamlInputError(f"it is not valid YAML: {_one_line(err)}") from None
     except (ValueError, TypeError, OverflowError) as err:  # e.g. an unhashable key
         raise YamlInputError(f"it is not usable YAML: {err}") from None
@@ -108,7 +113,7 @@ def check_shape(data: Any) -> None:
             raise YamlInputError(f"it is nested more than {MAX_DEPTH} levels deep")
         if isinstance(value, dict | list):
             if id(value) in above:
-                raise YamlInputError("an anchor (&name) contains an alias of itself (*name)")
+                raise YamlInputError(_SELF_REFERENCE)
             inner = (*above, id(value))
             children = (list(value.keys()) + list(value.values()) if isinstance(value, dict)
                         else value)

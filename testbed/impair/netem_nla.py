@@ -150,7 +150,9 @@ def default_limit(imp: Impairment, mtu: int, line_rate_mbit: float) -> int:
     rate_bytes_s = (imp.rate_mbit or line_rate_mbit) * 1e6 / 8
     hold_s = (imp.delay_ms + 4 * imp.jitter_ms) / 1000
     if imp.slot:
-        hold_s += imp.slot.max_delay_ms / 1000
+        slot = imp.slot
+        hold_s += (slot.delay_ms + 4 * slot.jitter_ms if slot.distribution
+                   else slot.uniform_max_delay_ms) / 1000
     bdp_packets = rate_bytes_s * hold_s / max(mtu, 1)
     return max(1000, math.ceil(2 * bdp_packets))
 
@@ -183,7 +185,7 @@ def options(imp: Impairment, limit: int) -> dict:
     if imp.delay_distribution and imp.delay_distribution != "uniform":
         attrs.append(["TCA_NETEM_DELAY_DIST", distribution_table(imp.delay_distribution)])
     if imp.reorder_pct:
-        opts["gap"] = 1  # as tc: with reorder and no gap, every other packet may jump ahead
+        opts["gap"] = imp.reorder_gap_packets or 1  # tc's default gap is 1
         attrs.append(["TCA_NETEM_REORDER", {"probability": percent(imp.reorder_pct),
                                             "correlation": percent(imp.reorder_correlation_pct)}])
     if imp.corrupt_pct:
@@ -203,14 +205,27 @@ def options(imp: Impairment, limit: int) -> dict:
     if imp.jitter_ms:
         attrs.append(["TCA_NETEM_JITTER64", round(imp.jitter_ms * NS_PER_MS)])
     if imp.slot:
-        attrs.append(["TCA_NETEM_SLOT", {
-            "min_delay": round(imp.slot.min_delay_ms * NS_PER_MS),
-            "max_delay": round(imp.slot.max_delay_ms * NS_PER_MS),
-            "max_packets": imp.slot.max_packets, "max_bytes": imp.slot.max_bytes,
-            "dist_delay": 0, "dist_jitter": 0}])
+        attrs.extend(_slot_attrs(imp.slot))
     if imp.seed is not None:
         attrs.append(["TCA_NETEM_PRNG_SEED", imp.seed])
     return opts
+
+
+def _slot_attrs(slot) -> list:
+    """TCA_NETEM_SLOT, and with a slot distribution its table (TCA_NETEM_SLOT_DIST), as tc
+    sends them: a uniform slot has min/max and no table; a distribution has delay/jitter."""
+    if slot.distribution:
+        return [["TCA_NETEM_SLOT", {
+                    "min_delay": 0, "max_delay": 0, "max_packets": slot.max_packets,
+                    "max_bytes": slot.max_bytes,
+                    "dist_delay": round(slot.delay_ms * NS_PER_MS),
+                    "dist_jitter": round(slot.jitter_ms * NS_PER_MS)}],
+                ["TCA_NETEM_SLOT_DIST", distribution_table(slot.distribution)]]
+    return [["TCA_NETEM_SLOT", {
+        "min_delay": round(slot.min_delay_ms * NS_PER_MS),
+        "max_delay": round(slot.uniform_max_delay_ms * NS_PER_MS),
+        "max_packets": slot.max_packets, "max_bytes": slot.max_bytes,
+        "dist_delay": 0, "dist_jitter": 0}]]
 
 
 def qdisc_message(index: int, handle: int, parent: int, opts: dict) -> NetemTcmsg:

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from testbed import yamlfile
 from testbed.errors import UsageError
 from testbed.profiles import model
 
@@ -60,9 +60,9 @@ def load(name_or_path: str, overrides: list[str] = ()) -> model.Profile:
     path = find(name_or_path)
     source = f"{path.stem} ({path})"
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ProfileError(source, [f"not valid YAML: {err}"]) from None
+        data = yamlfile.read(path)
+    except yamlfile.YamlInputError as err:
+        raise ProfileError(source, [str(err)]) from None
     if not isinstance(data, dict):
         raise ProfileError(source, ["the file must be a mapping (key: value lines)"])
     data.setdefault("name", path.stem)
@@ -87,9 +87,15 @@ def apply_override(data: dict, item: str) -> None:
     key = key.strip()
     if not sep or not key:
         raise UsageError("--set", f"{item!r} is not key=value", "Write e.g. --set loss_pct=10")
+    if len(text) > 10_000:
+        raise UsageError("--set", f"the value of {key} is {len(text):,} characters long",
+                         "Write a long value into a profile file instead")
     try:
-        value = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
+        value = yamlfile.parse(text) if text.strip() else None
+    except yamlfile.YamlInputError as err:
+        if "not valid YAML" not in str(err):
+            raise UsageError("--set", f"the value of {key}: {err}", "Give a plain value") \
+                from None
         value = text
     path = key.split(".")
     if len(path) == 1 and key not in model.Profile.model_fields:
@@ -170,7 +176,7 @@ def _explain(error: dict) -> str:
     kind = error["type"]
     given = error.get("input")
     if kind == "extra_forbidden":
-        key = str(error["loc"][-1])
+        key = str(error["loc"][-1])[:60]
         owner = _model_at(error["loc"])
         allowed = sorted(owner.model_fields) if owner else []
         close = difflib.get_close_matches(key, allowed, n=1)
@@ -188,8 +194,21 @@ def _explain(error: dict) -> str:
         fix = ""
         if isinstance(given, str) and any(ch.isalpha() for ch in given):
             fix = " Write the number alone: the unit is in the field name"
-        return f"{where}: expected a number, got {given!r}.{fix}"
+        return f"{where}: expected a number, got {_short(given)}.{fix}"
     message = error["msg"].removeprefix("Value error, ")
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        return f"{where}: {message} (got {given!r})"
+        field = str(error["loc"][-1])
+        why = f": {model.LIMITS[field]}" if field in model.LIMITS else ""
+        return f"{where}: {message} (got {_short(given)}){why}"
+    if kind == "finite_number":
+        return f"{where}: must be a finite number (got {_short(given)})"
+    if given is not None and kind in ("int_from_float", "int_type", "int_parsing",
+                                      "float_type", "bool_parsing", "string_type",
+                                      "literal_error"):
+        return f"{where}: {message} (got {_short(given)})"
     return f"{where}: {message}"
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "…"

@@ -18,16 +18,65 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from testbed import ports
 
-Percent = Annotated[float, Field(ge=0, le=100)]
-Probability100 = Annotated[float, Field(ge=0, le=100, description="percent")]
+# ---- what the kernel's fields can hold -------------------------------------------------------
+# A value past these is refused here, with the reason, instead of being cut or wrapped when it
+# is encoded (a delay of 5,000 s used to reach the kernel as 274.9 s).
+
+# netem's probabilities are 32-bit fractions and nftables draws 1 in 10^9: a nonzero
+# percentage finer than that would silently become 0 (no loss at all).
+PERCENT_RESOLUTION = 1e-7
+# netem holds delay and jitter as 32-bit counts of psched ticks of 64 ns (tc refuses more).
+TICK_NS = 64
+MAX_TICKS_MS = (2**32 - 1) * TICK_NS / 1e6          # 274877.90688 ms
+# slot lengths are signed 64-bit nanoseconds; a slot distribution's jitter a signed 32-bit one
+MAX_S64_NS_MS = (2**63 - 1) / 1e6
+MAX_S32_NS_MS = (2**31 - 1) / 1e6                   # 2147.483647 ms
+# netem's rate is bytes/s in 64 bits (RATE64); at least 1 byte/s, or it means "no limit"
+MIN_RATE_MBIT = 8 / 1e6
+MAX_RATE_MBIT = (2**64 - 1) * 8 / 1e6
+# the bpf backend holds a burst's age limit in u64 nanoseconds
+MAX_U64_NS_MS = (2**64 - 1) / 1e6
+U32_MAX = 2**32 - 1
+S32_MAX = 2**31 - 1
+
+# Why a field has the limit it has: the profile loader adds this to a bound's error.
+LIMITS = {
+    "delay_ms": "netem holds a delay as a 32-bit count of 64 ns ticks",
+    "jitter_ms": "netem holds jitter as a 32-bit count of 64 ns ticks (a slot "
+                 "distribution's jitter: signed 32-bit nanoseconds)",
+    "min_delay_ms": "netem holds slot lengths in signed 64-bit nanoseconds",
+    "max_delay_ms": "netem holds slot lengths in signed 64-bit nanoseconds",
+    "max_packets": "netem's slot packet limit is a signed 32-bit number",
+    "max_bytes": "netem's slot byte limit is a signed 32-bit number",
+    "rate_mbit": "netem's rate is whole bytes per second in 64 bits (0 would mean no limit)",
+    "limit_packets": "netem's queue limit is a 32-bit number",
+    "reorder_gap_packets": "netem's reorder gap is a 32-bit number",
+    "max_burst_ms": "the bpf backend holds it in 64-bit nanoseconds",
+    "mean_burst_packets": "r = 1/mean_burst_packets must stay above 2^-32, the finest "
+                          "probability netem and bpf encode",
+}
+
+
+def _resolvable(value: float) -> float:
+    if 0 < value < PERCENT_RESOLUTION:
+        raise ValueError(f"{value!r} % is below the finest probability any backend encodes "
+                         f"({PERCENT_RESOLUTION:g} %): it would act as 0. Use 0 or a larger "
+                         "value")
+    return value
+
+
+Percent = Annotated[float, Field(ge=0, le=100), AfterValidator(_resolvable)]
+Probability100 = Annotated[float, Field(ge=0, le=100, description="percent"),
+                           AfterValidator(_resolvable)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: .inf and .nan are YAML floats, and `ge=0` alone lets inf through
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # ---- loss models -------------------------------------------------------------------------
@@ -84,9 +133,9 @@ class GilbertElliott(_Strict):
     r_pct: Probability100 | None = None
     loss_in_bad_pct: Percent = 100.0
     loss_in_good_pct: Percent = 0.0
-    loss_pct: Annotated[float, Field(ge=0, lt=100)] | None = None
-    mean_burst_packets: Annotated[float, Field(ge=1)] | None = None
-    max_burst_ms: Annotated[float, Field(ge=0)] = 0.0
+    loss_pct: Annotated[float, Field(ge=0, lt=100), AfterValidator(_resolvable)] | None = None
+    mean_burst_packets: Annotated[float, Field(ge=1, le=2**32)] | None = None
+    max_burst_ms: Annotated[float, Field(ge=0, le=MAX_U64_NS_MS)] = 0.0
 
     @model_validator(mode="after")
     def _one_parametrisation(self):
@@ -207,31 +256,60 @@ LossModel = Annotated[Bernoulli | GilbertElliott | FourState, Field(discriminato
 
 
 class Slot(_Strict):
-    """netem's slotting: packets leave in bursts at slot boundaries (e.g. Wi-Fi, DOCSIS)."""
+    """netem's slotting: packets leave in bursts at slot boundaries (e.g. Wi-Fi, DOCSIS).
 
-    min_delay_ms: Annotated[float, Field(ge=0)]
-    max_delay_ms: Annotated[float, Field(ge=0)]
-    max_packets: Annotated[int, Field(ge=0)] = 0
-    max_bytes: Annotated[int, Field(ge=0)] = 0
+    A slot's length is either uniform between min_delay_ms and max_delay_ms (tc's `slot MIN
+    MAX`; max defaults to min), or drawn from a distribution table around delay_ms with
+    jitter_ms (tc's `slot distribution NAME DELAY JITTER`). max_packets / max_bytes: what
+    one slot may send (0: no limit)."""
+
+    min_delay_ms: Annotated[float, Field(ge=0, le=MAX_S64_NS_MS)] | None = None
+    max_delay_ms: Annotated[float, Field(ge=0, le=MAX_S64_NS_MS)] | None = None
+    distribution: Literal["normal", "pareto", "paretonormal"] | None = None
+    delay_ms: Annotated[float, Field(ge=0, le=MAX_S64_NS_MS)] | None = None
+    jitter_ms: Annotated[float, Field(gt=0, le=MAX_S32_NS_MS)] | None = None
+    max_packets: Annotated[int, Field(ge=0, le=S32_MAX)] = 0
+    max_bytes: Annotated[int, Field(ge=0, le=S32_MAX)] = 0
 
     @model_validator(mode="after")
-    def _ordered(self):
-        if self.max_delay_ms < self.min_delay_ms:
+    def _one_form(self):
+        uniform = self.min_delay_ms is not None or self.max_delay_ms is not None
+        table = (self.distribution is not None or self.delay_ms is not None
+                 or self.jitter_ms is not None)
+        if uniform and table:
+            raise ValueError("give either min_delay_ms (and max_delay_ms), or distribution, "
+                             "delay_ms and jitter_ms, not both")
+        if table:
+            missing = [name for name in ("distribution", "delay_ms", "jitter_ms")
+                       if getattr(self, name) is None]
+            if missing:
+                raise ValueError(f"a slot distribution needs {', '.join(missing)} too")
+        elif self.min_delay_ms is None:
+            raise ValueError("give min_delay_ms (and max_delay_ms), or distribution, "
+                             "delay_ms and jitter_ms")
+        elif self.max_delay_ms is not None and self.max_delay_ms < self.min_delay_ms:
             raise ValueError("max_delay_ms is below min_delay_ms: swap them")
         return self
+
+    @property
+    def uniform_max_delay_ms(self) -> float:
+        return self.max_delay_ms if self.max_delay_ms is not None else self.min_delay_ms or 0.0
 
 
 class Impairment(_Strict):
     """What happens to packets on one path. Every field is optional; nothing set = clean."""
 
     loss: LossModel | None = None
-    delay_ms: Annotated[float, Field(ge=0)] = 0.0
-    jitter_ms: Annotated[float, Field(ge=0)] = 0.0
+    delay_ms: Annotated[float, Field(ge=0, le=MAX_TICKS_MS)] = 0.0
+    jitter_ms: Annotated[float, Field(ge=0, le=MAX_TICKS_MS)] = 0.0
     delay_correlation_pct: Percent = 0.0
     delay_distribution: Literal["uniform", "normal", "pareto", "paretonormal"] | None = None
-    rate_mbit: Annotated[float, Field(gt=0)] | None = None
+    rate_mbit: Annotated[float, Field(ge=MIN_RATE_MBIT, le=MAX_RATE_MBIT)] | None = None
     reorder_pct: Percent = 0.0
     reorder_correlation_pct: Percent = 0.0
+    # tc's `gap`: after each reordered packet the next gap-1 packets are delayed for sure;
+    # from then on each is sent at once with probability reorder_pct. None: 1, as tc sends.
+    reorder_gap_packets: Annotated[int, Field(ge=1, le=U32_MAX)] | None = None
     duplicate_pct: Percent = 0.0
     duplicate_correlation_pct: Percent = 0.0
     corrupt_pct: Percent = 0.0
@@ -239,7 +317,7 @@ class Impairment(_Strict):
     ecn: bool = Field(False, description="mark ECN-capable packets instead of dropping them")
     slot: Slot | None = None
     seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
-    limit_packets: Annotated[int, Field(ge=1)] | None = None
+    limit_packets: Annotated[int, Field(ge=1, le=U32_MAX)] | None = None
 
     @model_validator(mode="after")
     def _dependencies(self):
@@ -249,6 +327,7 @@ class Impairment(_Strict):
             ("reorder_pct", self.reorder_pct, "delay_ms", self.delay_ms),
             ("reorder_correlation_pct", self.reorder_correlation_pct, "reorder_pct",
              self.reorder_pct),
+            ("reorder_gap_packets", self.reorder_gap_packets, "reorder_pct", self.reorder_pct),
             ("duplicate_correlation_pct", self.duplicate_correlation_pct, "duplicate_pct",
              self.duplicate_pct),
             ("corrupt_correlation_pct", self.corrupt_correlation_pct, "corrupt_pct",
@@ -334,8 +413,9 @@ class LinkOverride(Impairment):
 
 
 class Profile(_Strict):
-    name: str
-    description: str = ""
+    # A profile's name may become part of a results folder: a name, never a path.
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+    description: Annotated[str, Field(max_length=2000)] = ""
     impairment: Impairment = Field(default_factory=Impairment)
     direction: Literal["ingress", "egress", "both"] = "ingress"
     match: Match = Field(default_factory=Match)

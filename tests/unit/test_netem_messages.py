@@ -15,7 +15,8 @@ from testbed.profiles.model import Bernoulli, FourState, GilbertElliott
 U32_MAX = 0xFFFFFFFF
 TCA_KIND, TCA_OPTIONS = 1, 2
 NETEM = {1: "CORR", 2: "DELAY_DIST", 3: "REORDER", 4: "CORRUPT", 5: "LOSS", 6: "RATE",
-         7: "ECN", 8: "RATE64", 10: "LATENCY64", 11: "JITTER64", 12: "SLOT", 14: "PRNG_SEED"}
+         7: "ECN", 8: "RATE64", 10: "LATENCY64", 11: "JITTER64", 12: "SLOT", 13: "SLOT_DIST",
+         14: "PRNG_SEED"}
 NLA_F_NESTED = 0x8000
 HOSTS = [plan.PlannedHost(f"h{i}", f"10.201.0.{i}", "eth0", 9000) for i in (1, 2, 3)]
 
@@ -70,7 +71,7 @@ def test_every_profile_path_decodes_to_the_intended_kernel_structures(imp, host_
     assert jitter == min(U32_MAX, round(imp.jitter_ms * 1000 * tick))
     assert q_limit == limit
     assert duplicate == pct(imp.duplicate_pct)
-    assert gap == (1 if imp.reorder_pct else 0)
+    assert gap == ((imp.reorder_gap_packets or 1) if imp.reorder_pct else 0)
     expected = set()
 
     if isinstance(imp.loss, Bernoulli):
@@ -131,9 +132,20 @@ def test_every_profile_path_decodes_to_the_intended_kernel_structures(imp, host_
         assert struct.unpack("=q", attrs["JITTER64"][1]) == (round(imp.jitter_ms * 1e6),)
     if imp.slot:
         expected.add("SLOT")
-        assert struct.unpack("=qqiiqq", attrs["SLOT"][1]) == (
-            round(imp.slot.min_delay_ms * 1e6), round(imp.slot.max_delay_ms * 1e6),
-            imp.slot.max_packets, imp.slot.max_bytes, 0, 0)
+        slot = imp.slot
+        if slot.distribution:
+            expected.add("SLOT_DIST")
+            assert struct.unpack("=qqiiqq", attrs["SLOT"][1]) == (
+                0, 0, slot.max_packets, slot.max_bytes, round(slot.delay_ms * 1e6),
+                round(slot.jitter_ms * 1e6))
+            table = attrs["SLOT_DIST"][1]
+            assert struct.unpack(f"={len(table) // 2}h", table) == tuple(
+                netem_nla.distribution_table(slot.distribution))
+        else:
+            maximum = slot.max_delay_ms if slot.max_delay_ms is not None else slot.min_delay_ms
+            assert struct.unpack("=qqiiqq", attrs["SLOT"][1]) == (
+                round(slot.min_delay_ms * 1e6), round(maximum * 1e6),
+                slot.max_packets, slot.max_bytes, 0, 0)
     if imp.seed is not None:
         expected.add("PRNG_SEED")
         assert struct.unpack("=Q", attrs["PRNG_SEED"][1]) == (imp.seed,)
@@ -149,6 +161,38 @@ def test_the_full_profile_covers_every_attribute_and_a_100_gbit_rate():
             "LATENCY64", "JITTER64", "SLOT", "PRNG_SEED"} == set(attrs)
     assert struct.unpack("=Q", attrs["RATE64"][1]) == (12_500_000_000,)  # 100 Gbit/s in B/s
     assert struct.unpack("=I", attrs["RATE"][1][:4]) == (U32_MAX,)        # "see RATE64"
+
+
+def _decoded(imp, limit=1000):
+    return decode_netem(netem_nla.encode(netem_nla.qdisc_message(
+        1, 0x100000, 0xB0ED0010, netem_nla.options(imp, limit))))
+
+
+def test_a_reorder_gap_reaches_the_kernel_structure():
+    imp = profiles.load("clean", ["delay_ms=10", "reorder_pct=25",
+                                  "reorder_gap_packets=5"]).impairment
+    _, qopt, attrs = _decoded(imp)
+    assert qopt[3] == 5  # tc_netem_qopt.gap
+    assert struct.unpack("=2I", attrs["REORDER"][1]) == (pct(25), 0)
+    # without a gap: 1, as tc sends it
+    _, qopt, _ = _decoded(profiles.load("clean", ["delay_ms=10", "reorder_pct=25"]).impairment)
+    assert qopt[3] == 1
+
+
+def test_a_slot_distribution_reaches_the_kernel_with_its_table():
+    imp = profiles.load("clean", ["slot={distribution: pareto, delay_ms: 2, jitter_ms: 0.5, "
+                                  "max_packets: 8}"]).impairment
+    _, _, attrs = _decoded(imp)
+    assert struct.unpack("=qqiiqq", attrs["SLOT"][1]) == (0, 0, 8, 0, 2_000_000, 500_000)
+    table = attrs["SLOT_DIST"][1]
+    assert struct.unpack(f"={len(table) // 2}h", table) == tuple(
+        netem_nla.distribution_table("pareto"))
+    assert "DELAY_DIST" not in attrs  # the packet delay has no table of its own here
+    # and pyroute2's classes decode both back
+    opts = netem_nla.decode(netem_nla.encode(netem_nla.qdisc_message(
+        1, 0x100000, 0xB0ED0010, netem_nla.options(imp, 1000)))).get_attr("TCA_OPTIONS")
+    assert opts.get_attr("TCA_NETEM_SLOT")["dist_jitter"] == 500_000
+    assert len(opts.get_attr("TCA_NETEM_SLOT_DIST")) == 4096
 
 
 def test_pyroute2_classes_round_trip_what_they_encode():
