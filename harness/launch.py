@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed import ports
-from testbed.errors import LossbedError
+from testbed.errors import LossbedError, UsageError
 
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +39,21 @@ class RankResult:
 
 class LaunchError(LossbedError):
     pass
+
+
+BACKENDS = ("gloo", "nccl")
+
+
+def check_environment() -> None:
+    """The controller's LOSSBED_* settings that ranks get, parsed here before anything is
+    applied or launched (a rank would only fail with them minutes later)."""
+    from harness.transport.dropmask import parse_drop_mask
+
+    parse_drop_mask(os.environ.get("LOSSBED_DROP_MASK"))
+    backend = os.environ.get("LOSSBED_BACKEND")
+    if backend and backend not in BACKENDS:
+        raise UsageError("LOSSBED_BACKEND", f"unknown backend {backend!r}",
+                         f"Use one of: {', '.join(BACKENDS)} (or leave it unset: gloo)")
 
 
 def rank_slots(cluster) -> list[tuple[object, int]]:
@@ -86,10 +101,16 @@ def _kill(proc) -> None:
 
 
 def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
-        extra_env: dict | None = None, echo_rank0=None) -> list[RankResult]:
+        extra_env: dict | None = None, echo_rank0=None, answer_rank0=None) -> list[RankResult]:
     """Run `python -m module args` as one rank per host and wait for all. If one fails, the
     others get a moment to notice and say why, then are stopped. echo_rank0(line) is
-    called with each line rank 0 writes to stderr as it comes (progress)."""
+    called with each line rank 0 writes to stderr as it comes (progress).
+
+    answer_rank0(line) is called with each line rank 0 writes to stdout as it comes; what it
+    returns (a string, or None for nothing) is written to rank 0's stdin. That is how the
+    controller and rank 0 take turns (the train worker waits at each run boundary while the
+    controller reads the kernel's counters). Every rank's stdin is a pipe from here: on a
+    remote host through SSH and testbed.host.guard, on a VM through its exec channel."""
     procs = []
     slots = rank_slots(cluster)
     remote = getattr(cluster, "kind", "") == "remote"
@@ -100,9 +121,11 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
             if local:  # a local rank inherits this environment; a remote or VM one has its own
                 env = {**os.environ, **env}
             python = getattr(host, "python", sys.executable) if remote else sys.executable
+            # a remote host's popen makes its own stdin pipe (the guard's liveness line)
+            stdin = {} if remote else {"stdin": subprocess.PIPE}
             procs.append(host.popen([python, "-m", module, *args], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True,
+                                    start_new_session=True, **stdin,
                                     cwd=str(getattr(host, "project", PROJECT_ROOT))))
         outputs = [([], []) for _ in procs]
 
@@ -112,10 +135,21 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
                 if echo:
                     echo(line.rstrip("\n"))
 
+        def answer(line: str) -> None:
+            reply = answer_rank0(line.rstrip("\n"))
+            if reply is not None:
+                try:
+                    procs[0].stdin.write(reply + "\n")
+                    procs[0].stdin.flush()
+                except (BrokenPipeError, OSError):
+                    pass  # rank 0 is gone: its exit code tells why
+
         threads = []
         for i, p in enumerate(procs):
-            threads.append(threading.Thread(target=pump, args=(p.stdout, outputs[i][0], None),
-                                            daemon=True))
+            threads.append(threading.Thread(
+                target=pump, args=(p.stdout, outputs[i][0],
+                                   answer if i == 0 and answer_rank0 else None),
+                daemon=True))
             threads.append(threading.Thread(
                 target=pump, args=(p.stderr, outputs[i][1], echo_rank0 if i == 0 else None),
                 daemon=True))

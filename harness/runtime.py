@@ -18,6 +18,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from harness import barrier
 from harness.transport.dropmask import DropMask, parse_drop_mask
 from harness.transport.semantics import Semantics
 from harness.transport.udp import UdpTransport
@@ -59,7 +60,6 @@ class Rank:
         tearing down its process group finds the store gone, and C++ aborts the process.
         When leaving because of an error, nobody is waited for (a peer may be dead)."""
         import sys
-        import time
 
         failing = sys.exc_info()[0] is not None
         # A peer may still need this rank's transports: under RC semantics it waits for the
@@ -74,16 +74,11 @@ class Rank:
         if dist.is_initialized():
             dist.destroy_process_group()
         try:
-            if self.rank != 0:
+            if self.rank != 0 or failing:
                 self.store.add("lossbed/exited", 1)
                 return
-            if failing:
-                return
-            deadline = time.monotonic() + linger_s
-            while int(self.store.add("lossbed/exited", 0)) < self.world - 1:
-                if time.monotonic() > deadline:
-                    return
-                time.sleep(0.01)
+            barrier.wait_for_all(self.store, "lossbed/exited", self.world, linger_s,
+                                 must=False)
         except Exception:
             pass  # a rank that died: nothing to wait for
 
@@ -91,13 +86,8 @@ class Rank:
     def _wait_for_all(self, key: str, timeout_s: float) -> None:
         """Count this rank in at `key` and wait until every rank is (or the timeout; a
         store that is gone means rank 0 left, and there is no one left to wait for)."""
-        import time
-
         try:
-            self.store.add(key, 1)
-            deadline = time.monotonic() + timeout_s
-            while int(self.store.add(key, 0)) < self.world and time.monotonic() < deadline:
-                time.sleep(0.01)
+            barrier.wait_for_all(self.store, key, self.world, timeout_s, must=False)
         except Exception:
             pass
 
@@ -110,8 +100,7 @@ def _env(name: str, default: str | None = None) -> str:
     return value
 
 
-def start(timeout_s: float = 60.0, rate_mbit: float = 0.0, transport: str | None = None,
-          drop_mask: str | None = None) -> Rank:
+def start(timeout_s: float = 60.0) -> Rank:
     rank, world = int(_env("RANK")), int(_env("WORLD_SIZE"))
     master, port = _env("MASTER_ADDR"), int(_env("MASTER_PORT"))
     store = dist.TCPStore(master, port, world, is_master=(rank == 0),
@@ -121,31 +110,27 @@ def start(timeout_s: float = 60.0, rate_mbit: float = 0.0, transport: str | None
     backend = os.environ.get("LOSSBED_BACKEND", "gloo")
     dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
-    semantics = Semantics.parse(transport or os.environ.get("LOSSBED_TRANSPORT", "udp"))
-    mask = parse_drop_mask(drop_mask or os.environ.get("LOSSBED_DROP_MASK"))
+    semantics = Semantics.parse(os.environ.get("LOSSBED_TRANSPORT", "udp"))
+    mask = parse_drop_mask(os.environ.get("LOSSBED_DROP_MASK"))
     address, mtu = _env("LOSSBED_ADDRESS", master), int(_env("LOSSBED_MTU", "1500"))
     segmentation = os.environ.get("LOSSBED_UDP_SEGMENTATION", "0") == "1"
     transport = make_transport(rank, world, address, store, semantics, mtu=mtu,
-                               rate_mbit=rate_mbit, drop_mask=mask, segmentation=segmentation)
+                               drop_mask=mask, segmentation=segmentation)
     return Rank(rank, world, store, transport, address=address, mtu=mtu, drop_mask=mask,
                 segmentation=segmentation)
 
 
 def make_transport(rank: int, world: int, address: str, store, semantics: Semantics, *,
                    mtu: int, drop_mask: DropMask | None, segmentation: bool,
-                   rate_mbit: float = 0.0, key_prefix: str = "lossbed/udp"):
+                   key_prefix: str = "lossbed/udp"):
     """The transport for `semantics`: RDMA queue pairs for verbs-*, else UDP datagrams."""
     if semantics.verbs:
         from harness.verbs.transport import VerbsTransport
 
-        if rate_mbit:
-            raise SystemExit(f"{semantics}: pacing (--rate-mbit) is for the UDP transport; "
-                             "an RDMA device paces itself")
         # (its store keys are its own, lossbed/verbs/<semantics>: key_prefix is UDP's)
         return VerbsTransport(rank, world, address, store, semantics, drop_mask=drop_mask)
-    return UdpTransport(rank, world, address, store, mtu=mtu, rate_mbit=rate_mbit,
-                        semantics=semantics, drop_mask=drop_mask, segmentation=segmentation,
-                        key_prefix=key_prefix)
+    return UdpTransport(rank, world, address, store, mtu=mtu, semantics=semantics,
+                        drop_mask=drop_mask, segmentation=segmentation, key_prefix=key_prefix)
 
 
 def run_and_exit(main) -> None:

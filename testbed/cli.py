@@ -169,6 +169,9 @@ def _cmd_collective_bench(args) -> int:
     spec = cb.BenchSpec(sizes_mib=args.sizes, losses=args.loss, profiles=args.profiles,
                         algorithms=args.algorithms, iters=args.iters)
     spec.validate()
+    if args.cluster is None and args.hosts < 2:
+        raise UsageError("--hosts", f"{args.hosts} host cannot run a collective",
+                         "Use --hosts 2 or more (4 by default)")
     own = None
     if args.cluster is not None:
         cluster = clusters.load(args.cluster)
@@ -198,7 +201,12 @@ def _cmd_train(args) -> int:
                       batch=args.batch, seq_len=args.seq_len, lr=args.lr,
                       optimizer=args.optimizer, transport=args.transport, device=args.device,
                       resync_every=args.resync_every, eval_tokens=args.eval_tokens,
-                      corpus=args.corpus, hf_dataset=args.hf_dataset, tokenizer=args.tokenizer)
+                      corpus=args.corpus, hf_dataset=args.hf_dataset,
+                      hf_text_field=args.hf_text_field, tokenizer=args.tokenizer)
+    cfg.validate()  # the options and LOSSBED_* settings first, before any cluster is touched
+    from harness import launch
+
+    launch.check_environment()
     cluster = _cluster(args)
     run.check(cfg, cluster)  # bad input is refused before any process starts
     rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
@@ -380,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-tokens", type=int, default=0, help="0: the whole held-out split")
     p.add_argument("--corpus", help="a text file (default: pydoc_data.topics)")
     p.add_argument("--hf-dataset", help="an HF dataset in the local cache, or a saved folder")
+    p.add_argument("--hf-text-field", default="text",
+                   help="the HF dataset's column with the text (default: text)")
     p.add_argument("--tokenizer", help="a local HF tokenizer folder (default: bytes)")
     p.add_argument("--out", help="folder for the ranks' metrics (default: a temporary one)")
     p.add_argument("--json", metavar="FILE", help="append the run's record to this file")
@@ -446,11 +456,17 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _check_names(args) -> None:
-    """Every cluster name on the command line obeys the rule before anything runs: a name
-    reaches state paths, namespace names and `down`'s removals (exit 2 otherwise)."""
+def _check_arguments(args) -> None:
+    """What argparse cannot check, before anything runs. Every cluster name obeys the rule:
+    a name reaches state paths, namespace names and `down`'s removals (exit 2 otherwise)."""
+    import math
+
     from testbed.clusters import naming
 
+    lease_s = getattr(args, "lease_s", None)
+    if lease_s is not None and not (math.isfinite(lease_s) and lease_s > 0):
+        raise UsageError("--lease-s", f"{lease_s} is not a positive number of seconds",
+                         "e.g. --lease-s 120 (hosts revert that long after the last renewal)")
     if getattr(args, "cluster", None) is not None:
         naming.check_cluster_name(args.cluster, "--cluster")
     if args.command in ("down", "status") and args.name is not None:
@@ -472,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     _MAIN_PID = os.getpid()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        _check_names(args)
+        _check_arguments(args)
         return args.func(args)
     except LossbedError as err:
         print(f"lossbed: error: {err}", file=sys.stderr)

@@ -78,3 +78,18 @@ def two_vm_hosts(**spec):
     yield cluster
     clusters.down(name)
     assert leftovers(name) == NOTHING
+
+
+def untrained_ppl(cfg) -> float:
+    """The perplexity of the model a run starts from (its preset, seed, corpus, tokenizer and
+    held-out split), computed here: a model that trained at all scores below it, while a
+    bound like `ppl < 256` also passes a model worse than the byte-level chance of 256."""
+    from harness.data.corpus import Corpus, load_text
+    from harness.eval.perplexity import perplexity
+    from harness.model import presets, tokenizer
+
+    tok = tokenizer.load(cfg.tokenizer)
+    text, source = load_text(cfg.corpus, cfg.hf_dataset, hf_text_field=cfg.hf_text_field)
+    corpus = Corpus.build(text, tok, source, cfg.seq_len)
+    model = presets.build(cfg.preset, tok.vocab_size, cfg.seed)
+    return perplexity(model, corpus.heldout, cfg.seq_len, cfg.eval_tokens or None)

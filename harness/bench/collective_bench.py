@@ -54,6 +54,10 @@ class BenchSpec:
             raise UsageError("--sizes", "sizes must be positive (MiB)", "e.g. --sizes 1 4")
         if self.iters < 1:
             raise UsageError("--iters", f"{self.iters} is too few", "Use --iters 1 or more")
+        for name in self.profiles:  # every profile at every loss, before a cluster is built
+            for loss in self.losses:
+                profiles.load(name, [f"loss_pct={loss * 100}"] if loss > 0 else [])
+        launch.check_environment()
 
 
 def raw_udp_rate(cluster, seconds: float = 0.5) -> float:
@@ -136,23 +140,31 @@ def _add_ratios(rows: list[dict]) -> None:
         ref = gloo.get((r["profile"], r["loss"], r["size_bytes"]))
         if ref and r["algorithm"] != "gloo":
             r["p50_vs_gloo"] = r["p50_ms"] / ref["p50_ms"]
-            r["p99_vs_gloo"] = r["p99_ms"] / ref["p99_ms"]
+            r["max_vs_gloo"] = r["max_ms"] / ref["max_ms"]
+            if r["p99_ms"] is not None and ref["p99_ms"] is not None:
+                r["p99_vs_gloo"] = r["p99_ms"] / ref["p99_ms"]
 
 
 def format_table(rows: list[dict]) -> str:
     head = (f"{'profile':<12} {'loss':>5} {'meas':>6} {'size':>6} {'algorithm':<28} "
             f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'Gbit/s':>7} {'p50/gloo':>8} "
-            f"{'p99/gloo':>8} {'raw%':>5}")
+            f"{'p99/gloo':>8} {'max/gloo':>8} {'raw%':>5}")
     lines = [head, "-" * len(head)]
+
+    def f(value, fmt: str) -> str:
+        return format(value, fmt) if value is not None else "-"
+
     for r in rows:
-        ratio50 = f"{r['p50_vs_gloo']:.2f}" if "p50_vs_gloo" in r else "-"
-        ratio99 = f"{r['p99_vs_gloo']:.3f}" if "p99_vs_gloo" in r else "-"
         raw = f"{r['raw_rate_fraction'] * 100:.0f}" if r.get("raw_rate_fraction") else "-"
         lines.append(
             f"{r['profile']:<12} {r['loss']:>5.0%} {r['measured_loss']:>6.2%} "
             f"{r['size_bytes'] / MIB:>5.0f}M {r['algorithm']:<28} {r['p50_ms']:>8.1f} "
-            f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f} {r['algbw_gbps']:>7.2f} {ratio50:>8} "
-            f"{ratio99:>8} {raw:>5}")
+            f"{f(r['p99_ms'], '.1f'):>8} {r['max_ms']:>8.1f} {r['algbw_gbps']:>7.2f} "
+            f"{f(r.get('p50_vs_gloo'), '.2f'):>8} {f(r.get('p99_vs_gloo'), '.3f'):>8} "
+            f"{f(r.get('max_vs_gloo'), '.3f'):>8} {raw:>5}")
+    if rows and rows[0].get("p99_ms") is None:
+        lines.append(f"p99: '-' with {rows[0]['iterations']} iterations (a p99 needs 100: "
+                     "--iters 100); max is the slowest iteration")
     if rows:
         lines.append(f"raw UDP rate between two hosts (one Python sender, MTU "
                      f"{rows[0]['mtu']}): {rows[0]['raw_udp_pps']:.0f} packets/s")

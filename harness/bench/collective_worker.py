@@ -11,15 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import time
 
 import torch
 
-from harness import runtime
+from harness import barrier, runtime
 from harness.collectives import reliable
 from harness.collectives.lossy import LossyCollective
 from harness.collectives.rps import RPS
+from harness.metrics.hdr import Histogram
 
 ROUND_ITERS = 10  # timed iterations of one algorithm before the next takes its turn
 ALGORITHMS = ("gloo", "lossy-zero_fill", "lossy-received_mean", "lossy-rescale", "rps")
@@ -28,14 +28,9 @@ ALGORITHMS = ("gloo", "lossy-zero_fill", "lossy-received_mean", "lossy-rescale",
 
 
 def store_barrier(store, name: str, world: int, timeout_s: float = 600) -> None:
-    """A barrier over the rendezvous store, whose port profiles keep reliable (a gloo
-    barrier would cross the impaired links)."""
-    store.add(f"barrier/{name}", 1)
-    deadline = time.monotonic() + timeout_s
-    while int(store.add(f"barrier/{name}", 0)) < world:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"barrier {name}: not every rank arrived in {timeout_s} s")
-        time.sleep(0.005)
+    """A barrier over the rendezvous store between timed phases (one-time setup, not a timed
+    step: a gloo barrier would cross the impaired links)."""
+    barrier.wait_for_all(store, f"barrier/{name}", world, timeout_s)
 
 
 class Timing:
@@ -58,21 +53,21 @@ class Timing:
 
     def summary(self, size_bytes: int, lossy: bool) -> dict:
         times, seconds = self.times, sum(self.times)
+        hist = Histogram()
+        for s in times:
+            hist.record(s * 1e6)
+        ms = {k: (v / 1e3 if v is not None else None) for k, v in hist.summary().items()
+              if k != "count"}
         return {
-            "p50_ms": statistics.median(times) * 1e3,
-            "p99_ms": percentile(times, 0.99) * 1e3, "max_ms": max(times) * 1e3,
-            "mean_ms": seconds / len(times) * 1e3,
+            # p99 is None below 100 iterations: with 10 it would be the maximum
+            "p50_ms": ms["p50"], "p99_ms": ms["p99"], "max_ms": ms["max"],
+            "iterations": len(times), "mean_ms": seconds / len(times) * 1e3,
             # algorithm bandwidth: the tensor's bytes per second of one all-reduce
-            "algbw_gbps": size_bytes * 8 / statistics.median(times) / 1e9,
+            "algbw_gbps": size_bytes * 8 / (ms["p50"] / 1e3) / 1e9,
             "packets_per_s": self.sent / seconds if lossy else None,
             "missing_fraction": self.missing / self.expected
             if lossy and self.expected else None,
         }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def main(argv=None) -> int:
@@ -81,11 +76,9 @@ def main(argv=None) -> int:
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rate-mbit", type=float, default=0.0)
-    parser.add_argument("--transport", default="udp", help="udp, roce-ud, roce-uc, roce-rc")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    r = runtime.start(rate_mbit=args.rate_mbit, transport=args.transport)
+    r = runtime.start()
     try:
         runners = {}
         for name in args.algorithms:

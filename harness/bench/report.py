@@ -16,7 +16,8 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
        9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
 RESULT_FIELDS = ("variant", "profile", "loss", "seed", "steps", "hosts", "tokens_per_s",
                  "step_ms", "collective_ms", "ppl", "ppl_rank0", "ppl_delta_pct",
-                 "measured_loss", "measured_loss_interval", "rcvbuf_drops", "drift", "backend",
+                 "measured_loss", "measured_loss_interval", "measured_packets", "rcvbuf_drops",
+                 "measured_window", "drift", "backend",
                  "packets_sent", "packets_lost", "bytes_sent", "losses", "model_sha")
 
 
@@ -31,6 +32,17 @@ def mean_interval(values: list[float]) -> tuple[float, float | None]:
     if len(values) < 2:
         return m, None
     return m, t95(len(values)) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def _step_ms(runs: list[dict]) -> dict:
+    """Step-time percentiles (ms) over the steps of all these runs (their histograms
+    merged)."""
+    merged = Histogram()
+    for r in runs:
+        merged.merge(Histogram.from_dict(r["step_hist"]))
+    s = merged.summary()
+    return {k: (s[k] / 1000 if s[k] is not None else None) for k in ("p50", "p99", "max")} \
+        | {"count": s["count"]}
 
 
 def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
@@ -49,24 +61,31 @@ def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
         deltas = [r["ppl_delta_pct"] for r in runs if r["ppl_delta_pct"] is not None]
         mean, half = mean_interval(deltas) if deltas else (None, None)
         base = groups.get((loss, "reliable"), [])
+        steps = _step_ms(runs)
         row = {
             "loss": loss, "variant": variant, "seeds": len(runs),
             "ppl": statistics.fmean(r["ppl"] for r in runs),
             "ppl_delta_pct": mean, "ppl_delta_ci95": half, "ppl_deltas": deltas,
             "tokens_per_s": statistics.fmean(r["tokens_per_s"] for r in runs),
-            "step_p50_ms": statistics.fmean(r["step_ms"]["p50"] for r in runs),
-            "step_p99_ms": statistics.fmean(r["step_ms"]["p99"] for r in runs),
+            # the steps of all seeds together: p99 needs 100 of them, else it is None
+            "step_p50_ms": steps["p50"], "step_p99_ms": steps["p99"],
+            "step_max_ms": steps["max"], "step_samples": steps["count"],
             "measured_loss": statistics.fmean(r["measured_loss"] for r in runs),
             "drift": statistics.fmean(r["drift"] for r in runs),
         }
         if base:
+            base_steps = _step_ms(base)
             row["throughput_vs_reliable"] = row["tokens_per_s"] / statistics.fmean(
                 r["tokens_per_s"] for r in base)
-            row["p99_vs_reliable"] = row["step_p99_ms"] / statistics.fmean(
-                r["step_ms"]["p99"] for r in base)
+            row["p99_vs_reliable"] = (row["step_p99_ms"] / base_steps["p99"]
+                                      if row["step_p99_ms"] and base_steps["p99"] else None)
+            row["max_vs_reliable"] = row["step_max_ms"] / base_steps["max"]
         rows.append(row)
-    exact = all(r["model_sha"] == reference[r["seed"]]["model_sha"] for r in records
-                if r["variant"] == "reliable" and r["seed"] in reference)
+    # None when no reliable run under loss was made: "not run", never "passed"
+    reliable_lossy = [r for r in records if r["variant"] == "reliable" and r["loss"] > 0
+                      and r["seed"] in reference]
+    exact = (all(r["model_sha"] == reference[r["seed"]]["model_sha"] for r in reliable_lossy)
+             if reliable_lossy else None)
     return {"config": spec_dict, "backend": backend, "noise_floor_pct": noise_floor,
             "lossless_ppl": lossless, "rows": rows,
             "checks": {"reliable_exact_under_loss": exact}}
@@ -84,11 +103,16 @@ def table(summary: dict) -> str:
             f" {f(r.get('p99_vs_reliable'), '.2f'):>10} {f(r['ppl_delta_pct'], '+.2f'):>8}"
             f" {f(r['ppl_delta_ci95'], '.2f'):>7} {r['ppl']:>7.3f} {r['drift']:>7.3f}"
             f" {r['measured_loss']:>9.2%}")
+    if any(r.get("p99_vs_reliable") is None and r.get("max_vs_reliable") for r in
+           summary["rows"]):
+        lines.append("p99 vs rel: '-' where fewer than 100 steps back a p99 (summary.json "
+                     "has max_vs_reliable)")
     floor = summary["noise_floor_pct"]
+    exact = summary["checks"]["reliable_exact_under_loss"]
     lines.append(f"noise floor (lossless reliable, seed-to-seed sd): "
                  f"{f'{floor:.2f}%' if floor is not None else 'n/a (one seed)'}; backend "
                  f"{summary['backend']}; reliable under loss == lossless model: "
-                 f"{summary['checks']['reliable_exact_under_loss']}")
+                 f"{'not run' if exact is None else exact}")
     return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness import launch
 from harness.bench import report
 from harness.train import run
 from harness.train.config import VARIANTS, TrainConfig
@@ -64,6 +65,7 @@ class BenchSpec:
             if loss > 0:
                 profiles.load(self.profile, [f"loss_pct={loss * 100}"])  # refuses early
         self.config(variant="reliable", seed=0).validate()
+        launch.check_environment()
 
     def config(self, variant: str, seed: int) -> TrainConfig:
         name, _, transport = variant.partition("@")
@@ -87,33 +89,37 @@ class BenchSpec:
 
 
 def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
+    """All runs in one launch of the ranks (one start-up): the profile changes between runs
+    where the loss does, and each run's loss is measured around that run alone."""
     spec.validate()
     out.mkdir(parents=True, exist_ok=True)
     cases = spec.cases()
-    total = sum(len(runs) for _, _, runs in cases)
-    done = 0
+    runs, losses = [], []
+    for profile_name, loss, cfgs in cases:
+        sets = (f"loss_pct={loss * 100}",) if loss > 0 else ()
+        runs += [run.Run(cfg, profile_name, sets) for cfg in cfgs]
+        losses += [loss] * len(cfgs)
+    total = len(runs)
     started = time.monotonic()
-    records = []
 
     def progress(line: str) -> None:
-        if line.startswith("[run"):
-            echo(f"[bench {done + 1 + _index(line)}/{total}] {line.split('] ', 1)[-1]}")
-
-    for profile_name, loss, runs in cases:
-        sets = [f"loss_pct={loss * 100}"] if loss > 0 else []
-        echo(f"[bench] {len(runs)} runs under {profile_name}"
-             f"{f' at {loss:.0%} loss' if loss else ''}")
-        for rec in run.train_many(cluster, runs, profile_name, sets, out / "runs" /
-                                  f"{profile_name}-{loss}", echo=progress):
-            rec["loss"] = loss
-            records.append(rec)
-        done += len(runs)
+        if not line.startswith("[run"):
+            return  # the ranks' other chatter (library warnings): in the ranks' output
+        index = _index(line)
         elapsed = time.monotonic() - started
-        echo(f"[bench] {done}/{total} runs done in {elapsed / 60:.1f} min; about "
-             f"{elapsed / done * (total - done) / 60:.1f} min left")
+        left = f"; about {elapsed / index * (total - index) / 60:.1f} min left" if index else ""
+        echo(f"[bench {index + 1}/{total}] {losses[index]:.0%} loss, "
+             f"{line.split('] ', 1)[-1]}{left}")
+
+    echo(f"[bench] {total} runs: " + ", ".join(
+        f"{len(cfgs)} at {loss:.0%} loss ({name})" for name, loss, cfgs in cases))
+    records = run.train_runs(cluster, runs, out / "runs", echo=progress)
+    for rec, loss in zip(records, losses, strict=True):
+        rec["loss"] = loss
+    echo(f"[bench] {total} runs done in {(time.monotonic() - started) / 60:.1f} min")
     summary = report.summarise(records, spec_dict=asdict(spec), backend=records[-1]["backend"])
     report.write_outputs(out, records, summary)
-    if not summary["checks"]["reliable_exact_under_loss"]:
+    if summary["checks"]["reliable_exact_under_loss"] is False:
         raise LossbedError("reliable training under loss did not produce the lossless model: "
                            "the baseline is not reliable; see summary.json")
     return summary
@@ -128,15 +134,34 @@ def _index(line: str) -> int:
 
 
 def load_summary(path: Path) -> dict:
+    """A bench's summary.json (or its folder), checked: `compare` refuses what it cannot
+    compare with the reason, instead of failing on a missing key or a division by zero."""
     path = Path(path)
     if path.is_dir():
         path = path / "summary.json"
+    fix = "Give a summary.json written by lossbed bench, or its folder"
     try:
-        return json.loads(path.read_text())
+        summary = json.loads(path.read_text())
     except FileNotFoundError:
-        raise UsageError("BASE/NEW", f"no bench summary at {path}",
-                         "Give a summary.json written by lossbed bench, or its folder") from None
-
-
-def finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
+        raise UsageError("BASE/NEW", f"no bench summary at {path}", fix) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UsageError("BASE/NEW", f"{path} is not a bench summary: {err}", fix) from None
+    rows = summary.get("rows") if isinstance(summary, dict) else None
+    if not isinstance(rows, list):
+        raise UsageError("BASE/NEW", f"{path} has no list of rows", fix)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise UsageError("BASE/NEW", f"{path}: rows[{i}] is not an object", fix)
+        for key in ("loss", "variant", "tokens_per_s", "step_max_ms"):
+            if key not in row:
+                raise UsageError("BASE/NEW", f"{path}: rows[{i}] has no {key!r}", fix)
+        for key in ("tokens_per_s", "step_max_ms", "step_p99_ms"):
+            value = row.get(key)
+            if key == "step_p99_ms" and value is None:
+                continue  # fewer than 100 steps: compare uses the maximum
+            value = row[key]
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise UsageError("BASE/NEW", f"{path}: rows[{i}] ({row['variant']} at "
+                                 f"{row['loss']}) has {key} {value!r}: a ratio against it "
+                                 "means nothing", "Compare benches whose runs completed")
+    return summary

@@ -8,6 +8,11 @@ import math
 from collections import Counter
 
 PRECISION = 0.01  # bucket width relative to its value
+# Zero has a bucket of its own. Values between 0 and 1 take negative buckets like any other
+# value (they once shared -1 with zero, and read back as 0).
+ZERO_BUCKET = -(1 << 40)
+# A percentile q is backed by at least one sample beyond it only with 100 / (100 - q)
+# samples or more: p99 needs 100, p99.9 needs 1000. With fewer, it is the maximum.
 
 
 class Histogram:
@@ -18,8 +23,8 @@ class Histogram:
         self.min = math.inf
 
     def record(self, value: float) -> None:
-        if value < 0:
-            raise ValueError(f"latency {value} is negative")
+        if not value >= 0 or math.isinf(value):
+            raise ValueError(f"latency {value} is negative or not finite")
         self.counts[self._bucket(value)] += 1
         self.total += 1
         self.max = max(self.max, value)
@@ -27,12 +32,21 @@ class Histogram:
 
     @staticmethod
     def _bucket(value: float) -> int:
-        return -1 if value <= 0 else int(math.floor(math.log(value) / math.log1p(PRECISION)))
+        if value == 0:
+            return ZERO_BUCKET
+        return int(math.floor(math.log(value) / math.log1p(PRECISION)))
 
     @staticmethod
     def _value(bucket: int) -> float:
         # the middle of the bucket
-        return 0.0 if bucket < 0 else math.exp((bucket + 0.5) * math.log1p(PRECISION))
+        if bucket == ZERO_BUCKET:
+            return 0.0
+        return math.exp((bucket + 0.5) * math.log1p(PRECISION))
+
+    @staticmethod
+    def samples_needed(q: float) -> int:
+        """Samples for percentile q to be more than the maximum (see above)."""
+        return math.ceil(100 / (100 - q) - 1e-9) if q < 100 else math.inf
 
     def percentile(self, q: float) -> float:
         if not self.total:
@@ -53,9 +67,15 @@ class Histogram:
         return self
 
     def summary(self) -> dict:
-        return {"p50": self.percentile(50), "p99": self.percentile(99),
-                "p999": self.percentile(99.9), "max": self.max if self.total else math.nan,
-                "count": self.total}
+        """p50, p99, p99.9, max and count. A percentile that too few samples back (see
+        samples_needed) is None rather than the maximum under another name."""
+        out = {}
+        for name, q in (("p50", 50), ("p99", 99), ("p999", 99.9)):
+            enough = self.total >= self.samples_needed(q)
+            out[name] = self.percentile(q) if enough and self.total else None
+        out["max"] = self.max if self.total else None
+        out["count"] = self.total
+        return out
 
     def to_dict(self) -> dict:
         return {"counts": {str(k): v for k, v in self.counts.items()}, "total": self.total,

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from harness.model import presets
 from testbed.errors import UsageError
 
 VARIANTS = ("reliable", "zero_fill", "unbiased", "unbiased_drift", "rps")
-# `lossbed bench` also takes VARIANT@TRANSPORT, e.g. unbiased@roce-uc: the same variant over
-# another loss semantics. These are its RoCE defaults.
-ROCE_VARIANTS = ("unbiased@roce-ud", "unbiased@roce-uc", "unbiased@roce-rc")
-VARIANT_HELP = {
-    "reliable": "torch.distributed all-reduce (gloo; NCCL on GPUs): waits for TCP",
-    "zero_fill": "lossy all-reduce, missing gradients count as 0 (naive)",
-    "unbiased": "lossy all-reduce, received-mean rebuild of gradients",
-    "unbiased_drift": "unbiased gradients + parameter broadcast (arXiv 2507.07114)",
-    "rps": "RPS model averaging (arXiv 1810.07766)",
-}
 
 
 @dataclass
@@ -37,6 +28,7 @@ class TrainConfig:
     eval_tokens: int = 0  # 0: the whole held-out split
     corpus: str | None = None
     hf_dataset: str | None = None
+    hf_text_field: str = "text"  # the HF dataset's column that holds the text
     tokenizer: str | None = None
     log_every: int = 10
 
@@ -62,6 +54,15 @@ class TrainConfig:
                              "e.g. --lr 2e-3")
         if self.resync_every < 0:
             raise UsageError("--resync-every", "must be 0 (never) or more", "e.g. 100")
+        if self.eval_tokens < 0:
+            raise UsageError("--eval-tokens", f"{self.eval_tokens} is negative",
+                             "Use 0 (the whole held-out split) or a number of tokens")
+        if self.seed < 0:
+            raise UsageError("--seed", f"{self.seed} is negative", "Use 0 or more")
+        if self.log_every < 1:
+            raise UsageError("log_every", f"{self.log_every} is too small", "Use 1 or more")
+        if not math.isfinite(self.lr):
+            raise UsageError("--lr", f"{self.lr} is not finite", "e.g. --lr 2e-3")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -3,8 +3,9 @@ rank per host, collect, verify the loss the kernel applied, clear, write the rec
 
 The record (one JSON object) has the config, the per-step loss (rank 0), step and
 collective latency histograms merged over ranks (p50/p99/p99.9), tokens/s, bytes and
-packets sent and lost, the measured link loss with its interval, the receivers' own socket
-drops, drift, and perplexity of the rank-averaged model and of rank 0's.
+packets sent and lost, the measured link loss with its interval and the receivers' own
+socket drops (both counted around this run alone), drift, and perplexity of the
+rank-averaged model and of rank 0's.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness import launch
@@ -33,44 +35,102 @@ log = logging.getLogger(__name__)
 def check(cfg: TrainConfig, cluster=None) -> None:
     """Every input problem, found before a process starts or a link is touched."""
     cfg.validate()
+    launch.check_environment()
     from harness.verbs import device
 
     device.require_for([cfg.transport], cluster.hosts if cluster is not None else [])
     tok = tokenizers.load(cfg.tokenizer)
-    text, source = load_text(cfg.corpus, cfg.hf_dataset)
+    text, source = load_text(cfg.corpus, cfg.hf_dataset, hf_text_field=cfg.hf_text_field)
     Corpus.build(text, tok, source, cfg.seq_len)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run of a launch, and the profile (with --set overrides) it runs under."""
+
+    cfg: TrainConfig
+    profile: str = "clean"
+    sets: tuple[str, ...] = ()
 
 
 def train(cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str] = (),
           out_dir: Path | None = None, echo=print) -> dict:
-    return train_many(cluster, [cfg], profile_name, sets, out_dir, echo)[0]
+    return train_runs(cluster, [Run(cfg, profile_name, tuple(sets))], out_dir, echo)[0]
 
 
 def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
                sets: list[str] = (), out_dir: Path | None = None, echo=print) -> list[dict]:
     """Several runs under one profile, one after the other in one launch of the ranks."""
-    for cfg in cfgs:
-        check(cfg, cluster)
-    profile = profiles.load(profile_name, list(sets))
-    the_plan, choice = engine.make_plan(cluster, profile)
+    return train_runs(cluster, [Run(c, profile_name, tuple(sets)) for c in cfgs], out_dir,
+                      echo)
+
+
+class _Boundaries:
+    """The controller's side of the run boundaries (harness.train.worker.wait_at_boundary):
+    at each, read the kernel's counters (the end of one run, the start of the next), apply
+    the next run's profile when it differs, and tell rank 0 to go on."""
+
+    def __init__(self, cluster, runs: list[Run], plans: dict):
+        self.cluster, self.runs, self.plans = cluster, runs, plans
+        self.applied = None      # the (profile, sets) applied now
+        self.start = None        # the counters at the start of the current run
+        self.windows: list = [None] * len(runs)   # per run: (report, profile) of its window
+        self.error: BaseException | None = None
+
+    def answer(self, line: str) -> str | None:
+        if not line.startswith('{"boundary"'):
+            return None
+        index = json.loads(line)["boundary"]
+        try:
+            if index > 0:
+                end = verify.read(self.cluster)
+                profile = self.plans[self.applied][0].profile
+                self.windows[index - 1] = (verify.report(self.cluster, end, self.start),
+                                           profile)
+            if index < len(self.runs):
+                key = (self.runs[index].profile, self.runs[index].sets)
+                if key != self.applied:
+                    engine.apply(self.cluster, *self.plans[key])
+                    self.applied = key
+                self.start = verify.read(self.cluster)
+        except BaseException as err:  # rank 0 is told to stop; the launch reports this
+            self.error = err
+            return "stop"
+        return f"go {index}"
+
+
+def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
+               echo=print) -> list[dict]:
+    """Runs one after the other in one launch of the ranks, each under its own profile (the
+    profile changes between runs where it differs). Each run's measured loss and socket
+    drops are counted around that run alone."""
+    for r in runs:
+        check(r.cfg, cluster)
+    plans = {}
+    for r in runs:  # every profile refused before anything is applied
+        key = (r.profile, r.sets)
+        if key not in plans:
+            plans[key] = engine.make_plan(cluster, profiles.load(r.profile, list(r.sets)))
     # absolute: ranks on remote hosts write under it from their own working folder
     work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    engine.apply(cluster, the_plan, choice)
+    boundaries = _Boundaries(cluster, runs, plans)
     started = time.monotonic()
     remote = getattr(cluster, "kind", "") == "remote"
     # Remote hosts: renew the impairment's lease while the run lasts; if this controller
     # dies, the hosts revert by themselves.
     keeper = lease.Keeper(cluster, cluster.lease_s / 3) if remote else contextlib.nullcontext()
+    transport_env = launch.transport_env(plans[(runs[0].profile, runs[0].sets)][0].profile)
     try:
         with keeper:
             results = launch.run(cluster, "harness.train.worker",
-                                 [json.dumps([c.to_dict() for c in cfgs]), str(work)],
+                                 [json.dumps([r.cfg.to_dict() for r in runs]), str(work)],
                                  timeout_s=24 * 3600, echo_rank0=echo,
-                                 extra_env=launch.transport_env(profile))
-            report = verify.verify(cluster)
+                                 extra_env=transport_env, answer_rank0=boundaries.answer)
     finally:
         engine.clear(cluster)
+    if boundaries.error is not None:
+        raise boundaries.error
     failed = [r for r in results if r.returncode != 0]
     if failed:
         first = min(failed, key=lambda r: (r.returncode == -9, r.rank))
@@ -78,16 +138,20 @@ def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
                            f"{first.returncode}:\n{first.stderr.strip()[-3000:]}")
     printed = [[json.loads(line) for line in r.stdout.strip().splitlines()
                 if line.startswith("{")] for r in results]
-    lines = [x for x in printed[0] if "rank_metrics" not in x]  # rank 0's results, per run
+    lines = [x for x in printed[0] if "index" in x]  # rank 0's results, per run
     # every rank's metrics, per run: each rank prints them after each run, in order
     metrics = [[x["rank_metrics"] for x in rank if "rank_metrics" in x] for rank in printed]
     wall = time.monotonic() - started
-    return [record(cfg, cluster, profile, choice.backend, report, lines[i],
-                   [m[i] for m in metrics], work / f"run{i}", wall / len(cfgs))
-            for i, cfg in enumerate(cfgs)]
+    records = []
+    for i, r in enumerate(runs):
+        window, profile = boundaries.windows[i]
+        backend = plans[(r.profile, r.sets)][1].backend
+        records.append(record(r.cfg, cluster, profile, window, backend, lines[i],
+                              [m[i] for m in metrics], work / f"run{i}", wall / len(runs)))
+    return records
 
 
-def record(cfg, cluster, profile, backend, report, result, ranks, work, wall_s) -> dict:
+def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) -> dict:
     step_us, collective_us = Histogram(), Histogram()
     for m in ranks:
         step_us.merge(Histogram.from_dict(m["step_us"]))
@@ -114,14 +178,22 @@ def record(cfg, cluster, profile, backend, report, result, ranks, work, wall_s) 
         "device_counters": dict(sum((Counter(m.get("device_counters", {})) for m in ranks),
                                     Counter())),
         "bytes_sent": sum(m["counters"]["bytes_sent"] for m in ranks),
+        # this run's own window: kernel counters read at the boundaries before and after it
         "measured_loss": dropped / seen if seen else 0.0,
         "measured_loss_interval": interval,
+        "measured_packets": seen,
         "rcvbuf_drops": sum(report.rcvbuf_errors.values()),
+        "measured_window": report.window,
         "parameters": result["parameters"], "corpus": result["corpus"],
         "model_sha": result["model_sha"], "wall_s": wall_s, "work_dir": str(work),
     }
 
 
 def _ms(h: Histogram) -> dict:
+    """Milliseconds from a histogram of microseconds; a percentile that too few samples back
+    is None (Histogram.summary)."""
     s = h.summary()
-    return {k: (s[k] / 1000 if k != "count" else s[k]) for k in ("p50", "p99", "p999", "count")}
+    out = {k: (s[k] / 1000 if s[k] is not None else None)
+           for k in ("p50", "p99", "p999", "max")}
+    out["count"] = s["count"]
+    return out

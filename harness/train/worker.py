@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from harness import runtime
+from harness import barrier, runtime
 from harness.collectives.lossy import LossyCollective
 from harness.collectives.rps import RPS
 from harness.data.corpus import Batches, Corpus, load_text
@@ -106,7 +106,7 @@ def load_flat(model, values: torch.Tensor) -> None:
 def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
     """One run on an already started rank; rank 0 returns the run's result."""
     tok = tokenizer.load(cfg.tokenizer)
-    text, source = load_text(cfg.corpus, cfg.hf_dataset)
+    text, source = load_text(cfg.corpus, cfg.hf_dataset, hf_text_field=cfg.hf_text_field)
     corpus = Corpus.build(text, tok, source, cfg.seq_len)
     batches = Batches(corpus, r.rank, r.world, cfg.batch, cfg.seq_len, cfg.seed)
     model = presets.build(cfg.preset, tok.vocab_size, cfg.seed)
@@ -182,19 +182,42 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
     return result
 
 
+# How long ranks wait at a run boundary for the controller (it reads the kernel's counters
+# and may apply the next run's profile: seconds here, longer over SSH)
+BOUNDARY_TIMEOUT_S = 1800.0
+
+
+def wait_at_boundary(r, index: int) -> None:
+    """Before run `index` (and after the last run): rank 0 tells the controller, which reads
+    the kernel's counters there (and applies the next run's profile when it differs), and
+    waits for its answer "go INDEX"; every rank waits for rank 0. So each run's measured loss
+    is its own. A rank 0 whose stdin is at its end (started without lossbed's controller,
+    e.g. by hand with </dev/null) does not wait."""
+    if r.rank == 0:
+        print(json.dumps({"boundary": index}), flush=True)
+        answer = sys.stdin.readline() if sys.stdin is not None else ""
+        if answer and answer.strip() != f"go {index}":
+            raise SystemExit(f"rank 0: the controller answered {answer.strip()!r} at run "
+                             f"boundary {index}, not 'go {index}'")
+    barrier.wait_for_all(r.store, f"lossbed/boundary/{index}", r.world, BOUNDARY_TIMEOUT_S)
+
+
 def main(argv=None) -> int:
     """argv: a JSON list of run configs, and the output folder. The runs go one after the
-    other in these processes (one start-up for many runs); rank 0 prints a JSON line each."""
+    other in these processes (one start-up for many runs), with a boundary before each and
+    after the last; rank 0 prints a JSON line per run."""
     args = argv or sys.argv[1:]
     configs = [TrainConfig(**c) for c in json.loads(args[0])]
     out_dir = Path(args[1])
     r = runtime.start(timeout_s=300)
     try:
         for i, cfg in enumerate(configs):
+            wait_at_boundary(r, i)
             label = f"run {i + 1}/{len(configs)} {cfg.variant} seed {cfg.seed}"
             result = train_one(r, cfg, out_dir / f"run{i}", label)
             if result is not None:
                 print(json.dumps({"index": i, **result}), flush=True)
+        wait_at_boundary(r, len(configs))
     finally:
         r.close()
     return 0

@@ -14,6 +14,7 @@ import hashlib
 import struct
 
 from harness.transport.header import Header
+from testbed.errors import UsageError
 
 _KEY = struct.Struct("<QHIBHIHI")
 
@@ -22,10 +23,15 @@ class DropMask:
     def __init__(self, seed: int, rate: float):
         if not 0 <= rate < 1:
             raise ValueError(f"drop rate {rate} must be in [0, 1)")
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed {seed} must be in [0, 2^64)")
         self.seed, self.rate = seed, rate
         self.threshold = int(rate * 2**64)
-        self.attempts: dict[tuple, int] = {}
-        self.dropped: list[tuple] = []
+        self.attempts: dict[tuple, int] = {}  # per step: the transports clear it each step
+        # What was dropped, in constant memory: how many, and an order-free digest of the
+        # positions (two runs dropped the same positions when both agree)
+        self.dropped_count = 0
+        self.dropped_digest = 0
 
     def position(self, head: Header) -> tuple:
         return (head.source, head.step, head.stage, head.shard, head.index, head.fragment)
@@ -39,16 +45,24 @@ class DropMask:
                                  digest_size=8).digest()
         drop = int.from_bytes(digest, "little") < self.threshold
         if drop:
-            self.dropped.append(pos + (attempt,))
+            self.dropped_count += 1
+            self.dropped_digest = (self.dropped_digest + int.from_bytes(
+                hashlib.blake2b(digest + self.seed.to_bytes(8, "little"),
+                                digest_size=8).digest(), "little")) % 2**64
         return drop
 
 
 def parse_drop_mask(text: str | None) -> DropMask | None:
-    """LOSSBED_DROP_MASK / --drop-mask: SEED:RATE, or nothing for no mask."""
+    """LOSSBED_DROP_MASK / --drop-mask: SEED:RATE, or nothing for no mask. The controller
+    parses it before anything is applied (harness.launch.check_environment)."""
     if not text:
         return None
-    seed, _, rate = text.partition(":")
+    seed, sep, rate = text.partition(":")
     try:
+        if not sep:
+            raise ValueError("no ':'")
         return DropMask(int(seed), float(rate))
-    except ValueError:
-        raise SystemExit(f"drop mask {text!r}: write SEED:RATE, e.g. 7:0.1") from None
+    except (ValueError, OverflowError) as err:
+        raise UsageError("LOSSBED_DROP_MASK", f"{text!r} is not SEED:RATE ({err})",
+                         "Write e.g. LOSSBED_DROP_MASK=7:0.1 (seed 7, 10% of datagrams)") \
+            from None

@@ -6,8 +6,9 @@ fixed header (header.py) and a payload sized to the link MTU. The loss semantics
 message (roce-uc), or nothing at all at the price of go-back-N retransmission (roce-rc).
 Without RC there is no retransmission: a receiver waits until everything it expects arrived
 or its deadline passed, and the collective rebuilds what is missing. Sending is zero-copy
-(the header and a view of the tensor go out in one sendmsg) and paced to a rate; receiving
-goes into one preallocated buffer.
+(the header and a view of the tensor go out in one sendmsg, or many in one sendmmsg);
+receiving goes into one preallocated buffer. A link's rate is the profile's (netem
+`rate_mbit`), not the sender's.
 
 Endpoints and the job's nonce are exchanged through torch.distributed's TCPStore. Every
 datagram that is not for this job (wrong magic, nonce, source), or that does not fit what
@@ -104,7 +105,7 @@ class UdpTransport:
     would see the uncut send and lose up to 64 KB of packets as one."""
 
     def __init__(self, rank: int, world: int, address: str, store, *, mtu: int = 1500,
-                 port: int = 0, rate_mbit: float = 0.0, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+                 port: int = 0, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
                  key_prefix: str = "lossbed/udp", semantics: Semantics | None = None,
                  drop_mask: DropMask | None = None, segmentation: bool = False):
         self.rank, self.world, self.mtu = rank, world, mtu
@@ -112,7 +113,6 @@ class UdpTransport:
         self.fragment_floats = self.semantics.fragment_floats(mtu)
         self.per_packet = self.semantics.slot_floats(mtu)  # what the collective rebuilds
         self.drop_mask = drop_mask
-        self.rate_bytes_s = rate_mbit * 1e6 / 8 if rate_mbit else 0.0
         self.counters = Counters()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for forced, plain in BUFFER_OPTIONS:
@@ -126,7 +126,6 @@ class UdpTransport:
         self._poller.register(self.sock, select.POLLIN)
         self.buffer = bytearray(65536)
         self.view = memoryview(self.buffer)
-        self._pace_next = 0.0
         self._step = 0
         self.stash: list = []  # packets of the next step that came early, kept for it
         self._partial: dict[tuple, list] = {}  # UC/RC messages being reassembled
@@ -218,11 +217,11 @@ class UdpTransport:
     def send_packets(self, dest: int, stage: int, step: int, bucket: int, shard: int,
                      x: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                      end_copies: int = 0) -> None:
-        """All packets of one shard to `dest` at once (batched transports, no pacing):
+        """All packets of one shard to `dest` at once (batched transports):
         packet i carries x[starts[i]:ends[i]] (float32), sent straight from x's memory.
         Then `end_copies` end markers (see send_end), in the same system call."""
         n = len(starts)
-        if not self.batched or self.rate_bytes_s:
+        if not self.batched:
             view = memoryview(x).cast("B")
             for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(),
                                                      strict=True)):
@@ -249,7 +248,7 @@ class UdpTransport:
                  copies: int) -> None:
         """Tell `dest` that all `count` packets of `shard` for `stage` went out: `copies`
         end markers (header only), after the data on the same path."""
-        if self.batched and not self.rate_bytes_s:  # all copies in one system call
+        if self.batched:  # all copies in one system call
             heads = self._batch_heads(copies, hdr.END_OF[stage], step, bucket, shard)
             heads["index"], heads["count"] = count, count
             self.counters.ends_sent += self._tx.send(
@@ -277,8 +276,6 @@ class UdpTransport:
                                length, psn)
 
     def _transmit(self, dest: int, head: bytes, payload, end_marker: bool = False) -> None:
-        if self.rate_bytes_s:
-            self._pace(len(head) + len(payload) + hdr.IPV4_UDP_OVERHEAD)
         while True:
             try:
                 self.sock.sendmsg([head, payload], [], 0, self.endpoints[dest])
@@ -294,15 +291,6 @@ class UdpTransport:
             return
         self.counters.packets_sent += 1
         self.counters.bytes_sent += len(payload)
-
-    def _pace(self, nbytes: int) -> None:
-        now = time.perf_counter()
-        if self._pace_next < now:
-            self._pace_next = now
-        self._pace_next += nbytes / self.rate_bytes_s
-        wait = self._pace_next - now
-        if wait > 200e-6:  # sleep in chunks; short gaps are covered by the burst
-            time.sleep(wait)
 
     def _control(self, dest: int, stage: int, psn: int) -> None:
         head = hdr.HEADER.pack(hdr.MAGIC, hdr.VERSION, stage, self.rank, self.nonce, 0, 0, 0,

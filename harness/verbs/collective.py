@@ -29,6 +29,7 @@ from datetime import timedelta
 
 import numpy as np
 
+from harness import barrier
 from harness.collectives.deadline import Deadline
 from harness.collectives.layout import Layout
 from harness.collectives.lossy import LossyCollective
@@ -99,18 +100,14 @@ def run(args) -> dict:
         seconds = time.monotonic() - started
         # Leave together: rank 0 hosts the store, and an RC peer may still wait for our
         # acknowledgements (a queue pair answers only while it exists).
-        store.add("done", 1)
-        while store.add("done", 0) < args.world:
-            time.sleep(0.05)
+        barrier.wait_for_all(store, "done", args.world, timeout_s=600)
         report = {"rank": args.rank, "world": args.world, "transport": str(semantics),
                   "message_bytes": transport.message_bytes, "numel": args.numel,
                   "seconds": seconds, "steps": steps,
                   "counters": transport.counters.to_dict(),
                   "device_counters": transport.device_counters()}
-        if args.rank == 0:
-            store.add("left", 1)
-            while store.add("left", 0) < args.world:
-                time.sleep(0.05)
+        if args.rank == 0:  # the store's host leaves last
+            barrier.wait_for_all(store, "left", args.world, timeout_s=60, must=False)
         else:
             store.add("left", 1)
         return report

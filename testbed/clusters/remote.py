@@ -219,6 +219,9 @@ class RemoteCluster:
 
 
 def from_inventory(path: str, lease_s: float = 120.0, force_interface: bool = False):
+    if not lease_s > 0:  # also refuses NaN: the keeper would renew in a tight loop
+        raise UsageError("--lease-s", f"{lease_s} is not a positive number of seconds",
+                         "e.g. --lease-s 120")
     entries = inventory.load(path)
     mtus = {e.lossbed_mtu for e in entries.values()}
     if len(mtus) > 1:

@@ -51,9 +51,12 @@ def check(host, payload: dict) -> dict:
                       for r in ipr.get_routes(family=socket.AF_INET))
     session = os.environ.get("SSH_CONNECTION", "").split()
     ssh_local = session[2] if len(session) == 4 else None
+    from testbed.host import lease
+
     return {"interface": host.ifname, "addresses": addresses,
             "carries_default_route": default,
-            "carries_ssh_session": ssh_local is not None and ssh_local in addresses}
+            "carries_ssh_session": ssh_local is not None and ssh_local in addresses,
+            "lease_failure": lease.failure(host.name, host.ifname) if host.name else None}
 
 
 def apply(host, payload: dict) -> dict:
@@ -159,11 +162,14 @@ def watchdog(lease_path: str, ifname: str) -> int:
     host = LocalHost(name="local", ifname=ifname)
 
     def clear_all():
-        for module in _backends().values():
+        errors = []
+        for name, module in _backends().items():
             try:
                 module.clear(host, ifname)
-            except Exception:
-                pass  # keep clearing the others
+            except Exception as err:  # clear the others too, then say what failed
+                errors.append(f"{name}: {err}")
+        if errors:
+            raise LossbedError("; ".join(errors))
 
     lease.watch(Path(lease_path), ifname, clear_all)
     return 0

@@ -2,9 +2,11 @@
 
     ssh host 'python -m testbed.host.guard python -m harness.train.worker …'
 
-The command runs in its own process group. When this process's stdin (the SSH channel)
-closes — the controller ended the launch, was killed, or lost the network — the group gets
-SIGTERM, then SIGKILL after a grace period: no rank outlives its controller on a real host.
+The command runs in its own process group, and what arrives on this process's stdin (the
+SSH channel) is passed on to the command's stdin (the controller answers rank 0 that way).
+When the channel closes — the controller ended the launch, was killed, or lost the network —
+the group gets SIGTERM, then SIGKILL after a grace period: no rank outlives its controller
+on a real host.
 """
 
 from __future__ import annotations
@@ -24,17 +26,21 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         print("usage: python -m testbed.host.guard COMMAND [ARGS…]", file=sys.stderr)
         return 2
-    child = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL)
+    child = subprocess.Popen(command, start_new_session=True, stdin=subprocess.PIPE)
 
-    def watch_stdin():
+    def forward_stdin():
         try:
-            while sys.stdin.buffer.read(4096):
-                pass
+            while chunk := os.read(sys.stdin.fileno(), 4096):
+                try:
+                    child.stdin.write(chunk)
+                    child.stdin.flush()
+                except OSError:
+                    pass  # the command closed its stdin or ended: keep watching the channel
         except OSError:
             pass
         _stop(child)
 
-    threading.Thread(target=watch_stdin, daemon=True).start()
+    threading.Thread(target=forward_stdin, daemon=True).start()
     code = child.wait()
     # Leave at once: the stdin watcher may hold the stdin lock, and a normal interpreter
     # shutdown would abort on it ("could not acquire lock … at interpreter shutdown").

@@ -64,20 +64,49 @@ def renew(host: str, ifname: str) -> bool:
 
 
 def end(host: str, ifname: str) -> None:
-    lease_file(host, ifname).unlink(missing_ok=True)
+    path = lease_file(host, ifname)
+    path.unlink(missing_ok=True)
+    error_file(path).unlink(missing_ok=True)
 
 
-def watch(path: Path, ifname: str, clear) -> str:
-    """The watchdog's loop: until the lease ends (file gone) or expires (then clear)."""
+def error_file(path: Path) -> Path:
+    """Where the watchdog says why it could not clear an expired lease (it keeps trying)."""
+    return path.with_suffix(".error")
+
+
+def failure(host: str, ifname: str) -> str | None:
+    """Why the watchdog of this lease could not clear the impairment, if it could not."""
+    try:
+        return error_file(lease_file(host, ifname)).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def watch(path: Path, ifname: str, clear, retry_max_s: float = 30.0) -> str:
+    """The watchdog's loop: until the lease ends (file gone) or expires. An expired lease is
+    removed only once `clear` succeeded: when it fails, the error is written beside the lease
+    (error_file; the agent's `check` reports it) and clearing is tried again, every second at
+    first, then less often, up to every `retry_max_s`."""
     seconds = float(path.read_text().strip() or DEFAULT_LEASE_S)
+    retry_s = min(1.0, retry_max_s)
     while True:
         try:
             age = time.time() - path.stat().st_mtime
         except FileNotFoundError:
             return "ended"
         if age > seconds:
-            clear()
+            try:
+                clear()
+            except Exception as err:
+                log.error("lease %s expired, but clearing failed (retrying in %.0f s): %s",
+                          path, retry_s, err)
+                error_file(path).write_text(f"{time.strftime('%Y-%m-%d %H:%M:%S')}: the "
+                                            f"lease expired but clearing failed: {err}\n")
+                time.sleep(retry_s)
+                retry_s = min(retry_s * 2, retry_max_s)
+                continue
             path.unlink(missing_ok=True)
+            error_file(path).unlink(missing_ok=True)
             return "expired"
         time.sleep(WATCH_EVERY_S)
 
@@ -86,6 +115,8 @@ class Keeper:
     """Controller side: renew every host's lease until stopped (a daemon thread)."""
 
     def __init__(self, cluster, every_s: float):
+        if not every_s > 0:  # 0 or NaN would renew in a tight loop
+            raise ValueError(f"renewing every {every_s} s: the lease must be positive")
         self.cluster, self.every_s = cluster, every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="lease-keeper")

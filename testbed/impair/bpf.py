@@ -165,8 +165,7 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
                 host=plan.host, direction=rule.direction, peer=rule.peer,
                 path=rule.path(plan.host), seen_packets=v["seen_packets"],
                 dropped_packets=v["dropped_packets"],
-                mean_packet_bytes=(v["seen_bytes"] / v["seen_packets"]
-                                   if v["seen_packets"] else None),
+                sized_bytes=v["seen_bytes"], sized_packets=v["seen_packets"],
                 bursts=v["bursts"], max_burst=v["max_burst"],
             ))
         return out

@@ -7,15 +7,38 @@ from dataclasses import asdict, dataclass
 
 @dataclass
 class LinkCounters:
+    """Cumulative since the impairment was applied, so two readings of the same applied plan
+    subtract into what happened between them (`since`)."""
+
     host: str           # where the counters live (the impairment point)
     direction: str      # "ingress" or "egress"
     peer: str
     path: str           # "h2->h1"
     seen_packets: int   # matched packets that reached the impairment point
     dropped_packets: int
-    mean_packet_bytes: float | None  # IP-level size of the packets seen (GSO detector)
+    # IP-level bytes of `sized_packets` packets, the ones the backend measures sizes of (nft
+    # and bpf: every packet seen; netem: the packets it sent on): the super-packet detector
+    sized_bytes: int = 0
+    sized_packets: int = 0
     bursts: int | None = None      # runs of consecutive drops (bpf backend only)
-    max_burst: int | None = None
+    max_burst: int | None = None   # the longest run since the plan was applied (not windowed)
+
+    @property
+    def mean_packet_bytes(self) -> float | None:
+        return self.sized_bytes / self.sized_packets if self.sized_packets else None
+
+    def since(self, earlier: LinkCounters) -> LinkCounters:
+        """What the path counted after `earlier`, a reading of the same path."""
+        assert (earlier.host, earlier.path) == (self.host, self.path)
+        return LinkCounters(
+            host=self.host, direction=self.direction, peer=self.peer, path=self.path,
+            seen_packets=self.seen_packets - earlier.seen_packets,
+            dropped_packets=self.dropped_packets - earlier.dropped_packets,
+            sized_bytes=self.sized_bytes - earlier.sized_bytes,
+            sized_packets=self.sized_packets - earlier.sized_packets,
+            bursts=(self.bursts - earlier.bursts if self.bursts is not None
+                    and earlier.bursts is not None else None),
+            max_burst=self.max_burst)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -220,6 +220,6 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
                     dropped_packets=dropped,
                     # netem counts bytes of the packets it sent, as Ethernet frames (the IFB
                     # and the NIC alike): take the 14-byte header off for the IP size.
-                    mean_packet_bytes=sent_b / sent_p - ETH_HEADER_BYTES if sent_p else None,
+                    sized_bytes=sent_b - ETH_HEADER_BYTES * sent_p, sized_packets=sent_p,
                 ))
     return out

@@ -152,6 +152,6 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
         out.append(LinkCounters(
             host=plan.host, direction=rule.direction, peer=rule.peer, path=rule.path(plan.host),
             seen_packets=seen_packets, dropped_packets=values.get(f"drop_{tag}", (0, 0))[0],
-            mean_packet_bytes=seen_bytes / seen_packets if seen_packets else None,
+            sized_bytes=seen_bytes, sized_packets=seen_packets,
         ))
     return out

@@ -7,6 +7,10 @@ segmentation offloads merged packets and loss hits super-packets, not wire packe
 the bpf backend the runs of consecutive drops. Per host: the UDP receive-buffer drops from
 /proc/net/snmp, loss the receiver inflicted on itself that must not be taken for emulated
 loss.
+
+Counters are cumulative, so a figure for one run is the difference of two readings taken
+around it (`read` before, `read` after, `report(after, since=before)`); `verify` reports
+everything since the profile was applied (and the hosts' socket drops since boot).
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ class Report:
     paths: list[PathReport]
     rcvbuf_errors: dict[str, int]
     udp_in_datagrams: dict[str, int]
+    # "since the profile was applied" (UDP counters: since the hosts booted), or a window
+    # between two readings ("between two readings, N s")
+    window: str = "since the profile was applied"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,9 +108,21 @@ def _path_report(counters, rule, mtu: int) -> PathReport:
     return report
 
 
-def verify(cluster) -> Report:
+@dataclass
+class Reading:
+    """The counters of every impaired path and every host's UDP counters, at one moment."""
+
+    counters: list[list[LinkCounters]]   # per host of the plan, per rule
+    snmp: dict[str, dict[str, int]]      # host -> /proc/net/snmp's Udp row
+    taken_at: float
+
+
+def read(cluster) -> Reading:
+    import time
+
     the_plan, record = engine.applied_plan(cluster)
-    def read(hp):
+
+    def read_host(hp):
         host = cluster.host(hp.host)
         return [LinkCounters(**c) for c in host.agent_call("counters", {
             "backend": the_plan.backend, "plan": hp.to_dict(),
@@ -111,18 +130,40 @@ def verify(cluster) -> Report:
 
     # hosts in parallel: on remote clusters each call is an SSH round trip and a Python start
     with ThreadPoolExecutor(max_workers=min(16, len(cluster.hosts))) as pool:
-        per_host = list(pool.map(read, the_plan.hosts))
+        per_host = list(pool.map(read_host, the_plan.hosts))
         snmp = dict(zip([h.name for h in cluster.hosts],
                         pool.map(read_udp_snmp, cluster.hosts), strict=True))
-    paths = [_path_report(c, rule, cluster.mtu)
-             for hp, counters in zip(the_plan.hosts, per_host, strict=True)
-             for c, rule in zip(counters, hp.rules, strict=True)]
+    return Reading(per_host, snmp, time.monotonic())
+
+
+def report(cluster, reading: Reading, since: Reading | None = None) -> Report:
+    """The report of `reading`, or of what happened between `since` and `reading` (two
+    readings of the same applied profile)."""
+    the_plan, _ = engine.applied_plan(cluster)
+    paths = []
+    for i, hp in enumerate(the_plan.hosts):
+        for j, rule in enumerate(hp.rules):
+            counters = reading.counters[i][j]
+            if since is not None:
+                counters = counters.since(since.counters[i][j])
+            paths.append(_path_report(counters, rule, cluster.mtu))
+
+    def udp(name: str, key: str) -> int:
+        now = reading.snmp[name].get(key, 0)
+        return now - (since.snmp[name].get(key, 0) if since is not None else 0)
+
+    names = list(reading.snmp)
     return Report(
         cluster=cluster.name, profile=the_plan.profile.name, backend=the_plan.backend,
         mtu=cluster.mtu, paths=paths,
-        rcvbuf_errors={name: s.get("RcvbufErrors", 0) for name, s in snmp.items()},
-        udp_in_datagrams={name: s.get("InDatagrams", 0) for name, s in snmp.items()},
-    )
+        rcvbuf_errors={name: udp(name, "RcvbufErrors") for name in names},
+        udp_in_datagrams={name: udp(name, "InDatagrams") for name in names},
+        window=("since the profile was applied" if since is None else
+                f"between two readings {reading.taken_at - since.taken_at:.1f} s apart"))
+
+
+def verify(cluster) -> Report:
+    return report(cluster, read(cluster))
 
 
 def format_report(report: Report) -> str:

@@ -211,16 +211,45 @@ class FourState(_Strict):
         ]
 
     def stationary(self) -> list[float]:
-        """The chain's stationary law. Power iteration on the lazy chain (I + T) / 2, which
-        has the same stationary law and always converges."""
-        t = self.transition_matrix()
-        pi = [0.25] * 4
-        for _ in range(1_000_000):
-            nxt = [(pi[j] + sum(pi[i] * t[i][j] for i in range(4))) / 2 for j in range(4)]
-            if max(abs(a - b) for a, b in zip(nxt, pi, strict=True)) < 1e-14:
-                return nxt
-            pi = nxt
-        return pi
+        """The chain's long-run law when it starts in state 1, as netem's does, solved
+        directly: each closed class of states reachable from state 1 has one stationary law
+        (a linear system), weighted by the probability that the chain ends up in it (the
+        absorption probabilities of the transient states). Exact for any rates, also those
+        where some states are never reached."""
+        import numpy as np
+
+        t = np.array(self.transition_matrix())
+        n = len(t)
+        # the generator T - I, its diagonal from the off-diagonal rates: computing 1 - p and
+        # then subtracting 1 would lose the digits of a small p (p = 1e-9 kept 7 of them)
+        g = t - np.diag(np.diag(t))
+        g -= np.diag(g.sum(axis=1))
+        reach = (t > 0) | np.eye(n, dtype=bool)
+        for _ in range(n):  # transitive closure
+            reach = reach | ((reach.astype(int) @ reach.astype(int)) > 0)
+        seen = [i for i in range(n) if reach[0, i]]
+        # recurrent: every state it reaches reaches it back; classes: mutually reachable
+        recurrent = [i for i in seen if all(reach[j, i] for j in range(n) if reach[i, j])]
+        classes = []
+        for i in recurrent:
+            if not any(i in c for c in classes):
+                classes.append([j for j in recurrent if reach[i, j] and reach[j, i]])
+        transient = [i for i in seen if i not in recurrent]
+        pi = np.zeros(n)
+        for members in classes:
+            system = g[np.ix_(members, members)].T.copy()  # law @ (T - I) = 0 on the class
+            system[-1, :] = 1.0  # the law sums to 1
+            rhs = np.zeros(len(members))
+            rhs[-1] = 1.0
+            law = np.linalg.solve(system, rhs)
+            if 0 in members:
+                weight = 1.0
+            else:  # P(state 1 ends up in this class): (I - Q) h = R 1
+                r = t[np.ix_(transient, members)].sum(axis=1)
+                h = np.linalg.solve(-g[np.ix_(transient, transient)], r)
+                weight = float(h[transient.index(0)])
+            pi[members] += weight * law
+        return [float(x) for x in pi]
 
     def stationary_loss(self) -> float:
         """Fraction of packets lost: the chain's time in states 3 and 4."""

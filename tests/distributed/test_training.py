@@ -19,7 +19,7 @@ from testbed import clusters
 from testbed.clusters import netns as netns_cluster
 from testbed.host.hosts import is_running, processes_in_namespaces
 from testbed.impair import engine
-from tests.helpers import REPO, lossbed, unique_name
+from tests.helpers import REPO, lossbed, unique_name, untrained_ppl
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -85,9 +85,54 @@ def test_record_has_the_promised_fields(cluster, tmp_path):
                 "packets_sent", "packets_lost", "bytes_sent", "measured_loss", "rcvbuf_drops",
                 "backend"):
         assert key in rec, key
+    assert rec["profile"] == "random-loss" and rec["measured_packets"] > 0
     assert len(rec["losses"]) == STEPS and rec["packets_lost"] > 0
     assert set(rec["step_ms"]) >= {"p50", "p99", "p999"}
-    assert rec["ppl"] > 1 and rec["drift"] >= 0
+    assert 1 < rec["ppl"] < untrained_ppl(TrainConfig(**rec["config"])) and rec["drift"] >= 0
+
+
+def _overflow_a_receive_buffer(host, datagrams: int) -> None:
+    """Make `host`'s kernel count UDP RcvbufErrors: datagrams sent over its loopback to a
+    socket with the smallest receive buffer, which never reads."""
+    import socket
+
+    receiver = host.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender = host.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        receiver.bind(("127.0.0.1", 0))
+        for _ in range(datagrams):
+            sender.sendto(b"x" * 1000, receiver.getsockname())
+    finally:
+        receiver.close()
+        sender.close()
+
+
+def test_each_run_of_a_launch_measures_its_own_loss_and_socket_drops(cluster, tmp_path):
+    from testbed import stats
+    from testbed.impair import verify
+
+    # Drops the hosts inflicted on themselves before the launch: a cumulative counter would
+    # put them into every run's record (as it did); a run's own window holds none of them.
+    _overflow_a_receive_buffer(cluster.hosts[0], 3000)
+    assert verify.read_udp_snmp(cluster.hosts[0])["RcvbufErrors"] >= 2000
+    cfg = TrainConfig(steps=STEPS, batch=8, seq_len=64, log_every=100, variant="unbiased")
+    runs = [run.Run(cfg, "random-loss", ("loss_pct=5",)),
+            run.Run(cfg, "random-loss", ("loss_pct=30",)), run.Run(cfg, "clean")]
+    low, high, clean = run.train_runs(cluster, runs, tmp_path, echo=lambda _: None)
+    for rec, target in ((low, 0.05), (high, 0.30)):
+        seen = rec["measured_packets"]
+        dropped = round(rec["measured_loss"] * seen)
+        assert seen > 1000, rec["measured_window"]
+        # 5 sd: a false failure about once in 1.7 million runs
+        assert stats.sigma_distance(dropped, seen, target) < 5, (target, rec["measured_loss"])
+        assert rec["packets_lost"] > 0
+    assert high["measured_loss"] > 3 * low["measured_loss"]
+    assert clean["measured_loss"] == 0  # (its packets are counted: none was dropped)
+    assert clean["packets_lost"] == 0
+    for rec in (low, high, clean):
+        assert rec["rcvbuf_drops"] < 2000, rec["rcvbuf_drops"]
+        assert rec["measured_window"].startswith("between two readings")
 
 
 @pytest.mark.parametrize("variant", ["unbiased"])
@@ -152,7 +197,8 @@ def test_hf_dataset_from_a_local_folder_and_a_text_corpus(cluster, tmp_path):
     datasets.Dataset.from_dict({"text": [text[i:i + 200] for i in range(0, len(text), 200)]}) \
         .save_to_disk(str(folder))
     rec = train(cluster, tmp_path, "hf", variant="reliable", hf_dataset=str(folder))
-    assert rec["corpus"] == f"hf:{folder}" and rec["ppl"] < 256
+    assert rec["corpus"] == f"hf:{folder}"
+    assert rec["ppl"] < untrained_ppl(TrainConfig(**rec["config"]))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(text)
     rec = train(cluster, tmp_path, "file", variant="reliable", corpus=str(corpus))

@@ -14,7 +14,7 @@ from harness.train import run
 from harness.train.config import TrainConfig
 from testbed import clusters
 from testbed.clusters import netns as netns_cluster
-from tests.helpers import unique_name
+from tests.helpers import unique_name, untrained_ppl
 
 pytestmark = [
     pytest.mark.hardware, pytest.mark.netns, pytest.mark.slow,
@@ -37,4 +37,4 @@ def test_cuda_training_under_loss(cluster, tmp_path, preset, variant):
     rec = run.train(cluster, cfg, "random-loss", ["loss_pct=10"], tmp_path, echo=print)
     print(f"CUDA {preset} {variant}: ppl {rec['ppl']:.3f}, {rec['tokens_per_s']:.0f} tok/s, "
           f"step p50 {rec['step_ms']['p50']:.1f} ms")
-    assert math.isfinite(rec["ppl"]) and rec["ppl"] < 256
+    assert math.isfinite(rec["ppl"]) and rec["ppl"] < untrained_ppl(cfg)

@@ -9,7 +9,6 @@ import pytest
 from pyroute2 import netns
 
 from testbed.clusters import netns as netns_cluster
-from testbed.clusters import preflight
 from testbed.errors import EnvironmentProblem
 from tests.helpers import NOTHING, REPO, leftovers, lossbed, unique_name
 
@@ -99,10 +98,15 @@ def test_without_root_capabilities_the_message_says_so_and_nothing_is_created():
 
 def test_kernel_without_namespaces_gets_a_clear_message(monkeypatch):
     real_exists = os.path.exists
-    monkeypatch.setattr(os.path, "exists",
-                        lambda p: False if p == "/proc/self/ns/net" else real_exists(p))
+    asked = []
+
+    def exists(path):
+        asked.append(path)
+        return False if path == "/proc/self/ns/net" else real_exists(path)
+
+    monkeypatch.setattr(os.path, "exists", exists)
     name = unique_name()
     with pytest.raises(EnvironmentProblem, match="does not support network namespaces"):
         netns_cluster.up(netns_cluster.ClusterSpec(hosts=2, name=name))
+    assert "/proc/self/ns/net" in asked  # the refusal came from the namespace check
     assert leftovers(name) == NOTHING
-    assert preflight  # the check lives in testbed.clusters.preflight

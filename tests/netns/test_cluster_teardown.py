@@ -122,17 +122,20 @@ def test_down_of_one_cluster_leaves_the_other_alone(make_cluster):
 
 
 def test_down_is_idempotent_and_names_default_to_the_only_cluster():
+    others = clusters.known_clusters()
+    if others:  # said, not skipped in silence: the default-name rule needs a quiet machine
+        pytest.skip(f"other lossbed clusters are up on this machine ({', '.join(others)}): "
+                    "the default cluster name cannot be tested")
     name = unique_name()
     assert lossbed("up", "--hosts", "1", "--name", name).returncode == 0
-    if clusters.known_clusters() == [name]:  # only meaningful when no other cluster is up
-        status = lossbed("status", "--json")
-        assert status.returncode == 0 and f'"name": "{name}"' in status.stdout
-        other = unique_name()
-        assert lossbed("up", "--hosts", "1", "--name", other).returncode == 0
-        ambiguous = lossbed("status")
-        lossbed("down", other)
-        assert ambiguous.returncode != 0
-        assert "say which with lossbed status NAME" in ambiguous.stderr
+    status = lossbed("status", "--json")
+    assert status.returncode == 0 and f'"name": "{name}"' in status.stdout
+    other = unique_name()
+    assert lossbed("up", "--hosts", "1", "--name", other).returncode == 0
+    ambiguous = lossbed("status")
+    lossbed("down", other)
+    assert ambiguous.returncode != 0
+    assert "say which with lossbed status NAME" in ambiguous.stderr
     assert lossbed("down", name).returncode == 0
     assert lossbed("down", name).returncode == 0
     assert leftovers(name) == NOTHING

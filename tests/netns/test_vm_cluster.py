@@ -70,7 +70,10 @@ def test_vm_hosts_go_down_clean_after_the_controller_is_killed_in_up():
 
 def test_two_vms_come_up_with_their_own_kernel_and_exec_passes_output_and_codes(vms):
     status = vms.status()
-    assert status["kernel"].startswith("6.1")  # Debian's, not this machine's
+    from testbed.clusters.vm import image
+
+    # the distribution's kernel image, whatever this machine itself runs
+    assert status["kernel"] == image.find_kernel()[1]
     assert vms.accel in ("kvm", "tcg")
     for h in status["hosts"]:
         assert h["kernel"] == vms.kernel and h["mtu"] == vms.mtu and h["state"] == "UP"
@@ -197,12 +200,13 @@ def test_same_random_profile_gives_the_same_loss_on_namespaces_and_on_vms(vms, m
     finally:
         engine.clear(vms)
     local = make_cluster(hosts=2)
-    choice = apply(local, "random-loss", ["loss_pct=10"])
+    apply(local, "random-loss", ["loss_pct=10"])
     try:
         ns = traffic.send_counted([(local.hosts[1], local.hosts[0])], per_path=DATAGRAMS)
     finally:
         engine.clear(local)
-    assert choice.backend in ("bpf", "nft")
+    # the namespaces' backend is whatever this machine's kernel has (bpf or nft where it
+    # lacks sch_netem, as here; netem elsewhere): the comparison holds for any of them
     p1, n1 = vm["lost"] / vm["sent"], vm["sent"]
     p2, n2 = ns.lost / ns.sent, ns.sent
     pooled = (vm["lost"] + ns.lost) / (n1 + n2)

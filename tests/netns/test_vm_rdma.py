@@ -168,7 +168,11 @@ def test_lossbed_train_over_real_uc_queue_pairs_under_netem_loss(rdma_vms, tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     rec = json.loads(out.read_text())
     assert rec["variant"] == "unbiased@verbs-uc:16384" and len(rec["losses"]) == 3, rec
-    assert rec["ppl"] == rec["ppl"] and 1 < rec["ppl"] < 1e4, rec  # finite
+    from harness.train.config import TrainConfig
+    from tests.helpers import untrained_ppl
+
+    # 3 steps under loss still leave the model better than the one it started from
+    assert 1 < rec["ppl"] < untrained_ppl(TrainConfig(**rec["config"])), rec
     # 16 KiB messages are 16 packets: at 5% packet loss most are lost whole, not all
     assert 0 < rec["packets_lost"] < rec["packets_sent"], rec
     assert 0.01 < rec["measured_loss"] < 0.12, rec

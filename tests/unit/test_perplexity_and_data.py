@@ -70,3 +70,30 @@ def test_hdr_histogram_percentiles_within_one_percent():
     assert h.percentile(99.9) == pytest.approx(9990, rel=0.01)
     merged = Histogram.from_dict(h.to_dict()).merge(h)
     assert merged.total == 20000 and merged.percentile(50) == pytest.approx(5000, rel=0.01)
+
+
+def test_latencies_below_one_read_back_as_themselves_and_zero_as_zero():
+    from harness.metrics.hdr import Histogram
+
+    h = Histogram()
+    for _ in range(200):
+        h.record(0.5)
+    assert abs(h.percentile(50) - 0.5) <= 0.005  # was 0.0: values below 1 shared zero's bucket
+    zero = Histogram()
+    zero.record(0.0)
+    assert zero.percentile(50) == 0.0
+    # and they survive a round trip through the record
+    assert abs(Histogram.from_dict(h.to_dict()).percentile(99) - 0.5) <= 0.005
+
+
+def test_a_percentile_too_few_samples_back_is_not_reported():
+    from harness.metrics.hdr import Histogram
+
+    h = Histogram()
+    for v in range(1, 11):
+        h.record(float(v))
+    s = h.summary()
+    assert s["p50"] is not None and s["p99"] is None and s["p999"] is None and s["max"] == 10
+    for _ in range(90):
+        h.record(1.0)
+    assert h.summary()["p99"] is not None and h.summary()["p999"] is None

@@ -59,6 +59,36 @@ def test_four_state_stationary_loss_matches_a_direct_solution():
     assert two.mean_burst_length() == pytest.approx(2.5)
 
 
+@pytest.mark.parametrize("rates", [
+    dict(p13_pct=2, p31_pct=40, p32_pct=10, p23_pct=30, p14_pct=0.5),
+    dict(p13_pct=1e-6, p31_pct=1e-6, p32_pct=0, p14_pct=0),  # very slow mixing
+    dict(p13_pct=5, p31_pct=0, p32_pct=0, p14_pct=1),         # state 3 absorbs: all lost
+    dict(p13_pct=0, p14_pct=0),                                # state 1 absorbs: none lost
+])
+def test_four_state_law_is_stationary_and_the_limit_from_state_one(rates):
+    import numpy as np
+
+    fs = FourState(**rates)
+    pi = np.array(fs.stationary())
+    t = np.array(fs.transition_matrix())
+    assert pi.sum() == pytest.approx(1) and (pi >= -1e-12).all()
+    assert np.allclose(pi @ t, pi, atol=1e-12)  # stationary
+    # and it is where the chain goes from state 1 (netem's start): 2^60 steps of the lazy
+    # chain, by repeated squaring
+    lazy = (np.eye(4) + t) / 2
+    for _ in range(60):
+        lazy = lazy @ lazy
+        lazy /= lazy.sum(axis=1, keepdims=True)  # keep the rows laws despite rounding
+    assert np.allclose(lazy[0], pi, atol=1e-6)
+
+
+def test_a_slowly_mixing_four_state_chain_is_solved_not_cut_short():
+    """The power iteration this replaced stopped after a million steps, unconverged, on a
+    chain that mixes over billions of packets."""
+    fs = FourState(p13_pct=1e-7, p31_pct=2e-7, p32_pct=0, p14_pct=0)
+    assert fs.stationary_loss() == pytest.approx(1 / 3, rel=1e-9)
+
+
 def _problems(name: str, sets: list[str]) -> str:
     with pytest.raises(ProfileError) as err:
         profiles.load(name, sets)

@@ -139,4 +139,9 @@ def test_the_drop_mask_and_device_chosen_on_the_controller_reach_every_rank(monk
     monkeypatch.setenv("LOSSBED_DROP_MASK", "7:0.1")
     envs = [launch.rank_env(cluster, rank) for rank in (0, 1)]
     assert [e["LOSSBED_DROP_MASK"] for e in envs] == ["7:0.1", "7:0.1"]
-    assert all("LOSSBED_RDMA_DEVICE" not in e for e in envs)
+    assert all("LOSSBED_RDMA_DEVICE" not in e for e in envs)  # unset stays unset
+    monkeypatch.setenv("LOSSBED_RDMA_DEVICE", "mlx5_1")
+    monkeypatch.setenv("LOSSBED_BACKEND", "nccl")
+    envs = [launch.rank_env(cluster, rank) for rank in (0, 1)]
+    assert [e["LOSSBED_RDMA_DEVICE"] for e in envs] == ["mlx5_1", "mlx5_1"]
+    assert [e["LOSSBED_BACKEND"] for e in envs] == ["nccl", "nccl"]

@@ -13,7 +13,8 @@ The exec channel is a virtio-serial port named "lossbed.0": one JSON request per
 "stdout", "stderr"} base64), requests served concurrently. Long-running processes (a
 training rank) are started with {"spawn": argv, "env", "cwd"}, which replies with their
 pid at once; {"poll": pid, "stdout_from", "stderr_from"} returns what they wrote since, and
-their exit code once they ended; {"kill": pid} ends their process group. Every call stays
+their exit code once they ended; {"write": pid, "data" (base64), "close"} feeds their stdin;
+{"kill": pid} ends their process group. Every call stays
 short, so the channel (qemu serves one client at a time) is never held by a process.
 """
 
@@ -173,7 +174,7 @@ class Server:
         try:
             proc = subprocess.Popen(
                 request["spawn"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.PIPE, start_new_session=True,
                 env={**os.environ, **request.get("env", {})}, cwd=request.get("cwd") or None)
         except OSError as err:
             self.reply({"id": rid, "error": str(err)})
@@ -205,6 +206,22 @@ class Server:
         if ended:
             del self.spawned[proc.pid]
 
+    def write(self, rid, request: dict) -> None:
+        """Feed a spawned process's stdin (and close it when asked)."""
+        entry = self.spawned.get(request["write"])
+        if entry is None:
+            self.reply({"id": rid, "error": f"no spawned process {request['write']}"})
+            return
+        stdin = entry[0].stdin
+        try:
+            stdin.write(base64.b64decode(request.get("data", "")))
+            stdin.flush()
+            if request.get("close"):
+                stdin.close()
+        except (OSError, ValueError):
+            pass  # it closed its stdin or ended: its exit code says the rest
+        self.reply({"id": rid, "rc": 0})
+
     def kill(self, rid, request: dict) -> None:
         entry = self.spawned.get(request["kill"])
         if entry is not None and entry[0].poll() is None:
@@ -219,7 +236,7 @@ class Server:
         if "agent_op" in request:
             self.agent(rid, request)
             return
-        for op in ("spawn", "poll", "kill"):
+        for op in ("spawn", "poll", "write", "kill"):
             if op in request:
                 getattr(self, op)(rid, request)
                 return

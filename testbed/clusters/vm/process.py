@@ -1,5 +1,6 @@
 """A process started in a VM through its exec channel, with the part of subprocess.Popen's
-interface that launching ranks uses (stdout and stderr as lines of text, poll, wait, kill).
+interface that launching ranks uses (stdout and stderr as lines of text, stdin, poll, wait,
+kill).
 
 The guest starts it and answers at once (guest.py's spawn); a thread here then asks the
 guest what it wrote every POLL_S, so the channel, which qemu lets one client use at a
@@ -44,6 +45,29 @@ class _Lines:
             yield line
 
 
+class _Stdin:
+    """The process's stdin, written through the exec channel (text, like Popen(text=True))."""
+
+    def __init__(self, channel_path: Path, pid: int):
+        self.channel, self.pid = channel_path, pid
+
+    def write(self, text: str) -> int:
+        data = base64.b64encode(text.encode()).decode()
+        reply = channel.call(self.channel, {"write": self.pid, "data": data}, timeout_s=60)
+        if "error" in reply:
+            raise BrokenPipeError(reply["error"])
+        return len(text)
+
+    def flush(self) -> None:
+        pass  # every write is sent at once
+
+    def close(self) -> None:
+        try:
+            channel.call(self.channel, {"write": self.pid, "close": True}, timeout_s=60)
+        except (ClusterError, TimeoutError, OSError):
+            pass
+
+
 class GuestProcess:
     def __init__(self, channel_path: Path, argv, env: dict, cwd: str | None):
         self.channel = channel_path
@@ -52,6 +76,7 @@ class GuestProcess:
         if "error" in reply:
             raise ClusterError(f"could not start {argv[0]} in the VM: {reply['error']}")
         self.pid = reply["pid"]  # in the VM
+        self.stdin = _Stdin(self.channel, self.pid)
         self.args = list(argv)
         self.returncode: int | None = None
         self.stdout, self.stderr = _Lines(), _Lines()

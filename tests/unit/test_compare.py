@@ -1,0 +1,81 @@
+"""`lossbed compare BASE NEW`: regressions beyond noise, and summaries it cannot compare
+refused with the reason. Pure Python: runs without root."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from harness.bench.compare import compare
+from testbed import cli
+
+SUMMARY = {"noise_floor_pct": 2.0, "rows": [
+    {"loss": 0.1, "variant": "unbiased", "tokens_per_s": 10000.0, "step_p99_ms": 50.0,
+     "step_max_ms": 80.0,
+     "ppl_delta_pct": 1.0, "ppl_delta_ci95": 0.5},
+    {"loss": 0.1, "variant": "reliable", "tokens_per_s": 8000.0, "step_p99_ms": 400.0,
+     "step_max_ms": 900.0,
+     "ppl_delta_pct": 0.0, "ppl_delta_ci95": 0.0}]}
+
+
+def test_compare_flags_a_20_percent_throughput_regression_and_passes_identical(tmp_path,
+                                                                                  capsys):
+    worse = copy.deepcopy(SUMMARY)
+    worse["rows"][0]["tokens_per_s"] *= 0.8
+    assert not any(f.regressed for f in compare(SUMMARY, SUMMARY))
+    flagged = [f for f in compare(SUMMARY, worse) if f.regressed]
+    assert [(f.variant, f.metric) for f in flagged] == [("unbiased", "tokens/s")]
+    base, new, same = tmp_path / "base.json", tmp_path / "new.json", tmp_path / "same.json"
+    base.write_text(json.dumps(SUMMARY))
+    same.write_text(json.dumps(SUMMARY))
+    new.write_text(json.dumps(worse))
+    assert cli.main(["compare", str(base), str(same)]) == 0
+    regressed = cli.main(["compare", str(base), str(new)])
+    assert regressed == 1 and "REGRESSION" in capsys.readouterr().out
+    # a perplexity change inside the noise floor is not a regression; beyond it, it is
+    noisy = copy.deepcopy(SUMMARY)
+    noisy["rows"][0]["ppl_delta_pct"] = 2.5
+    assert not any(f.regressed for f in compare(SUMMARY, noisy))
+    noisy["rows"][0]["ppl_delta_pct"] = 4.0
+    assert any(f.metric == "Δppl %" and f.regressed for f in compare(SUMMARY, noisy))
+
+
+def _row(**change):
+    return {**SUMMARY["rows"][0], **change}
+
+
+@pytest.mark.parametrize("content,words", [
+    ("{not json", "is not a bench summary"),
+    (b"\xff\xfe".decode("latin-1"), "is not a bench summary"),
+    (json.dumps({"noise_floor_pct": 1}), "has no list of rows"),
+    (json.dumps({"rows": [1]}), "rows[0] is not an object"),
+    (json.dumps({"rows": [{"loss": 0.1, "variant": "x", "step_max_ms": 1}]}),
+     "rows[0] has no 'tokens_per_s'"),
+    (json.dumps({"rows": [_row(tokens_per_s=0)]}), "has tokens_per_s 0"),
+    (json.dumps({"rows": [_row(step_p99_ms=-1)]}), "has step_p99_ms -1"),
+])
+def test_compare_refuses_a_summary_it_cannot_compare(tmp_path, capsys, content, words):
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(SUMMARY))
+    bad.write_text(content)
+    for base, new in ((good, bad), (bad, good)):
+        assert cli.main(["compare", str(base), str(new)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and str(bad) in err and "Traceback" not in err, err
+
+
+def test_with_too_few_steps_for_a_p99_the_tail_is_compared_by_its_maximum():
+    few = copy.deepcopy(SUMMARY)
+    for row in few["rows"]:
+        row["step_p99_ms"] = None
+    slower = copy.deepcopy(few)
+    slower["rows"][0]["step_max_ms"] *= 1.5
+    flagged = [(f.variant, f.metric) for f in compare(few, slower) if f.regressed]
+    assert flagged == [("unbiased", "step max ms")]
+
+
+def test_compare_of_a_missing_file_says_so(tmp_path, capsys):
+    assert cli.main(["compare", str(tmp_path / "nope.json"), str(tmp_path)]) == 2
+    assert "no bench summary at" in capsys.readouterr().err
