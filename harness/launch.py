@@ -91,6 +91,22 @@ def transport_env(profile) -> dict:
     return {"LOSSBED_UDP_SEGMENTATION": "1" if profile.direction == "ingress" else "0"}
 
 
+def failure_report(failed: list[RankResult], what: str) -> str:
+    """Which ranks failed and why. The rank that failed first is usually not the one a
+    peer's error names ("Connection closed by peer" is the consequence): ranks killed by
+    the launcher (-9) come last, the others each with the end of their output."""
+    ordered = sorted(failed, key=lambda r: (r.returncode == -9, "closed by peer" in r.stderr,
+                                            r.rank))
+    first = ordered[0]
+    lines = [f"{what} failed on rank {first.rank} ({first.host}), exit {first.returncode}:",
+             first.stderr.strip()[-3000:]]
+    for other in ordered[1:]:
+        tail = other.stderr.strip().splitlines()[-3:]
+        lines.append(f"--- rank {other.rank} ({other.host}), exit {other.returncode}: "
+                     + " / ".join(tail))
+    return "\n".join(lines)
+
+
 def _kill(proc) -> None:
     """SIGKILL to a rank's process group (a VM's rank: in the VM, see
     testbed/clusters/vm/process.py)."""

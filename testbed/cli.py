@@ -109,7 +109,7 @@ def _cmd_apply(args) -> int:
 
     profile = profiles.load(args.profile, args.set or [])
     cluster = _cluster(args)
-    only = [h for item in args.hosts or [] for h in item.split(",") if h]
+    only = [h for item in args.only or [] for h in item.split(",") if h]
     the_plan, choice = engine.make_plan(cluster, profile, backend=args.backend, only=only)
     print(f"backend: {choice.backend} ({choice.reason})")
     if args.dry_run:
@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", help="default: the only cluster up")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a profile field, e.g. --set loss_pct=10 (repeatable)")
-    p.add_argument("--hosts", action="append", metavar="H1,H2",
+    p.add_argument("--only", action="append", metavar="H1,H2",
                    help="impair only at these hosts (default: all)")
     p.add_argument("--backend", choices=["netem", "bpf", "nft"],
                    help="force a backend (default: the most capable one the kernel has)")
@@ -434,8 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="loss rates as fractions (0.1 = 10%%)")
     p.add_argument("--profiles", nargs="+", default=["random-loss", "burst-loss"])
     p.add_argument("--algorithms", nargs="+",
-                   default=["gloo", "lossy-zero_fill", "lossy-received_mean",
-                            "lossy-rescale", "rps"])
+                   default=["reliable", "zero_fill", "unbiased", "rescale", "rps"],
+                   help="reliable (gloo's all-reduce), zero_fill, unbiased (received mean), "
+                        "rescale (1/(1-p)), rps; each optionally @TRANSPORT")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--json", metavar="FILE", help="also write one JSON object per line")
     p.set_defaults(func=_cmd_collective_bench)

@@ -20,11 +20,14 @@ from harness.collectives import reliable
 from harness.collectives.lossy import LossyCollective
 from harness.collectives.rps import RPS
 from harness.metrics.hdr import Histogram
+from harness.train.config import ESTIMATOR_OF
 
 ROUND_ITERS = 10  # timed iterations of one algorithm before the next takes its turn
-ALGORITHMS = ("gloo", "lossy-zero_fill", "lossy-received_mean", "lossy-rescale", "rps")
-# Any lossy algorithm (or rps) also runs over other loss semantics as NAME@TRANSPORT,
-# e.g. lossy-received_mean@roce-uc:65536 or rps@roce-rc.
+# The training variants' names (harness/train/config.py): reliable is torch.distributed's
+# all-reduce (gloo), zero_fill / unbiased / rescale the lossy all-reduce with that estimator,
+# rps RPS's averaging. Any but reliable also runs over other loss semantics as NAME@TRANSPORT,
+# e.g. unbiased@roce-uc:65536 or rps@roce-rc.
+ALGORITHMS = ("reliable", "zero_fill", "unbiased", "rescale", "rps")
 
 
 def store_barrier(store, name: str, world: int, timeout_s: float = 600) -> None:
@@ -84,14 +87,13 @@ def main(argv=None) -> int:
         for name in args.algorithms:
             base, _, semantics = name.partition("@")
             transport = r.transport_for(semantics) if semantics else r.transport
-            if base == "gloo":
+            if base == "reliable":
                 runners[name] = reliable.allreduce_mean
             elif base == "rps":
                 runners[name] = RPS(transport, r.store).average
             else:
-                estimator = base.split("-", 1)[1]
                 runners[name] = LossyCollective(transport, r.store,
-                                                estimator=estimator).allreduce
+                                                estimator=ESTIMATOR_OF[base]).allreduce
         for size in args.sizes:
             numel = max(size // 4, 1)
             tensor = torch.randn(numel, generator=torch.Generator().manual_seed(r.rank))
@@ -116,7 +118,8 @@ def main(argv=None) -> int:
                 for name, timing in timed.items():
                     print(json.dumps({"algorithm": name, "size_bytes": numel * 4,
                                       "iters": args.iters,
-                                      **timing.summary(numel * 4, lossy=name != "gloo")}),
+                                      **timing.summary(numel * 4,
+                                                       lossy=name != "reliable")}),
                           flush=True)
     finally:
         r.close()

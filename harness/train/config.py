@@ -8,7 +8,13 @@ from dataclasses import asdict, dataclass
 from harness.model import presets
 from testbed.errors import UsageError
 
+# One name per concept, in the CLI, the code and the records. A variant names what travels
+# and how; the estimator (harness/collectives/rebuild.py) how a missing contribution is
+# rebuilt. collective-bench times the same names, and `rescale`, an estimator no training
+# variant uses.
 VARIANTS = ("reliable", "zero_fill", "unbiased", "unbiased_drift", "rps")
+ESTIMATOR_OF = {"zero_fill": "zero_fill", "unbiased": "received_mean",
+                "unbiased_drift": "received_mean", "rescale": "rescale"}
 
 
 @dataclass

@@ -133,9 +133,7 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
         raise boundaries.error
     failed = [r for r in results if r.returncode != 0]
     if failed:
-        first = min(failed, key=lambda r: (r.returncode == -9, r.rank))
-        raise LossbedError(f"training failed on rank {first.rank} ({first.host}), exit "
-                           f"{first.returncode}:\n{first.stderr.strip()[-3000:]}")
+        raise LossbedError(launch.failure_report(failed, "training"))
     printed = [[json.loads(line) for line in r.stdout.strip().splitlines()
                 if line.startswith("{")] for r in results]
     lines = [x for x in printed[0] if "index" in x]  # rank 0's results, per run

@@ -28,7 +28,7 @@ from harness.ddp.sharded import ShardedOptimizer
 from harness.eval.perplexity import perplexity
 from harness.metrics.hdr import Histogram
 from harness.model import presets, tokenizer
-from harness.train.config import TrainConfig
+from harness.train.config import ESTIMATOR_OF, TrainConfig
 
 
 class ReliableTiming:
@@ -76,13 +76,14 @@ def wrap(cfg: TrainConfig, model, r):
             ddp.register_comm_hook(timer, timed_allreduce_hook)
         return ddp, optimizer_class(ddp.parameters(), **options), timer
     if cfg.variant in ("zero_fill", "unbiased"):
-        estimator = "zero_fill" if cfg.variant == "zero_fill" else "received_mean"
+        estimator = ESTIMATOR_OF[cfg.variant]
         ddp = DDP(model, device_ids=device_ids, **buffers)
         state = LossyHookState(LossyCollective(transport, r.store, estimator=estimator))
         ddp.register_comm_hook(state, lossy_allreduce_hook)
         return ddp, optimizer_class(ddp.parameters(), **options), state
     if cfg.variant == "unbiased_drift":
-        collective = LossyCollective(transport, r.store, estimator="received_mean")
+        collective = LossyCollective(transport, r.store,
+                                     estimator=ESTIMATOR_OF["unbiased_drift"])
         optimizer = ShardedOptimizer(model, optimizer_class, collective,
                                      resync_every=cfg.resync_every, **options)
         return model, optimizer, optimizer

@@ -16,8 +16,11 @@
           lossbed_gpus: 8
           lossbed_rdma_device: mlx5_0
 
-Host variables override group and `all` variables. Keys lossbed does not know are refused
-(with the close match), except other ansible_* connection settings.
+Read as Ansible reads it (tests/unit/test_inventory.py holds it against ansible-inventory):
+groups named in several places, hosts in several groups, host ranges (gpu[1:8]), and the
+group_vars/ and host_vars/ folders beside the file, with Ansible's precedence. The Ansible
+roles' own variables (lossbed_base_*, lossbed_kernel_*, ...) are left to Ansible; other keys
+lossbed does not know are refused, with the close match.
 """
 
 from __future__ import annotations
@@ -82,25 +85,138 @@ class HostEntry(BaseModel):
         return self.lossbed_python or f"{self.lossbed_project}/.venv/bin/python"
 
 
-def _walk(group: dict, inherited: dict, out: dict, where: str) -> None:
-    if not isinstance(group, dict):
-        raise UsageError("inventory", f"{where} must be a mapping",
-                         "See ansible/inventory.example.yml")
-    variables = {**inherited, **(group.get("vars") or {})}
-    for name, host_vars in (group.get("hosts") or {}).items():
-        check_name(name, "host name")
-        merged = {**variables, **(host_vars or {})}
-        if name in out and out[name] != merged:
-            raise UsageError("inventory", f"host {name!r} appears twice with different "
-                             "settings", "Define each host once")
-        out[name] = merged
-    for child, sub in (group.get("children") or {}).items():
-        check_name(child, "group name")
-        _walk(sub or {}, variables, out, f"{where}.children.{child}")
-    unknown = set(group) - {"vars", "hosts", "children"}
-    if unknown:
-        raise UsageError("inventory", f"{where} has unknown key(s) {', '.join(sorted(unknown))}",
-                         "A group has only vars, hosts and children")
+_RANGE = re.compile(r"\[([0-9]+|[a-z]):([0-9]+|[a-z])(?::([0-9]+))?\]")
+
+
+def expand_hosts(pattern: str) -> list[str]:
+    """Ansible's host ranges: gpu[1:4] is gpu1..gpu4, node[01:10] keeps the zeros,
+    r[a:c] is ra..rc, [0:8:2] takes every second; several ranges in one name multiply."""
+    found = _RANGE.search(pattern) if isinstance(pattern, str) else None
+    if not found:
+        return [pattern]
+    first, last, stride = found.group(1), found.group(2), int(found.group(3) or 1)
+    if first.isdigit() != last.isdigit() or stride < 1:
+        raise UsageError("--inventory", f"host range {found.group(0)!r} in {pattern!r} is "
+                         "not one Ansible reads", "Write e.g. gpu[1:8] or node[01:16]")
+    if first.isdigit():
+        width = len(first) if first.startswith("0") and len(first) > 1 else 0
+        values = [str(i).zfill(width) for i in range(int(first), int(last) + 1, stride)]
+    else:
+        values = [chr(c) for c in range(ord(first), ord(last) + 1, stride)]
+    if not values:
+        raise UsageError("--inventory", f"host range {found.group(0)!r} in {pattern!r} is "
+                         "empty", "Give the smaller bound first")
+    head, tail = pattern[:found.start()], pattern[found.end():]
+    return [name for v in values for name in expand_hosts(head + v + tail)]
+
+
+class _Inventory:
+    """Groups and hosts as Ansible's YAML inventory plugin reads them: a group named in
+    several places is one group (its vars merged); a host named in several groups is one
+    host in all of them (its vars merged)."""
+
+    def __init__(self):
+        self.group_vars: dict[str, dict] = {"all": {}}
+        self.parents: dict[str, set[str]] = {"all": set()}
+        self.host_vars: dict[str, dict] = {}
+        self.host_groups: dict[str, set[str]] = {}
+
+    def group(self, name: str, body, parent: str | None, where: str) -> None:
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise UsageError("inventory", f"{where} must be a mapping",
+                             "See ansible/inventory.example.yml")
+        unknown = set(body) - {"vars", "hosts", "children"}
+        if unknown:
+            raise UsageError("inventory", f"{where} has unknown key(s) "
+                             f"{', '.join(sorted(map(str, unknown)))}",
+                             "A group has only vars, hosts and children")
+        self.group_vars.setdefault(name, {}).update(body.get("vars") or {})
+        self.parents.setdefault(name, set())
+        if parent is not None:
+            self.parents[name].add(parent)
+        for pattern, host_vars in (body.get("hosts") or {}).items():
+            for host in expand_hosts(pattern):
+                check_name(host, "host name")
+                if host_vars is not None and not isinstance(host_vars, dict):
+                    raise UsageError("inventory", f"{where}.hosts.{host} must be a mapping",
+                                     "Give the host's variables as key: value lines")
+                self.host_vars.setdefault(host, {}).update(host_vars or {})
+                self.host_groups.setdefault(host, set()).add(name)
+        for child, sub in (body.get("children") or {}).items():
+            check_name(child, "group name")
+            self.group(child, sub, name, f"{where}.children.{child}")
+
+    def depth(self, name: str, seen: tuple = ()) -> int:
+        if name in seen:
+            raise UsageError("inventory", f"group {name!r} is its own ancestor",
+                             "Remove the loop from the children")
+        parents = self.parents.get(name) or set()
+        if name == "all" or not parents:
+            return 0 if name == "all" else 1
+        return 1 + max(self.depth(p, (*seen, name)) for p in parents)
+
+    def ancestors(self, name: str) -> set[str]:
+        out = {name, "all"}
+        for parent in self.parents.get(name) or ():
+            out |= self.ancestors(parent)
+        return out
+
+    def variables(self, host: str, beside: Path) -> dict:
+        """A host's variables in Ansible's order (checked against ansible-inventory): the
+        inventory file's group vars from the shallowest group to the deepest (by name
+        within a depth), then group_vars/all, then group_vars/ of the other groups in the
+        same order, then the file's host vars, then host_vars/ of the host. `beside`: the
+        inventory's folder, where group_vars/ and host_vars/ are looked for."""
+        groups = set().union(*(self.ancestors(g) for g in self.host_groups[host]))
+        ordered = sorted(groups, key=lambda g: (self.depth(g), g))
+        merged = {}
+        for name in ordered:
+            merged.update(self.group_vars.get(name) or {})
+        for name in ordered:  # "all" first: it is the shallowest
+            merged.update(_vars_from(beside / "group_vars", name))
+        merged.update(self.host_vars[host])
+        merged.update(_vars_from(beside / "host_vars", host))
+        return merged
+
+
+def _vars_files(folder: Path, name: str) -> list[Path]:
+    """What Ansible reads for a group or host in group_vars/ or host_vars/: NAME, NAME.yml,
+    NAME.yaml, NAME.json, or every such file in a folder NAME/ (in name order)."""
+    found = [folder / f"{name}{ext}" for ext in ("", ".yml", ".yaml", ".json")
+             if (folder / f"{name}{ext}").is_file()]
+    if (folder / name).is_dir():
+        found += sorted(f for f in (folder / name).iterdir()
+                        if f.is_file() and f.suffix in ("", ".yml", ".yaml", ".json"))
+    return found
+
+
+def _vars_from(folder: Path, name: str) -> dict:
+    merged = {}
+    for path in _vars_files(folder, name):
+        try:
+            data = yamlfile.read(path)
+        except yamlfile.YamlInputError as err:
+            raise UsageError("--inventory", f"{path}: {err}", "Fix the file") from None
+        if data is None:
+            continue
+        if not isinstance(data, dict):
+            raise UsageError("--inventory", f"{path} is not a mapping of variables",
+                             "Write key: value lines")
+        merged.update(data)
+    return merged
+
+
+# Variables of the Ansible roles in ansible/roles/ (each prefixed with its role's name):
+# they configure provisioning, so lossbed leaves them to Ansible.
+ROLE_PREFIXES = ("lossbed_base_", "lossbed_kernel_", "lossbed_nic_", "lossbed_rdma_",
+                 "lossbed_verify_")
+
+
+def _lossbed_view(variables: dict) -> dict:
+    return {k: v for k, v in variables.items()
+            if k in HostEntry.model_fields or not str(k).startswith(ROLE_PREFIXES)}
 
 
 def load(path: str | Path) -> dict[str, HostEntry]:
@@ -110,12 +226,21 @@ def load(path: str | Path) -> dict[str, HostEntry]:
     try:
         data = yamlfile.read(path)
     except yamlfile.YamlInputError as err:
-        raise UsageError("--inventory", f"{path}: {err}", "Fix the file") from None
-    if not isinstance(data, dict) or "all" not in data:
-        raise UsageError("--inventory", f"{path} has no top-level 'all' group",
-                         "Start the file with all: (see ansible/inventory.example.yml)")
-    raw: dict[str, dict] = {}
-    _walk(data["all"], {}, raw, "all")
+        ini = path.read_bytes()[:4096].lstrip().startswith(b"[")
+        raise UsageError("--inventory", f"{path}: {err}",
+                         "lossbed reads YAML inventories; convert an INI one with: "
+                         "ansible-inventory -i FILE --list -y" if ini else "Fix the file") \
+            from None
+    if not isinstance(data, dict):
+        raise UsageError("--inventory", f"{path} is not a YAML inventory (a mapping of groups)",
+                         "Start the file with all: (see ansible/inventory.example.yml); an "
+                         "INI inventory converts with: ansible-inventory -i FILE --list -y")
+    parsed = _Inventory()
+    for name, body in data.items():  # top-level keys are groups: all, or children of all
+        check_name(name, "group name")
+        parsed.group(name, body, None if name == "all" else "all", name)
+    raw = {host: _lossbed_view(parsed.variables(host, path.parent))
+           for host in parsed.host_vars}
     if not raw:
         raise UsageError("--inventory", f"{path} lists no hosts", "Add hosts under all.hosts")
     hosts = {}

@@ -1,11 +1,11 @@
-"""The work lossbed does *on* a host, behind one entry point, so the same code runs wherever
-the host is: in this process for a namespace host (through a netlink session opened into its
-namespace), or inside a VM or on a remote machine as
+"""The agent: lossbed's host-side operations (operations.py) as a command, for hosts that
+are not this process's (a remote machine over SSH; the Ansible roles):
 
     python -m testbed.host.agent OP  < request.json  > reply.json
 
-where the host is the machine the agent runs on. Operations: probe (which impairment
-backends the kernel has), apply, clear, counters (of an applied plan), udp_snmp.
+where the host is the machine the agent runs on; and the lease watchdog:
+
+    python -m testbed.host.agent watchdog LEASE_FILE IFNAME
 """
 
 from __future__ import annotations
@@ -15,122 +15,12 @@ import sys
 import traceback
 
 from testbed.errors import LossbedError
-
-
-def _backends():
-    from testbed.impair.registry import BACKENDS
-
-    return BACKENDS
-
-
-def probe(host, payload: dict) -> dict:
-    results = {}
-    for name, module in _backends().items():
-        try:
-            results[name] = module.probe(host)
-        except Exception as err:  # a probe must never take the run down: report it instead
-            results[name] = f"probe failed: {err}"
-    return results
-
-
-def check(host, payload: dict) -> dict:
-    """What the interface lossbed would impair carries: the default route? this SSH session?"""
-    import os
-    import socket
-
-    with host.netlink() as ipr:
-        found = ipr.link_lookup(ifname=host.ifname)
-        if not found:
-            names = [link.get_attr("IFLA_IFNAME") for link in ipr.get_links()]
-            raise LossbedError(f"host {host.name}: no interface {host.ifname!r} (it has "
-                               f"{', '.join(names)}): fix lossbed_interface")
-        index = found[0]
-        addresses = [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=socket.AF_INET,
-                                                                     index=index)]
-        default = any(r["dst_len"] == 0 and r.get_attr("RTA_OIF") == index
-                      for r in ipr.get_routes(family=socket.AF_INET))
-    session = os.environ.get("SSH_CONNECTION", "").split()
-    ssh_local = session[2] if len(session) == 4 else None
-    from testbed.host import lease
-
-    return {"interface": host.ifname, "addresses": addresses,
-            "carries_default_route": default,
-            "carries_ssh_session": ssh_local is not None and ssh_local in addresses,
-            "lease_failure": lease.failure(host.name, host.ifname) if host.name else None}
-
-
-def apply(host, payload: dict) -> dict:
-    from testbed.host import lease
-    from testbed.impair.plan import HostPlan
-
-    if payload.get("lease_s") is not None and not payload.get("force"):
-        # Only remote hosts get leases, and only there can lossbed lock the operator out.
-        report = check(host, payload)
-        risky = [why for why, bad in (("the default route", report["carries_default_route"]),
-                                      ("this SSH session", report["carries_ssh_session"]))
-                 if bad]
-        if risky:
-            raise LossbedError(
-                f"host {host.name}: refusing to impair {host.ifname}: it carries "
-                f"{' and '.join(risky)}. Impair the data-plane NIC (lossbed_interface), or "
-                "pass --force-interface if you really mean it")
-    handles = _backends()[payload["backend"]].apply(host, HostPlan.from_dict(payload["plan"]))
-    if payload.get("lease_s") is not None:
-        lease.start(host.name, host.ifname, float(payload["lease_s"]))
-    return handles
-
-
-def renew(host, payload: dict) -> bool:
-    from testbed.host import lease
-
-    return lease.renew(host.name, host.ifname)
-
-
-def clear(host, payload: dict) -> list[str]:
-    """Remove lossbed's objects of every backend (also those of a crashed run)."""
-    from testbed.host import lease
-
-    lease.end(host.name, host.ifname)
-    cleared, errors = [], []
-    for name, module in _backends().items():
-        try:
-            if module.clear(host, host.ifname):
-                cleared.append(name)
-        except Exception as err:
-            errors.append(f"{name}: {err}")
-    if errors:
-        raise LossbedError(f"host {host.name}: could not clear everything: " + "; ".join(errors))
-    return cleared
-
-
-def counters(host, payload: dict) -> list[dict]:
-    from testbed.impair.plan import HostPlan
-
-    module = _backends()[payload["backend"]]
-    found = module.read_counters(host, HostPlan.from_dict(payload["plan"]),
-                                 payload.get("handles") or {})
-    return [c.to_dict() for c in found]
-
-
-def udp_snmp(host, payload: dict) -> dict:
-    result = host.run(["cat", "/proc/net/snmp"], check=True)
-    rows = [line.split() for line in result.stdout.decode().splitlines()
-            if line.startswith("Udp:")]
-    return {name: int(value) for name, value in zip(rows[0][1:], rows[1][1:], strict=True)}
-
-
-OPERATIONS = {"probe": probe, "apply": apply, "clear": clear, "counters": counters,
-              "udp_snmp": udp_snmp, "check": check, "renew": renew}
-
-
-def dispatch(host, op: str, payload: dict):
-    return OPERATIONS[op](host, payload)
+from testbed.host.hosts import LocalHost
+from testbed.host.operations import OPERATIONS, backends, dispatch
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one operation on this machine: request JSON on stdin, reply JSON on stdout."""
-    from testbed.host.hosts import LocalHost
-
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["watchdog"] and len(argv) == 3:
         return watchdog(argv[1], argv[2])
@@ -157,13 +47,12 @@ def watchdog(lease_path: str, ifname: str) -> int:
     from pathlib import Path
 
     from testbed.host import lease
-    from testbed.host.hosts import LocalHost
 
     host = LocalHost(name="local", ifname=ifname)
 
     def clear_all():
         errors = []
-        for name, module in _backends().items():
+        for name, module in backends().items():
             try:
                 module.clear(host, ifname)
             except Exception as err:  # clear the others too, then say what failed

@@ -21,6 +21,8 @@ from typing import Protocol
 from pyroute2 import IPRoute, netns
 from pyroute2.ethtool.ioctl import IoctlEthtool
 
+from testbed.host import operations
+
 log = logging.getLogger(__name__)
 
 # Offloads that merge packets into super-packets larger than the MTU. With them on, a loss
@@ -88,10 +90,8 @@ class NamespaceHost:
         return read_offloads(self.socket(), ifname or self.ifname)
 
     def agent_call(self, op: str, payload: dict):
-        """Host-side work (testbed.host.agent) runs in this process, reaching into the namespace."""
-        from testbed.host import agent
-
-        return agent.dispatch(self, op, payload)
+        """Host-side work runs in this process, reaching into the namespace."""
+        return operations.dispatch(self, op, payload)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -120,9 +120,7 @@ class LocalHost:
         return socket.socket(family, kind)
 
     def agent_call(self, op: str, payload: dict):
-        from testbed.host import agent
-
-        return agent.dispatch(self, op, payload)
+        return operations.dispatch(self, op, payload)
 
 
 def _ethtool_in(sock: socket.socket, ifname: str) -> IoctlEthtool:

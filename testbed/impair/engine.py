@@ -41,6 +41,28 @@ def probe(host) -> dict[str, str | None]:
     return host.agent_call("probe", {})
 
 
+def probe_all(hosts) -> dict[str, str | None]:
+    """Backend name -> None when *every* host's kernel has it, else why not, host by host.
+    One backend runs on every host of a plan, so a cluster of mixed kernels gets the best
+    backend all of them have, and the reason says which host lacked the better ones."""
+    hosts = list(hosts)
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_HOSTS, len(hosts))) as pool:
+        per_host = list(pool.map(probe, hosts))
+    combined = {}
+    for name in dict.fromkeys(n for p in per_host for n in p):
+        missing = [(h.name, p.get(name, "not probed")) for h, p in
+                   zip(hosts, per_host, strict=True) if p.get(name, "not probed")]
+        if not missing:
+            combined[name] = None
+        elif len(missing) == len(hosts) and len({why for _, why in missing}) == 1:
+            combined[name] = missing[0][1]  # the same everywhere: say it once
+        else:
+            combined[name] = "; ".join(f"{host}: {why}" for host, why in missing) + (
+                f" (the other {len(hosts) - len(missing)} hosts have it)"
+                if len(missing) < len(hosts) else "")
+    return combined
+
+
 def choose(profile: Profile, hosts, probes: dict[str, str | None],
            forced: str | None = None) -> Choice:
     """The first available backend that can express every path of the profile."""
@@ -92,7 +114,7 @@ def make_plan(cluster, profile: Profile, *, backend: str | None = None,
     plan.build(profile, planned_hosts(cluster), "?", only)  # names checked before probing
     if getattr(cluster, "kind", "") == "remote":
         cluster.connect()  # every host reachable (one at a time, clear errors), or stop here
-    probes = probe(cluster.hosts[0])
+    probes = probe_all(cluster.hosts)  # every host: one backend must run on all of them
     choice = choose(profile, cluster.hosts, probes, backend)
     return plan.build(profile, planned_hosts(cluster), choice.backend, only), choice
 

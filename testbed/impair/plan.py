@@ -193,5 +193,5 @@ def _check_names(profile: Profile, names: list[str], only: Sequence[str] | None)
                                  f"Use one of: {known}")
     for host in only or ():
         if host not in names:
-            raise UsageError("--hosts", f"the cluster has no host {host!r}",
+            raise UsageError("--only", f"the cluster has no host {host!r}",
                              f"Use one of: {known}")

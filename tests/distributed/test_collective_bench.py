@@ -23,7 +23,7 @@ def test_collective_bench_writes_every_field_for_every_run_and_cleans_up(tmp_pat
                      timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    algorithms = {"gloo", "lossy-zero_fill", "lossy-received_mean", "lossy-rescale", "rps"}
+    algorithms = {"reliable", "zero_fill", "unbiased", "rescale", "rps"}
     assert {(r["profile"], r["algorithm"]) for r in rows} == \
         {(p, a) for p in ("clean", "random-loss") for a in algorithms}
     for row in rows:
@@ -31,5 +31,5 @@ def test_collective_bench_writes_every_field_for_every_run_and_cleans_up(tmp_pat
         assert row["hosts"] == 2 and row["mtu"] == 9000 and row["size_bytes"] == 262144
     lossy = [r for r in rows if r["profile"] == "random-loss"]
     assert all(0.05 < r["measured_loss"] < 0.15 for r in lossy)  # the kernel applied ~10%
-    assert "p99/gloo" in result.stdout and "raw UDP rate" in result.stdout
+    assert "p99/rel" in result.stdout and "raw UDP rate" in result.stdout
     assert set(netns_cluster.leftover_clusters()) == before  # its own cluster is gone

@@ -50,15 +50,16 @@ def test_bad_option_is_refused_and_nothing_is_created(args, words):
     assert _all_namespaces() == before
 
 
-@pytest.mark.parametrize("name,words", [
-    ("averylongname", ["--name", "'averylongname-br' 16 bytes", "Linux allows 15",
-                       "at most 12 characters"]),
-    ("Bad-Name", ["--name", "lower-case letters and digits"]),
-    ("1abc", ["--name", "starting with a letter"]),
+@pytest.mark.parametrize("name,hosts,words", [
+    ("averylongname", 2, ["--name", "1 to 12 lower-case letters and digits"]),
+    ("twelvecharsx", 10, ["--name", "'twelvecharsx-h10' 16 bytes", "Linux allows 15",
+                          "at most 11 characters"]),
+    ("Bad-Name", 2, ["--name", "lower-case letters and digits"]),
+    ("1abc", 2, ["--name", "starting with a letter"]),
 ])
-def test_bad_cluster_name_is_refused(name, words):
+def test_bad_cluster_name_is_refused(name, hosts, words):
     before = _all_namespaces()
-    result = lossbed("up", "--hosts", "2", "--name", name)
+    result = lossbed("up", "--hosts", str(hosts), "--name", name)
     assert result.returncode == 2
     for word in words:
         assert word in result.stderr, (word, result.stderr)

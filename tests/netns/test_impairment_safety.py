@@ -50,7 +50,7 @@ def cluster(make_cluster):
     (["random-loss", "--set", "match.include=[{protocol: udp, ports: [9-3]}]"],
      ["ports[0]", "empty", "3-9"]),
     (["random-loss", "--set", "hosts.h7.delay_ms=2"], ["hosts.h7", "no host 'h7'"]),
-    (["random-loss", "--hosts", "h1,h9"], ["--hosts", "no host 'h9'"]),
+    (["random-loss", "--only", "h1,h9"], ["--only", "no host 'h9'"]),
     (["no-such-profile"], ["PROFILE", "Available"]),
     (["wan"], ["needs delay", "netem", "never approximates"]),
 ])
@@ -98,7 +98,7 @@ def test_a_failure_on_the_third_host_leaves_no_host_impaired(cluster, monkeypatc
 def test_apply_replaces_clear_removes_and_verify_then_refuses(cluster):
     assert lossbed("apply", "random-loss", "--cluster", cluster.name).returncode == 0
     assert set(lossbed_objects(cluster)) == {"h1", "h2", "h3", "h4"}
-    again = lossbed("apply", "burst-loss", "--hosts", "h2", "--cluster", cluster.name)
+    again = lossbed("apply", "burst-loss", "--only", "h2", "--cluster", cluster.name)
     assert again.returncode == 0, again.stderr
     assert set(lossbed_objects(cluster)) == {"h2"}  # the previous profile is gone
     shown = lossbed("show", "--cluster", cluster.name)

@@ -57,7 +57,7 @@ def test_a_good_inventory_with_groups_and_inherited_vars(tmp_path):
      ["'gpu1' is given twice"]),
     (GOOD.replace("10.0.0.2", "10.0.0.1").replace("ansible_port: 2222", "ansible_port: 22"),
      ["share", "Each host needs its own address"]),
-    ("hosts: {}\n", ["no top-level 'all' group"]),
+    ("hosts: {}\n", ["lists no hosts"]),
     ("all:\n  hosts: {}\n", ["lists no hosts"]),
 ])
 def test_bad_inventories_name_the_problem(tmp_path, text, words):
@@ -65,3 +65,85 @@ def test_bad_inventories_name_the_problem(tmp_path, text, words):
         inventory.load(write(tmp_path, text))
     for word in words:
         assert word in str(err.value), (word, str(err.value))
+
+
+ANSIBLE_STYLE = """
+all:
+  vars:
+    ansible_user: root
+    lossbed_mtu: 1000
+    lossbed_project: /from/the/file
+    lossbed_kernel_udp_buffer_bytes: 1048576   # a role's variable: Ansible's business
+  hosts:
+    gpu[1:3]:
+      lossbed_interface: ens6
+  children:
+    gpus:
+      vars: {lossbed_mtu: 2000, lossbed_gpus: 1}
+      hosts:
+        gpu[2:3]:
+    zeta:
+      vars: {lossbed_gpus: 5}
+      hosts:
+        gpu3:
+    racks:
+      children:
+        rack1:
+          vars: {ansible_port: 2201}
+          hosts:
+            gpu1:
+"""
+
+
+def test_the_inventory_is_read_as_ansible_inventory_reads_it(tmp_path):
+    """Ranges, a host in several groups, nested groups, group_vars/ (a file and a folder)
+    and host_vars/, against ansible-inventory --list: the reference parser of the file
+    `make provision` reads."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "inv.yml").write_text(ANSIBLE_STYLE)
+    (tmp_path / "group_vars" / "gpus").mkdir(parents=True)
+    (tmp_path / "group_vars" / "all.yml").write_text(
+        "lossbed_project: /from/group_vars\nlossbed_mtu: 3000\nlossbed_rdma_enabled: false\n")
+    (tmp_path / "group_vars" / "gpus" / "10-gpus.yml").write_text("lossbed_gpus: 7\n")
+    (tmp_path / "group_vars" / "gpus" / "20-more.yaml").write_text("lossbed_gpus: 8\n")
+    (tmp_path / "host_vars").mkdir()
+    for i in (1, 2, 3):
+        (tmp_path / "host_vars" / f"gpu{i}.yml").write_text(
+            f"ansible_host: 10.0.0.{i}\nlossbed_address: 192.168.50.{i}\n"
+            + ("lossbed_mtu: 9000\n" if i == 3 else ""))
+    ansible = Path(sys.executable).parent / "ansible-inventory"
+    listed = subprocess.run([str(ansible), "-i", str(tmp_path / "inv.yml"), "--list"],
+                            capture_output=True, text=True, timeout=120, check=True)
+    reference = json.loads(listed.stdout)["_meta"]["hostvars"]
+    hosts = inventory.load(tmp_path / "inv.yml")
+    assert sorted(hosts) == sorted(reference) == ["gpu1", "gpu2", "gpu3"]
+    for name, entry in hosts.items():
+        for key, value in reference[name].items():
+            if key in inventory.HostEntry.model_fields:
+                assert getattr(entry, key) == value, (name, key)
+    # the cases that matter, spelled out
+    assert [hosts[h].lossbed_mtu for h in ("gpu1", "gpu2", "gpu3")] == [3000, 3000, 9000]
+    assert [hosts[h].lossbed_gpus for h in ("gpu1", "gpu2", "gpu3")] == [0, 8, 8]
+    assert hosts["gpu1"].ansible_port == 2201 and hosts["gpu2"].ansible_port == 22
+    assert hosts["gpu1"].lossbed_project == "/from/group_vars"
+
+
+def test_host_ranges_expand_as_ansible_writes_them():
+    assert inventory.expand_hosts("gpu[1:3]") == ["gpu1", "gpu2", "gpu3"]
+    assert inventory.expand_hosts("n[08:10].lab") == ["n08.lab", "n09.lab", "n10.lab"]
+    assert inventory.expand_hosts("r[a:c]") == ["ra", "rb", "rc"]
+    assert inventory.expand_hosts("x[0:6:3]") == ["x0", "x3", "x6"]
+    assert inventory.expand_hosts("h[1:2]-[a:b]") == ["h1-a", "h1-b", "h2-a", "h2-b"]
+    with pytest.raises(UsageError, match="empty"):
+        inventory.expand_hosts("gpu[3:1]")
+
+
+def test_an_ini_inventory_is_refused_by_name(tmp_path):
+    path = tmp_path / "hosts.ini"
+    path.write_text("[gpus]\ngpu1 ansible_host=10.0.0.1\n")
+    with pytest.raises(UsageError, match="ansible-inventory -i FILE --list -y"):
+        inventory.load(path)

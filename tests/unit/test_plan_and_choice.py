@@ -52,7 +52,7 @@ def test_hosts_subset_and_unknown_hosts():
         plan.build(profiles.load("random-loss", ["hosts.h9.delay_ms=1"]), HOSTS, "netem")
     with pytest.raises(UsageError, match=r"links\[0\].dst"):
         plan.build(profiles.load("random-loss", ["links=[{src: h1, dst: h7}]"]), HOSTS, "nft")
-    with pytest.raises(UsageError, match="--hosts"):
+    with pytest.raises(UsageError, match="--only"):
         plan.build(profiles.load("random-loss"), HOSTS, "nft", only=["h5"])
 
 
@@ -110,3 +110,36 @@ def test_nft_ruleset_text():
     assert "numgen random mod 1000000000 < 100000000" in text
     clean = nft.render(plan.build(profiles.load("clean"), HOSTS[:2], "nft").hosts[0])
     assert 'counter name "seen_in_h2"' in clean and "numgen" not in clean
+
+
+class _ProbedHost:
+    def __init__(self, name: str, probes: dict):
+        self.name, self.address, self.ifname, self._probes = name, "10.0.0.1", "eth0", probes
+
+    def agent_call(self, op: str, payload: dict):
+        assert op == "probe"
+        return self._probes
+
+
+def test_every_host_is_probed_and_a_mixed_cluster_gets_what_all_of_them_have():
+    from testbed.impair.engine import choose, probe_all
+
+    hosts = [_ProbedHost("h1", ALL_AVAILABLE), _ProbedHost("h2", NO_NETEM),
+             _ProbedHost("h3", ALL_AVAILABLE)]
+    probes = probe_all(hosts)
+    assert probes["bpf"] is None and probes["nft"] is None
+    assert probes["netem"].startswith("h2: the kernel has no sch_netem")
+    assert "the other 2 hosts have it" in probes["netem"]
+    # random loss would take netem on h1 alone; on this cluster it is bpf, and says why
+    choice = choose(profiles.load("random-loss", ["loss_pct=10"]), hosts, probes)
+    assert choice.backend == "bpf" and "h2: the kernel has no sch_netem" in choice.reason
+    # a profile only netem can apply is refused, naming the host that lacks it
+    with pytest.raises(LossbedError, match="h2: the kernel has no sch_netem"):
+        choose(profiles.load("wan"), hosts, probes)
+
+
+def test_a_backend_missing_everywhere_is_reported_once():
+    from testbed.impair.engine import probe_all
+
+    probes = probe_all([_ProbedHost(f"h{i}", NO_NETEM) for i in (1, 2)])
+    assert probes["netem"] == "the kernel has no sch_netem"

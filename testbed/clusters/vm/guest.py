@@ -158,10 +158,11 @@ class Server:
         try:
             with self.import_lock:
                 from testbed.errors import LossbedError
-                from testbed.host import agent
+                from testbed.host import operations
                 from testbed.host.hosts import LocalHost
             host = LocalHost(**request.get("host", {}))
-            result = agent.dispatch(host, request["agent_op"], request.get("payload", {}))
+            result = operations.dispatch(host, request["agent_op"],
+                                         request.get("payload", {}))
             self.reply({"id": rid, "result": result})
         except LossbedError as err:
             self.reply({"id": rid, "error": str(err), "type": type(err).__name__})
