@@ -93,3 +93,12 @@ def untrained_ppl(cfg) -> float:
     corpus = Corpus.build(text, tok, source, cfg.seq_len)
     model = presets.build(cfg.preset, tok.vocab_size, cfg.seed)
     return perplexity(model, corpus.heldout, cfg.seq_len, cfg.eval_tokens or None)
+
+
+def ansible_env(scratch) -> dict:
+    """The environment for Ansible's tools in a test: their state in `scratch`, not in the
+    user's home (a user without a writable home — or one whose ~/.ansible must not change —
+    runs the tests too)."""
+    return {**os.environ, "ANSIBLE_HOME": str(scratch / "ansible-home"),
+            "ANSIBLE_LOCAL_TEMP": str(scratch / "ansible-tmp"),
+            "XDG_CACHE_HOME": str(scratch / "cache"), "HOME": str(scratch)}

@@ -9,23 +9,26 @@ from pathlib import Path
 
 import yaml
 
+from tests.helpers import ansible_env
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 WORKFLOW = REPO / ".github" / "workflows" / "nightly.yml"
 
 
-def test_ansible_lint_production_profile_passes():
+def test_ansible_lint_production_profile_passes(tmp_path):
     result = subprocess.run([str(BIN / "ansible-lint"), "--profile", "production", "--offline",
                              "--nocolor"], cwd=REPO / "ansible", capture_output=True, text=True,
-                            timeout=600)
+                            timeout=600, env=ansible_env(tmp_path))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Profile 'production' was required, and it passed" in result.stderr + result.stdout
 
 
-def test_playbooks_pass_the_syntax_check():
+def test_playbooks_pass_the_syntax_check(tmp_path):
     result = subprocess.run([str(BIN / "ansible-playbook"), "--syntax-check", "-i",
                              "inventory.example.yml", "provision.yml", "teardown.yml",
                              "bench.yml"], cwd=REPO / "ansible", capture_output=True, text=True,
+                            env=ansible_env(tmp_path),
                             timeout=300)
     assert result.returncode == 0, result.stderr
 

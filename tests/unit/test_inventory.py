@@ -116,8 +116,11 @@ def test_the_inventory_is_read_as_ansible_inventory_reads_it(tmp_path):
             f"ansible_host: 10.0.0.{i}\nlossbed_address: 192.168.50.{i}\n"
             + ("lossbed_mtu: 9000\n" if i == 3 else ""))
     ansible = Path(sys.executable).parent / "ansible-inventory"
+    from tests.helpers import ansible_env
+
     listed = subprocess.run([str(ansible), "-i", str(tmp_path / "inv.yml"), "--list"],
-                            capture_output=True, text=True, timeout=120, check=True)
+                            capture_output=True, text=True, timeout=120, check=True,
+                            env=ansible_env(tmp_path))
     reference = json.loads(listed.stdout)["_meta"]["hostvars"]
     hosts = inventory.load(tmp_path / "inv.yml")
     assert sorted(hosts) == sorted(reference) == ["gpu1", "gpu2", "gpu3"]
