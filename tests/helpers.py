@@ -84,15 +84,15 @@ def untrained_ppl(cfg) -> float:
     """The perplexity of the model a run starts from (its preset, seed, corpus, tokenizer and
     held-out split), computed here: a model that trained at all scores below it, while a
     bound like `ppl < 256` also passes a model worse than the byte-level chance of 256."""
-    from harness.data.corpus import Corpus, load_text
+    from harness.data.corpus import load_documents, prepare
     from harness.eval.perplexity import perplexity
-    from harness.model import presets, tokenizer
+    from harness.model import presets
 
-    tok = tokenizer.load(cfg.tokenizer)
-    text, source = load_text(cfg.corpus, cfg.hf_dataset, hf_text_field=cfg.hf_text_field)
-    corpus = Corpus.build(text, tok, source, cfg.seq_len)
+    documents, source = load_documents(cfg.corpus, cfg.hf_dataset,
+                                       hf_text_field=cfg.hf_text_field)
+    tok, corpus = prepare(documents, source, cfg.tokenizer, cfg.seq_len)
     model = presets.build(cfg.preset, tok.vocab_size, cfg.seed)
-    return perplexity(model, corpus.heldout, cfg.seq_len, cfg.eval_tokens or None)
+    return perplexity(model, corpus.heldout, tok.token_bytes, cfg.eval_tokens or None)
 
 
 def ansible_env(scratch) -> dict:

@@ -308,6 +308,9 @@ class LossyCollective:
         self.key_prefix = key_prefix
         self._reduce_expected = 0
         self._reduce_missing = 0
+        # Running totals a caller reads around a training step, to say why it was slow
+        self.totals = {"align_s": 0.0, "reduce_deadlines_hit": 0, "broadcast_deadlines_hit": 0,
+                       "collective_steps": 0}
         # per tensor size: its layout and the buffer of the own shard's reduce sums
         self._sizes: dict[int, tuple[Layout, np.ndarray]] = {}
 
@@ -371,7 +374,9 @@ class LossyCollective:
         # Steps are numbered by the transport, so collectives sharing it (several
         # estimators, or a collective and RPS) never take each other's packets.
         step = self.transport.next_step()
+        aligning = time.monotonic()
         self._align(step)
+        self.totals["align_s"] += time.monotonic() - aligning
         state = _Step(layout, step, bucket, self.rank, contribution, shared, total,
                       infer_ends=self.end_copies > 0)
         stash, self.transport.stash = self.transport.stash, []
@@ -443,6 +448,9 @@ class LossyCollective:
                 raise RankLost(f"rank {self.rank}: RC step {step} incomplete after "
                                f"{RC_STAGE_TIMEOUT_S:.0f} s: a peer died or lost the network")
         self.deadline.end_step()
+        self.totals["reduce_deadlines_hit"] += int(reduce_hit)
+        self.totals["broadcast_deadlines_hit"] += int(bcast_hit)
+        self.totals["collective_steps"] += 1
         return StepStats(step, time.monotonic() - state.started, reduce_expected,
                          reduce_missing, int(state.bcast.expected.sum()), state.bcast.left,
                          reduce_hit, bcast_hit)

@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from harness.model import presets
+from harness.model import tokenizer as tokenizers
+from harness.train.schedule import SCHEDULES
 from testbed.errors import UsageError
 
 # One name per concept, in the CLI, the code and the records. A variant names what travels
@@ -35,7 +37,9 @@ class TrainConfig:
     corpus: str | None = None
     hf_dataset: str | None = None
     hf_text_field: str = "text"  # the HF dataset's column that holds the text
-    tokenizer: str | None = None
+    tokenizer: str = "bpe"    # bpe (subword, trained on the training split), bpe:N, bytes, PATH
+    schedule: str = "cosine"  # warm-up then cosine decay to 10%; or constant
+    warmup_steps: int | None = None  # None: 5% of the steps
     log_every: int = 10
 
     def validate(self) -> None:
@@ -65,6 +69,14 @@ class TrainConfig:
                              "Use 0 (the whole held-out split) or a number of tokens")
         if self.seed < 0:
             raise UsageError("--seed", f"{self.seed} is negative", "Use 0 or more")
+        if self.schedule not in SCHEDULES:
+            raise UsageError("--schedule", f"unknown schedule {self.schedule!r}",
+                             f"Use one of: {', '.join(SCHEDULES)}")
+        if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
+            raise UsageError("--warmup-steps", f"{self.warmup_steps} is not in 0.."
+                             f"{self.steps - 1} (the run has {self.steps} steps)",
+                             "Leave it out for 5% of the steps")
+        tokenizers.check(self.tokenizer)
         if self.log_every < 1:
             raise UsageError("log_every", f"{self.log_every} is too small", "Use 1 or more")
         if not math.isfinite(self.lr):

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import launch
-from harness.data.corpus import Corpus, load_text
+from harness.data.corpus import load_documents, prepare
+from harness.data.sampler import Batches
 from harness.metrics.hdr import Histogram
-from harness.model import tokenizer as tokenizers
 from harness.train.config import TrainConfig
 from testbed import profiles, stats
 from testbed.errors import LossbedError
@@ -39,9 +39,11 @@ def check(cfg: TrainConfig, cluster=None) -> None:
     from harness.verbs import device
 
     device.require_for([cfg.transport], cluster.hosts if cluster is not None else [])
-    tok = tokenizers.load(cfg.tokenizer)
-    text, source = load_text(cfg.corpus, cfg.hf_dataset, hf_text_field=cfg.hf_text_field)
-    Corpus.build(text, tok, source, cfg.seq_len)
+    documents, source = load_documents(cfg.corpus, cfg.hf_dataset,
+                                       hf_text_field=cfg.hf_text_field)
+    _, corpus = prepare(documents, source, cfg.tokenizer, cfg.seq_len)
+    world = len(launch.rank_slots(cluster)) if cluster is not None else 1
+    Batches(corpus.train, 0, world, cfg.batch, cfg.seq_len, cfg.seed)  # enough samples?
 
 
 @dataclass(frozen=True)
@@ -167,10 +169,20 @@ def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) 
         "loss": loss.stationary_loss() if loss else 0.0, "seed": cfg.seed, "steps": cfg.steps,
         "hosts": len(cluster.hosts), "config": cfg.to_dict(), "backend": backend,
         "tokens_per_s": tokens / train_s,
+        # steady state: the first TIMING_WARMUP_STEPS steps of each rank are apart
         "step_ms": _ms(step_us), "collective_ms": _ms(collective_us),
         "step_hist": step_us.to_dict(),
+        "warmup_step_ms": [[us / 1000 for us in m.get("warmup_step_us", [])] for m in ranks],
+        "slow_steps": [{"rank": m["rank"], **s} for m in ranks for s in m.get("slow_steps", [])],
+        "transport_counters": dict(sum((Counter(m["counters"]) for m in ranks), Counter())),
         "losses": ranks[0]["losses"],
-        "ppl": result["ppl"], "ppl_rank0": result["ppl_rank0"], "drift": result["drift"],
+        # which model is measured (harness.eval.models): ppl is the variant's headline
+        **{k: result.get(k) for k in (
+            "ppl", "headline", "ppl_rank0", "ppl_ranks", "ppl_rank_mean", "ppl_rank_worst",
+            "ppl_average_model", "ppl_owners", "ce_per_token", "bytes_per_token",
+            "bits_per_byte", "eval_tokens", "tokenizer", "vocab_size", "corpus_sha",
+            "split_sha", "heldout_windows", "heldout_dropped", "epochs")},
+        "drift": result["drift"],
         "packets_sent": sent, "packets_lost": missing,
         # RDMA transports: the devices' own counts (retransmissions, sequence errors, ...)
         "device_counters": dict(sum((Counter(m.get("device_counters", {})) for m in ranks),

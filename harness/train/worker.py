@@ -1,8 +1,9 @@
 """One rank of a training run (started by `lossbed train` through harness.launch).
 
-build model (same seed everywhere) -> wrap it for the variant -> train on this rank's share
-of the corpus -> evaluate perplexity of rank 0's model and of the rank-averaged model ->
-write this rank's metrics; rank 0 prints the run's result as one JSON line.
+build model (same seed everywhere) -> wrap it for the variant -> train on batches drawn the
+DistributedSampler way, under the learning-rate schedule -> every rank scores its own model,
+rank 0 the averaged and the owners' model too (harness.eval.models) -> write this rank's
+metrics; rank 0 prints the run's result as one JSON line.
 """
 
 from __future__ import annotations
@@ -15,19 +16,20 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from harness import barrier, runtime
 from harness.collectives.lossy import LossyCollective
 from harness.collectives.rps import RPS
-from harness.data.corpus import Batches, Corpus, load_text
+from harness.data.corpus import load_documents, prepare
+from harness.data.sampler import Batches
 from harness.ddp.hooks import LossyHookState, lossy_allreduce_hook
 from harness.ddp.rps import RPSOptimizer
 from harness.ddp.sharded import ShardedOptimizer
-from harness.eval.perplexity import perplexity
+from harness.eval import models
 from harness.metrics.hdr import Histogram
-from harness.model import presets, tokenizer
+from harness.model import presets
+from harness.train import schedule
 from harness.train.config import ESTIMATOR_OF, TrainConfig
 
 
@@ -92,24 +94,28 @@ def wrap(cfg: TrainConfig, model, r):
     return model, optimizer, optimizer
 
 
-def flat(model) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).float().cpu() for p in model.parameters()])
+# The first steps of a run are slow for reasons of their own (lazy initialisation, caches,
+# the collectives' adaptive deadlines learning the path): their times are reported apart,
+# not in the step and collective percentiles.
+TIMING_WARMUP_STEPS = 5
+# A steady step slower than this many medians is listed with what its collectives counted
+SLOW_FACTOR = 5.0
 
 
-def load_flat(model, values: torch.Tensor) -> None:
-    offset = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(values[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+def _lossy_totals(timing) -> dict:
+    """What a variant's lossy collective has counted so far (nothing for reliable)."""
+    collective = getattr(timing, "collective", None)  # the hook's and sharded optimizer's
+    if collective is None and hasattr(timing, "rps"):  # RPS holds one inside
+        collective = timing.rps.collective
+    return dict(getattr(collective, "totals", None) or {})
 
 
 def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
     """One run on an already started rank; rank 0 returns the run's result."""
-    tok = tokenizer.load(cfg.tokenizer)
-    text, source = load_text(cfg.corpus, cfg.hf_dataset, hf_text_field=cfg.hf_text_field)
-    corpus = Corpus.build(text, tok, source, cfg.seq_len)
-    batches = Batches(corpus, r.rank, r.world, cfg.batch, cfg.seq_len, cfg.seed)
+    documents, source = load_documents(cfg.corpus, cfg.hf_dataset,
+                                       hf_text_field=cfg.hf_text_field)
+    tok, corpus = prepare(documents, source, cfg.tokenizer, cfg.seq_len)
+    batches = Batches(corpus.train, r.rank, r.world, cfg.batch, cfg.seq_len, cfg.seed)
     model = presets.build(cfg.preset, tok.vocab_size, cfg.seed)
     device = torch.device("cpu")
     if cfg.device == "cuda":
@@ -121,12 +127,17 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
         torch.cuda.set_device(device)
     model.to(device)
     module, optimizer, timing = wrap(cfg, model, r)
-    step_us = Histogram()
+    step_us, warmup_us, per_step = Histogram(), [], []
     losses = []
     transport = r.transport_for(cfg.transport)
     before = transport.counters.to_dict()
     started = time.perf_counter()
     for step in range(cfg.steps):
+        if step == TIMING_WARMUP_STEPS:
+            timing.collective_us = Histogram()  # the steady state from here on
+        schedule.set_lr(optimizer, schedule.lr_at(step, cfg.steps, cfg.lr, cfg.schedule,
+                                                  cfg.warmup_steps))
+        counted = (transport.counters.to_dict(), _lossy_totals(timing))
         t0 = time.perf_counter()
         inputs, targets = (t.to(device) for t in batches.next())
         logits = module(input_ids=inputs).logits
@@ -135,7 +146,12 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         value = float(loss.detach())
-        step_us.record((time.perf_counter() - t0) * 1e6)
+        elapsed_us = (time.perf_counter() - t0) * 1e6
+        if step < TIMING_WARMUP_STEPS:
+            warmup_us.append(elapsed_us)
+        else:
+            step_us.record(elapsed_us)
+            per_step.append((step, elapsed_us, counted))
         losses.append(value)
         if not math.isfinite(value):
             raise FloatingPointError(f"rank {r.rank}: loss became {value} at step {step}")
@@ -146,21 +162,12 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
             print(f"[{label}] step {step + 1}/{cfg.steps} loss {value:.3f} {rate:.0f} tok/s, "
                   f"about {eta:.0f} s left in this run", file=sys.stderr, flush=True)
     train_s = time.perf_counter() - started
-
-    # Perplexity of this rank's own model, and of the average of all ranks' models
-    # (averaged reliably, with gloo), and how far apart the ranks' models are.
-    own = flat(model)
-    average = own.clone()
-    dist.all_reduce(average)
-    average /= r.world
-    distance = torch.tensor([float((own - average).norm())])
-    distances = [torch.zeros(1) for _ in range(r.world)]
-    dist.all_gather(distances, distance)
-    eval_tokens = cfg.eval_tokens or None
     after = transport.counters.to_dict()
     metrics = {
         "rank": r.rank, "losses": losses, "train_s": train_s,
         "step_us": step_us.to_dict(), "collective_us": timing.collective_us.to_dict(),
+        "warmup_step_us": warmup_us,
+        "slow_steps": _slow_steps(per_step, transport, timing),
         "counters": {k: after[k] - before[k] for k in after},
         # RDMA queue pairs: what the device counted (retransmissions, sequence errors, ...)
         "device_counters": getattr(transport, "device_counters", dict)(),
@@ -171,16 +178,36 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
     # ... and on stdout, which the controller always gets: a host's folders may not be the
     # controller's (a VM writes into its own memory; a cluster may share no file system)
     print(json.dumps({"rank_metrics": metrics}), flush=True)
-    if r.rank != 0:
+    result = models.measure(r, cfg.variant, model, corpus.heldout, tok.token_bytes,
+                            cfg.eval_tokens or None, transport.per_packet)
+    if result is None:
         return None
+    own = models.flat(model)
     torch.save(own, out_dir / "rank0_params.pt")
-    result = {"ppl_rank0": perplexity(model, corpus.heldout, cfg.seq_len, eval_tokens)}
-    load_flat(model, average)
-    result["ppl"] = perplexity(model, corpus.heldout, cfg.seq_len, eval_tokens)
-    result.update(drift=max(float(d) for d in distances),
-                  parameters=sum(p.numel() for p in model.parameters()), corpus=source,
-                  heldout_tokens=len(corpus.heldout), model_sha=_digest(own))
+    result.update(parameters=sum(p.numel() for p in model.parameters()), corpus=source,
+                  corpus_sha=corpus.corpus_sha, split_sha=corpus.split_sha,
+                  heldout_windows=len(corpus.heldout), heldout_dropped=corpus.heldout_dropped,
+                  tokenizer=tok.name, vocab_size=tok.vocab_size, epochs=batches.epoch,
+                  model_sha=_digest(own))
     return result
+
+
+def _slow_steps(per_step, transport, timing) -> list[dict]:
+    """The steady steps slower than SLOW_FACTOR medians, each with what the transport and
+    the lossy collective counted during it (deadlines hit, time in step alignment, ...)."""
+    if not per_step:
+        return []
+    times = sorted(us for _, us, _ in per_step)
+    median = times[len(times) // 2]
+    ends = [counted for _, _, counted in per_step[1:]]
+    ends.append((transport.counters.to_dict(), _lossy_totals(timing)))
+    slow = []
+    for (step, us, (c0, l0)), (c1, l1) in zip(per_step, ends, strict=True):
+        if us > SLOW_FACTOR * median:
+            during = {k: c1[k] - c0[k] for k in c1 if c1[k] != c0[k]}
+            during |= {k: round(l1[k] - l0.get(k, 0), 6) for k in l1 if l1[k] != l0.get(k, 0)}
+            slow.append({"step": step, "ms": us / 1000, "median_ms": median / 1000, **during})
+    return slow
 
 
 # How long ranks wait at a run boundary for the controller (it reads the kernel's counters

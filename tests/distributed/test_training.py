@@ -177,7 +177,7 @@ def test_a_killed_rank_stops_the_run_clears_the_profile_and_leaves_no_process(cl
 ])
 def test_bad_input_is_refused_before_any_process_starts(cluster, tmp_path, args, words):
     (tmp_path / "empty.txt").write_text("  \n")
-    (tmp_path / "short.txt").write_text("x" * 500)  # held out: 50 tokens < 129
+    (tmp_path / "short.txt").write_text("\n\n".join(f"paragraph {i}" for i in range(40)))
     args = [a.replace("EMPTY", str(tmp_path / "empty.txt"))
             .replace("SHORT", str(tmp_path / "short.txt")) for a in args]
     started = time.monotonic()
@@ -193,14 +193,14 @@ def test_hf_dataset_from_a_local_folder_and_a_text_corpus(cluster, tmp_path):
     import datasets
 
     text = ("the quick brown fox jumps over the lazy dog. " * 400).strip()
+    rows = [text[i:i + 200] for i in range(0, len(text), 200)]
     folder = tmp_path / "ds"
-    datasets.Dataset.from_dict({"text": [text[i:i + 200] for i in range(0, len(text), 200)]}) \
-        .save_to_disk(str(folder))
+    datasets.Dataset.from_dict({"text": rows}).save_to_disk(str(folder))
     rec = train(cluster, tmp_path, "hf", variant="reliable", hf_dataset=str(folder))
     assert rec["corpus"] == f"hf:{folder}"
     assert rec["ppl"] < untrained_ppl(TrainConfig(**rec["config"]))
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text(text)
+    corpus.write_text("\n\n".join(rows))  # a text file's documents are its paragraphs
     rec = train(cluster, tmp_path, "file", variant="reliable", corpus=str(corpus))
     assert rec["corpus"] == str(corpus)
     assert json.dumps(rec)  # the record is JSON

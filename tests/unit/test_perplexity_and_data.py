@@ -1,4 +1,4 @@
-"""Perplexity against a hand-computed value; the corpus split; the HDR histogram."""
+"""Perplexity against a hand-computed value; the HDR histogram."""
 
 from __future__ import annotations
 
@@ -8,11 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.data.corpus import Batches, Corpus, load_text
-from harness.eval.perplexity import cross_entropy_sum, perplexity
+from harness.eval.perplexity import evaluate, perplexity
 from harness.metrics.hdr import Histogram
-from harness.model.tokenizer import ByteTokenizer
-from testbed.errors import UsageError
 
 
 class FixedModel(torch.nn.Module):
@@ -24,41 +21,18 @@ class FixedModel(torch.nn.Module):
 
 
 def test_perplexity_matches_a_hand_computed_value():
-    tokens = torch.tensor([0, 1, 2, 2, 0, 1, 2])  # 6 predicted tokens: 1, 2, 2, 0, 1, 2
-    # cross-entropy: -ln p(target): ln 3 + ln 2 + ln 2 + ln 6 + ln 3 + ln 2
-    expected_sum = 2 * math.log(3) + 3 * math.log(2) + math.log(6)
-    # seq_len 4: one full window (4 targets) and a short one (2 targets), each token once
-    total, count = cross_entropy_sum(FixedModel(), tokens, seq_len=4)
-    assert count == 6
-    assert total == pytest.approx(expected_sum, rel=1e-6)
-    assert perplexity(FixedModel(), tokens, seq_len=4) == pytest.approx(
-        math.exp(expected_sum / 6), rel=1e-6)
-    # token-weighted, not a mean of window means:
-    window_means = [(math.log(3) + 2 * math.log(2) + math.log(6)) / 4,
-                    (math.log(3) + math.log(2)) / 2]
-    assert perplexity(FixedModel(), tokens, seq_len=4) != pytest.approx(
-        math.exp(sum(window_means) / 2), rel=1e-6)
-
-
-def test_default_corpus_split_is_deterministic_and_per_rank():
-    text, source = load_text()
-    assert source == "pydoc_data.topics" and len(text) > 400_000
-    a = Corpus.build(text, ByteTokenizer(), source, seq_len=128)
-    b = Corpus.build(text, ByteTokenizer(), source, seq_len=128)
-    assert torch.equal(a.heldout, b.heldout)
-    assert abs(len(a.heldout) / (len(a.train) + len(a.heldout)) - 0.1) < 1e-3
-    regions = [a.region(r, 4) for r in range(4)]
-    assert sum(len(x) for x in regions) == len(a.train)
-    first = Batches(a, 1, 4, batch=2, seq_len=16, seed=7).next()
-    again = Batches(a, 1, 4, batch=2, seq_len=16, seed=7).next()
-    other = Batches(a, 2, 4, batch=2, seq_len=16, seed=7).next()
-    assert torch.equal(first[0], again[0]) and not torch.equal(first[0], other[0])
-    assert torch.equal(first[0][:, 1:], first[1][:, :-1])  # targets are inputs shifted
-
-
-def test_too_short_heldout_split_is_refused():
-    with pytest.raises(UsageError, match="fewer than one sequence"):
-        Corpus.build("x" * 500, ByteTokenizer(), "short", seq_len=128)
+    windows = torch.tensor([[0, 1, 2, 2, 0], [0, 1, 2, 2, 2]])  # 8 predicted tokens
+    # -ln p(target) for targets 1, 2, 2, 0 and 1, 2, 2, 2
+    expected = (math.log(3) + 2 * math.log(2) + math.log(6)) + (math.log(3) + 3 * math.log(2))
+    score = evaluate(FixedModel(), windows, token_bytes=[1, 2, 3])
+    assert score.tokens == 8 and score.ce_sum == pytest.approx(expected, rel=1e-6)
+    assert score.ppl == pytest.approx(math.exp(expected / 8), rel=1e-6)
+    assert perplexity(FixedModel(), windows, [1, 2, 3]) == pytest.approx(score.ppl)
+    # bytes of the predicted tokens: 2+3+3+1 + 2+3+3+3
+    assert score.bytes == 20 and score.bytes_per_token == 2.5
+    assert score.bits_per_byte == pytest.approx(expected / math.log(2) / 20)
+    # max_tokens takes whole windows from the front
+    assert evaluate(FixedModel(), windows, [1, 2, 3], max_tokens=4).tokens == 4
 
 
 def test_hdr_histogram_percentiles_within_one_percent():
