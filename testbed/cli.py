@@ -197,12 +197,11 @@ def _cmd_train(args) -> int:
     from harness.train import run
     from harness.train.config import TrainConfig
 
-    cfg = TrainConfig(variant=args.variant, preset=args.preset, steps=args.steps, seed=args.seed,
-                      batch=args.batch, seq_len=args.seq_len, lr=args.lr,
-                      optimizer=args.optimizer, transport=args.transport, device=args.device,
-                      resync_every=args.resync_every, eval_tokens=args.eval_tokens,
-                      corpus=args.corpus, hf_dataset=args.hf_dataset,
-                      hf_text_field=args.hf_text_field, tokenizer=args.tokenizer)
+    cfg = TrainConfig(variant=args.variant, steps=args.steps, seed=args.seed,
+                      transport=args.transport, resync_every=args.resync_every,
+                      eval_tokens=args.eval_tokens, corpus=args.corpus,
+                      hf_dataset=args.hf_dataset, hf_text_field=args.hf_text_field,
+                      warmup_steps=args.warmup_steps, **_training_options(args))
     cfg.validate()  # the options and LOSSBED_* settings first, before any cluster is touched
     from harness import launch
 
@@ -225,13 +224,15 @@ def _cmd_bench(args) -> int:
     from pathlib import Path
 
     from harness.bench import report
-    from harness.bench.training_bench import BenchSpec, run_bench
+    from harness.bench.spec import BenchSpec
+    from harness.bench.training_bench import run_bench
     from harness.train.config import VARIANTS
     from testbed.clusters import netns as netns_cluster
 
     spec = BenchSpec(losses=args.loss, profile=args.profile, hosts=args.hosts, steps=args.steps,
                      seeds=args.seeds, variants=args.variants or list(VARIANTS),
-                     mtu=args.mtu)
+                     mtu=args.mtu, realisations=args.realisations,
+                     speed_steps=args.speed_steps, **_training_options(args))
     spec.validate()  # bad input is refused before anything is built
     # absolute: ranks on remote hosts write under it from their own working folder
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -299,7 +300,33 @@ def _cmd_inventory(args) -> int:
     return 0
 
 
+def _add_training_options(p, defaults) -> None:
+    """The model, data and optimisation options `train` and `bench` share."""
+    p.add_argument("--preset", default=defaults.preset,
+                   help="tiny, small, or a local HF model folder")
+    p.add_argument("--device", default=defaults.device, help="cpu, or cuda (GPU hosts)")
+    p.add_argument("--batch", type=int, default=defaults.batch,
+                   help="sequences per rank per step")
+    p.add_argument("--seq-len", type=int, default=defaults.seq_len)
+    p.add_argument("--lr", type=float, default=defaults.lr, help="the peak learning rate")
+    p.add_argument("--optimizer", default=defaults.optimizer,
+                   help="adamw or sgd (momentum 0.9; RPS's paper uses SGD)")
+    p.add_argument("--schedule", default=defaults.schedule,
+                   help="cosine (warm-up, then decay to 10%%) or constant")
+    p.add_argument("--tokenizer", default=defaults.tokenizer,
+                   help="bpe (subword, trained on the training split), bpe:N, bytes, or a "
+                        "local HF tokenizer folder")
+
+
+def _training_options(args) -> dict:
+    return {k: getattr(args, k) for k in ("preset", "device", "batch", "seq_len", "lr",
+                                          "optimizer", "schedule", "tokenizer")}
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from harness.bench.spec import BenchSpec
+    from harness.train.config import TrainConfig
+
     parser = argparse.ArgumentParser(
         prog="lossbed", description="Kernel-level network emulation for training under loss."
     )
@@ -371,14 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reliable, zero_fill, unbiased, unbiased_drift or rps")
     p.add_argument("--profile", default="clean", help="impairment profile (default: clean)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="profile override")
-    p.add_argument("--preset", default="tiny", help="tiny, small, or a local HF model folder")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=TrainConfig.steps)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch", type=int, default=16, help="sequences per rank per step")
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--optimizer", default="adamw", help="adamw (default) or sgd")
-    p.add_argument("--device", default="cpu", help="cpu, or cuda (GPU hosts)")
+    _add_training_options(p, TrainConfig)
+    p.add_argument("--warmup-steps", type=int,
+                   help="learning-rate warm-up (default: 5%% of the steps)")
     p.add_argument("--transport", default="udp",
                    help="loss semantics of the lossy variants: udp, roce-ud, roce-uc[:BYTES], "
                         "roce-rc[:BYTES]; or real RDMA queue pairs: verbs-ud, verbs-uc[:BYTES], "
@@ -390,7 +414,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-dataset", help="an HF dataset in the local cache, or a saved folder")
     p.add_argument("--hf-text-field", default="text",
                    help="the HF dataset's column with the text (default: text)")
-    p.add_argument("--tokenizer", help="a local HF tokenizer folder (default: bytes)")
     p.add_argument("--out", help="folder for the ranks' metrics (default: a temporary one)")
     p.add_argument("--json", metavar="FILE", help="append the run's record to this file")
     p.set_defaults(func=_cmd_train)
@@ -401,9 +424,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="random-loss", help="random-loss or burst-loss")
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--mtu", type=int, default=1500)
-    p.add_argument("--steps", type=int, default=120)
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=BenchSpec.steps)
+    p.add_argument("--seeds", type=int, default=BenchSpec.seeds)
     p.add_argument("--variants", nargs="+", help="default: all five")
+    p.add_argument("--realisations", type=int, default=BenchSpec.realisations,
+                   help="loss seeds at seed 0 for unbiased_drift and rps (1: no more)")
+    p.add_argument("--speed-steps", type=int, default=BenchSpec.speed_steps,
+                   help="steps of reliable under loss (its speed; its model is checked)")
+    _add_training_options(p, BenchSpec)
     p.add_argument("--out", help="results folder (default: results/bench-TIME)")
     p.add_argument("--cluster", help="reuse this cluster instead of building one")
     _add_inventory(p)

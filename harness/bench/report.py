@@ -14,8 +14,13 @@ from harness.metrics.hdr import Histogram
 # Student's t, two-sided 95%, by degrees of freedom (n - 1)
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
        9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
-RESULT_FIELDS = ("variant", "profile", "loss", "seed", "steps", "hosts", "tokens_per_s",
-                 "step_ms", "collective_ms", "ppl", "ppl_rank0", "ppl_delta_pct",
+RESULT_FIELDS = ("variant", "role", "profile", "loss", "loss_seed", "seed", "steps", "hosts",
+                 "tokens_per_s", "step_ms", "collective_ms", "warmup_step_ms", "slow_steps",
+                 "ppl", "headline", "ppl_rank0", "ppl_ranks", "ppl_rank_mean",
+                 "ppl_rank_worst", "ppl_average_model", "ppl_owners", "ce_per_token",
+                 "bytes_per_token", "bits_per_byte", "eval_tokens", "tokenizer", "vocab_size",
+                 "corpus_sha", "split_sha", "heldout_windows", "heldout_dropped", "epochs",
+                 "transport_counters", "ppl_delta_pct",
                  "measured_loss", "measured_loss_interval", "measured_packets", "rcvbuf_drops",
                  "measured_window", "drift", "backend",
                  "packets_sent", "packets_lost", "bytes_sent", "losses", "model_sha")
@@ -45,68 +50,132 @@ def _step_ms(runs: list[dict]) -> dict:
         | {"count": s["count"]}
 
 
+def _reference_variant(variant: str) -> str:
+    """Whose lossless run a variant is compared with: rps with rps (another algorithm),
+    the others with reliable (at 0% loss they train its model)."""
+    return "rps" if variant.partition("@")[0] == "rps" else "reliable"
+
+
 def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
-    reference = {r["seed"]: r for r in records if r["variant"] == "reliable" and r["loss"] == 0}
+    """Per (loss, variant): the paired Δppl over seeds with its 95% interval, the spread over
+    loss realisations at seed 0, speed against reliable at the same loss, which model the
+    perplexity is of; and the checks. Records carry `role` (see training_bench); a record
+    without one is taken as a lossy run, or a reference when reliable at 0% loss."""
     for r in records:
-        ref = reference.get(r["seed"])
-        r["ppl_delta_pct"] = (r["ppl"] / ref["ppl"] - 1) * 100 if ref else None
-    lossless = [r["ppl"] for r in reference.values()]
+        r.setdefault("role", "reference" if r["variant"] == "reliable" and r["loss"] == 0
+                     else "lossy")
+    refs = {(r["variant"], r["seed"]): r for r in records if r["role"] == "reference"}
+    for r in records:
+        ref = refs.get((_reference_variant(r["variant"]), r["seed"]))
+        quality = r["role"] in ("lossy", "realisation", "reference")
+        r["ppl_delta_pct"] = ((r["ppl"] / ref["ppl"] - 1) * 100
+                              if quality and ref and ref is not r else
+                              (0.0 if r["role"] == "reference" else None))
+    lossless = [r["ppl"] for r in records if r["role"] == "reference"
+                and r["variant"] == "reliable"]
     noise_floor = (statistics.stdev(lossless) / statistics.fmean(lossless) * 100
                    if len(lossless) > 1 else None)
     groups = {}
     for r in records:
+        if r["role"] == "realisation" or (r["role"] == "speed_reference"):
+            continue
         groups.setdefault((r["loss"], r["variant"]), []).append(r)
+    speed = {}  # reliable's runs that measure speed, per loss
+    for r in records:
+        if r["variant"] == "reliable" and r["role"] in ("speed", "speed_reference"):
+            speed.setdefault(r["loss"], []).append(r)
     rows = []
     for (loss, variant), runs in sorted(groups.items()):
-        deltas = [r["ppl_delta_pct"] for r in runs if r["ppl_delta_pct"] is not None]
+        deltas = [r["ppl_delta_pct"] for r in runs if r["ppl_delta_pct"] is not None
+                  and r["role"] != "reference"]
         mean, half = mean_interval(deltas) if deltas else (None, None)
-        base = groups.get((loss, "reliable"), [])
+        realised = [r["ppl_delta_pct"] for r in records if r["loss"] == loss
+                    and r["variant"] == variant and r["seed"] == 0
+                    and r["role"] in ("lossy", "realisation")
+                    and r["ppl_delta_pct"] is not None]
         steps = _step_ms(runs)
         row = {
             "loss": loss, "variant": variant, "seeds": len(runs),
+            "roles": sorted({r["role"] for r in runs}),
+            "headline": runs[0].get("headline"),
+            "reference": None if runs[0]["role"] in ("reference", "speed")
+            else _reference_variant(variant),
             "ppl": statistics.fmean(r["ppl"] for r in runs),
             "ppl_delta_pct": mean, "ppl_delta_ci95": half, "ppl_deltas": deltas,
+            "realisation_sd": statistics.stdev(realised) if len(realised) > 1 else None,
+            "realisations": len(realised),
+            "ppl_rank_worst": statistics.fmean(r.get("ppl_rank_worst") or r["ppl"]
+                                               for r in runs),
             "tokens_per_s": statistics.fmean(r["tokens_per_s"] for r in runs),
-            # the steps of all seeds together: p99 needs 100 of them, else it is None
+            # the steady steps of all seeds together: p99 needs 100 of them, else None
             "step_p50_ms": steps["p50"], "step_p99_ms": steps["p99"],
             "step_max_ms": steps["max"], "step_samples": steps["count"],
+            "slow_steps": sum(len(r.get("slow_steps") or []) for r in runs),
             "measured_loss": statistics.fmean(r["measured_loss"] for r in runs),
             "drift": statistics.fmean(r["drift"] for r in runs),
         }
+        base = speed.get(loss) or groups.get((loss, "reliable"), [])
         if base:
             base_steps = _step_ms(base)
             row["throughput_vs_reliable"] = row["tokens_per_s"] / statistics.fmean(
                 r["tokens_per_s"] for r in base)
             row["p99_vs_reliable"] = (row["step_p99_ms"] / base_steps["p99"]
                                       if row["step_p99_ms"] and base_steps["p99"] else None)
-            row["max_vs_reliable"] = row["step_max_ms"] / base_steps["max"]
+            row["max_vs_reliable"] = (row["step_max_ms"] / base_steps["max"]
+                                      if row["step_max_ms"] and base_steps["max"] else None)
         rows.append(row)
-    # None when no reliable run under loss was made: "not run", never "passed"
-    reliable_lossy = [r for r in records if r["variant"] == "reliable" and r["loss"] > 0
-                      and r["seed"] in reference]
-    exact = (all(r["model_sha"] == reference[r["seed"]]["model_sha"] for r in reliable_lossy)
-             if reliable_lossy else None)
+    # reliable under loss must train exactly the lossless model: its speed runs against the
+    # lossless ones of the same length and seed; None when none was made ("not run")
+    short = {r["seed"]: r for r in records if r["role"] == "speed_reference"}
+    compared = [(r, short.get(r["seed"]) or refs.get(("reliable", r["seed"])))
+                for r in records if r["variant"] == "reliable" and r["loss"] > 0]
+    compared = [(r, ref) for r, ref in compared if ref is not None and
+                ref.get("steps") == r.get("steps")]
+    exact = all(r["model_sha"] == ref["model_sha"] for r, ref in compared) if compared \
+        else None
     return {"config": spec_dict, "backend": backend, "noise_floor_pct": noise_floor,
             "lossless_ppl": lossless, "rows": rows,
             "checks": {"reliable_exact_under_loss": exact}}
 
 
+def finding(row: dict) -> str:
+    """What a row's Δppl can be said to show: a number whose 95% interval is as wide as it
+    is not a finding."""
+    mean, half = row.get("ppl_delta_pct"), row.get("ppl_delta_ci95")
+    if row.get("reference") is None or mean is None:
+        return "-"
+    if half is None:
+        return "one seed"
+    if half >= abs(mean):
+        return "inconclusive"
+    return "worse" if mean > 0 else "better"
+
+
 def table(summary: dict) -> str:
-    head = (f"{'loss':>5} {'variant':<15} {'tok/s vs rel':>12} {'p99 vs rel':>10} "
-            f"{'Δppl %':>8} {'±95%':>7} {'ppl':>7} {'drift':>7} {'meas.loss':>9}")
+    head = (f"{'loss':>5} {'variant':<15} {'model':<9} {'tok/s vs rel':>12} {'p99 vs rel':>10} "
+            f"{'Δppl %':>8} {'±95%':>6} {'real.sd':>7} {'finding':<12} {'ppl':>8} "
+            f"{'worst':>8} {'drift':>6} {'meas.loss':>9}")
     lines = [head, "-" * len(head)]
+
+    def f(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
     for r in summary["rows"]:
-        def f(x, fmt):
-            return format(x, fmt) if x is not None else "-"
         lines.append(
-            f"{r['loss']:>5.0%} {r['variant']:<15} {f(r.get('throughput_vs_reliable'), '.2f'):>12}"
+            f"{r['loss']:>5.0%} {r['variant']:<15} {f(r.get('headline'), ''):<9} "
+            f"{f(r.get('throughput_vs_reliable'), '.2f'):>12}"
             f" {f(r.get('p99_vs_reliable'), '.2f'):>10} {f(r['ppl_delta_pct'], '+.2f'):>8}"
-            f" {f(r['ppl_delta_ci95'], '.2f'):>7} {r['ppl']:>7.3f} {r['drift']:>7.3f}"
-            f" {r['measured_loss']:>9.2%}")
+            f" {f(r['ppl_delta_ci95'], '.2f'):>6} {f(r.get('realisation_sd'), '.2f'):>7}"
+            f" {finding(r):<12} {r['ppl']:>8.3f} {f(r.get('ppl_rank_worst'), '.3f'):>8}"
+            f" {r['drift']:>6.3f} {r['measured_loss']:>9.2%}")
+    lines.append("model: rank0 = rank 0's own (all equal), rank_mean = the ranks' own models "
+                 "(mean; worst beside), owners = each shard as its owner holds it. Δppl: "
+                 "against the same seed's lossless run of reliable (rps: of rps); real.sd: "
+                 "its spread over loss realisations at seed 0")
     if any(r.get("p99_vs_reliable") is None and r.get("max_vs_reliable") for r in
            summary["rows"]):
-        lines.append("p99 vs rel: '-' where fewer than 100 steps back a p99 (summary.json "
-                     "has max_vs_reliable)")
+        lines.append("p99 vs rel: '-' where fewer than 100 steady steps back a p99 "
+                     "(summary.json has max_vs_reliable)")
     floor = summary["noise_floor_pct"]
     exact = summary["checks"]["reliable_exact_under_loss"]
     lines.append(f"noise floor (lossless reliable, seed-to-seed sd): "

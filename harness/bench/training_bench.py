@@ -1,91 +1,18 @@
-"""`lossbed bench` / `make bench LOSS=0.1`: every training variant at the given loss rates,
-beside the lossless reliable reference, paired by seed.
-
-Runs: for every seed, `reliable` without loss (the reference), and every variant at every
-loss rate, all with the same initialisation and data order per seed. The runs under one
-profile go one after the other in one launch of the ranks. Perplexity is compared with the
-reference of the same seed (Δppl, %), averaged over seeds with a 95% interval, next to the
-lossless runs' own seed-to-seed spread (the noise floor). `reliable` under loss must train
-exactly the reference's model: that is checked, so its lossy runs measure speed only.
-"""
+"""`lossbed bench`: the runs its spec lists (harness/bench/spec.py), in one launch of the
+ranks, then the summary and the plots (report.py)."""
 
 from __future__ import annotations
 
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-from harness import launch
 from harness.bench import report
+from harness.bench.spec import BenchSpec
 from harness.train import run
-from harness.train.config import VARIANTS, TrainConfig
-from harness.transport.semantics import Semantics
-from testbed import profiles
 from testbed.errors import LossbedError, UsageError
-
-DEFAULT_STEPS = 120
-DEFAULT_SEEDS = 3
-
-
-@dataclass
-class BenchSpec:
-    losses: list[float] = field(default_factory=lambda: [0.1])
-    profile: str = "random-loss"
-    hosts: int = 4
-    steps: int = DEFAULT_STEPS
-    seeds: int = DEFAULT_SEEDS
-    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
-    preset: str = "tiny"
-    batch: int = 8
-    seq_len: int = 64
-    lr: float = 2e-3
-    mtu: int = 1500
-
-    def validate(self) -> None:
-        bad = [x for x in self.losses if not 0 <= x < 1]
-        if bad:
-            raise UsageError("--loss", f"{bad[0]} is not a fraction in [0, 1)",
-                             "LOSS is a fraction: LOSS=0.1 means 10%")
-        unknown = [v for v in self.variants if v.partition("@")[0] not in VARIANTS]
-        if unknown:
-            raise UsageError("--variants", f"unknown {', '.join(unknown)}",
-                             f"Use some of: {', '.join(VARIANTS)}, each optionally "
-                             "@TRANSPORT (e.g. unbiased@roce-uc)")
-        for v in self.variants:
-            if "@" in v:
-                Semantics.parse(v.partition("@")[2])
-        if self.seeds < 1 or self.steps < 1:
-            raise UsageError("--seeds/--steps", "must be 1 or more", "e.g. --seeds 3")
-        if self.hosts < 2:
-            raise UsageError("--hosts", f"{self.hosts} host cannot train distributed",
-                             "Use --hosts 2 or more (4 by default)")
-        for loss in self.losses:
-            if loss > 0:
-                profiles.load(self.profile, [f"loss_pct={loss * 100}"])  # refuses early
-        self.config(variant="reliable", seed=0).validate()
-        launch.check_environment()
-
-    def config(self, variant: str, seed: int) -> TrainConfig:
-        name, _, transport = variant.partition("@")
-        return TrainConfig(variant=name, transport=transport or "udp", preset=self.preset,
-                           steps=self.steps, seed=seed, batch=self.batch,
-                           seq_len=self.seq_len, lr=self.lr, log_every=20)
-
-    def cases(self) -> list[tuple[str, float, list[TrainConfig]]]:
-        """(profile, loss, runs) per launch: the lossless reference first."""
-        seeds = range(self.seeds)
-        reference = [self.config("reliable", s) for s in seeds]
-        if 0.0 in self.losses:
-            reference += [self.config(v, s) for v in self.variants if v != "reliable"
-                          for s in seeds]
-        out = [("clean", 0.0, reference)]
-        for loss in self.losses:
-            if loss > 0:
-                out.append((self.profile, loss,
-                            [self.config(v, s) for v in self.variants for s in seeds]))
-        return out
 
 
 def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
@@ -94,12 +21,7 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
     spec.validate()
     out.mkdir(parents=True, exist_ok=True)
     cases = spec.cases()
-    runs, losses = [], []
-    for profile_name, loss, cfgs in cases:
-        sets = (f"loss_pct={loss * 100}",) if loss > 0 else ()
-        runs += [run.Run(cfg, profile_name, sets) for cfg in cfgs]
-        losses += [loss] * len(cfgs)
-    total = len(runs)
+    total = len(cases)
     started = time.monotonic()
 
     def progress(line: str) -> None:
@@ -108,14 +30,19 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
         index = _index(line)
         elapsed = time.monotonic() - started
         left = f"; about {elapsed / index * (total - index) / 60:.1f} min left" if index else ""
-        echo(f"[bench {index + 1}/{total}] {losses[index]:.0%} loss, "
+        case = cases[index]
+        echo(f"[bench {index + 1}/{total}] {case.loss:.0%} loss, {case.role}, "
              f"{line.split('] ', 1)[-1]}{left}")
 
-    echo(f"[bench] {total} runs: " + ", ".join(
-        f"{len(cfgs)} at {loss:.0%} loss ({name})" for name, loss, cfgs in cases))
-    records = run.train_runs(cluster, runs, out / "runs", echo=progress)
-    for rec, loss in zip(records, losses, strict=True):
-        rec["loss"] = loss
+    roles = {}
+    for case in cases:
+        roles[case.role] = roles.get(case.role, 0) + 1
+    echo(f"[bench] {total} runs: " + ", ".join(f"{n} {role}" for role, n in roles.items()))
+    records = run.train_runs(cluster, [run.Run(c.cfg, c.profile, c.sets) for c in cases],
+                             out / "runs", echo=progress)
+    for rec, case in zip(records, cases, strict=True):
+        rec.update(loss=case.loss, role=case.role, loss_seed=case.loss_seed,
+                   variant=case.variant)
     echo(f"[bench] {total} runs done in {(time.monotonic() - started) / 60:.1f} min")
     summary = report.summarise(records, spec_dict=asdict(spec), backend=records[-1]["backend"])
     report.write_outputs(out, records, summary)

@@ -25,17 +25,32 @@ def test_bench_writes_every_field_the_table_and_plots_and_leaves_nothing(tmp_pat
     before = netns_cluster.leftover_clusters()
     out = tmp_path / "bench"
     result = lossbed("bench", "--hosts", "2", "--steps", "4", "--seeds", "2", "--loss", "0.1",
-                     "--out", str(out), timeout=900)
+                     "--speed-steps", "4", "--realisations", "2", "--out", str(out),
+                     timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    # reference (reliable at 0) + 5 variants at 10%, for 2 seeds
-    assert len(rows) == 12
+    # per seed: the references (reliable and rps at 0), reliable's short lossless twin, the
+    # four other variants at 10% and reliable's speed run; one more loss realisation of
+    # unbiased_drift and rps at seed 0
+    roles = {}
+    for r in rows:
+        roles[r["role"]] = roles.get(r["role"], 0) + 1
+    assert roles == {"reference": 4, "speed_reference": 2, "lossy": 8, "speed": 2,
+                     "realisation": 2}
     assert {(r["variant"], r["loss"]) for r in rows} >= {("reliable", 0.0), ("rps", 0.1),
                                                           ("unbiased_drift", 0.1)}
     for row in rows:
         assert FIELDS <= set(row), FIELDS - set(row)
         assert set(row["step_ms"]) >= {"p50", "p99", "p999"}
         assert set(row["collective_ms"]) >= {"p50", "p99", "p999"}
+        assert row["tokenizer"].startswith("bpe") and row["bytes_per_token"] > 2
+        assert len(row["ppl_ranks"]) == 2 and row["corpus_sha"] and row["split_sha"]
+        assert row["headline"] == {"reliable": "rank0", "unbiased_drift": "owners"}.get(
+            row["variant"], "rank_mean")
+        assert (row["ppl_owners"] is not None) == (row["variant"] == "unbiased_drift")
+    lossy_seeds = {(r["seed"], r["loss_seed"]) for r in rows if r["loss"] > 0
+                   and r["variant"] == "rps"}
+    assert len(lossy_seeds) == 3  # two seeds, and one more realisation at seed 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["checks"]["reliable_exact_under_loss"] is True
     assert summary["noise_floor_pct"] is not None
@@ -46,7 +61,8 @@ def test_bench_writes_every_field_the_table_and_plots_and_leaves_nothing(tmp_pat
     assert not (out / "ppl_vs_loss.png").exists()
     assert "ppl_vs_loss.png" not in (out / "summary.md").read_text()
     assert "tok/s vs rel" in result.stdout and "noise floor" in result.stdout
-    assert "[bench 12/12]" in result.stderr  # progress with run numbers
+    assert "[bench 18/18]" in result.stderr  # progress with run numbers
+    assert "realisation" in result.stderr and "finding" in result.stdout
     assert netns_cluster.leftover_clusters() == before
 
 

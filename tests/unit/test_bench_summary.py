@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from harness.bench import report
 from harness.metrics.hdr import Histogram
 
@@ -13,7 +15,7 @@ def _record(variant: str, loss: float, seed: int, sha: str) -> dict:
         steps.record(us)
     return {"variant": variant, "loss": loss, "seed": seed, "ppl": 10.0 + seed,
             "tokens_per_s": 100.0, "step_hist": steps.to_dict(), "measured_loss": loss,
-            "drift": 0.0, "model_sha": sha}
+            "drift": 0.0, "model_sha": sha, "steps": 10}
 
 
 def test_reliable_equality_is_not_run_without_a_reliable_run_under_loss():
@@ -37,3 +39,52 @@ def test_with_three_steps_a_row_has_no_p99_but_its_maximum():
     row = report.summarise(records, {}, "bpf")["rows"][-1]
     assert row["step_p99_ms"] is None and row["step_samples"] == 3
     assert abs(row["step_max_ms"] - 1.2) < 0.001
+
+
+def test_the_bench_plan_has_references_realisations_and_short_reliable_runs():
+    from harness.bench.spec import BenchSpec
+
+    spec = BenchSpec(losses=[0.1], seeds=2, steps=100, realisations=3, speed_steps=30)
+    runs = spec.cases()
+    by_role = {}
+    for r in runs:
+        by_role.setdefault(r.role, []).append(r)
+    assert sorted((r.variant, r.cfg.seed) for r in by_role["reference"]) == [
+        ("reliable", 0), ("reliable", 1), ("rps", 0), ("rps", 1)]
+    assert {r.variant for r in by_role["lossy"]} == {"zero_fill", "unbiased",
+                                                     "unbiased_drift", "rps"}
+    # reliable under loss: short, with as short a lossless twin per seed
+    assert all(r.cfg.steps == 30 and r.variant == "reliable"
+               for r in by_role["speed"] + by_role["speed_reference"])
+    assert len(by_role["speed"]) == len(by_role["speed_reference"]) == 2
+    # other loss realisations at seed 0, for the variants the question is about
+    assert sorted((r.variant, r.loss_seed) for r in by_role["realisation"]) == [
+        ("rps", 1000), ("rps", 2000), ("unbiased_drift", 1000), ("unbiased_drift", 2000)]
+    assert all(r.cfg.seed == 0 for r in by_role["realisation"])
+    # every lossy run is seeded, each (seed, realisation) with a loss seed of its own
+    lossy = [r for r in runs if r.loss > 0]
+    assert all(f"seed={r.loss_seed}" in r.sets and "loss_pct=10.0" in r.sets for r in lossy)
+    assert len({(r.cfg.seed, r.loss_seed) for r in lossy if r.variant == "rps"}) == 4
+
+
+def test_rps_is_compared_with_its_own_lossless_run():
+    records = [dict(_record(v, 0.0, s, f"{v}{s}"), role="reference")
+               for v in ("reliable", "rps") for s in (0, 1)]
+    for r in records:
+        r["ppl"] = 10.0 if r["variant"] == "reliable" else 12.0
+    lossy = [dict(_record(v, 0.1, s, "x"), role="lossy", ppl=12.6 if v == "rps" else 10.5)
+             for v in ("rps", "unbiased_drift") for s in (0, 1)]
+    rows = {r["variant"]: r for r in report.summarise(records + lossy, {}, "bpf")["rows"]
+            if r["loss"] == 0.1}
+    assert rows["rps"]["ppl_delta_pct"] == pytest.approx(5.0)            # 12.6 vs 12
+    assert rows["unbiased_drift"]["ppl_delta_pct"] == pytest.approx(5.0)  # 10.5 vs 10
+    assert rows["rps"]["reference"] == "rps"
+
+
+def test_a_delta_whose_interval_is_wider_than_it_is_inconclusive():
+    assert report.finding({"reference": "reliable", "ppl_delta_pct": 0.5,
+                           "ppl_delta_ci95": 0.9}) == "inconclusive"
+    assert report.finding({"reference": "reliable", "ppl_delta_pct": 1.5,
+                           "ppl_delta_ci95": 0.9}) == "worse"
+    assert report.finding({"reference": "reliable", "ppl_delta_pct": 1.5,
+                           "ppl_delta_ci95": None}) == "one seed"
