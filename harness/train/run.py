@@ -46,6 +46,34 @@ def check(cfg: TrainConfig, cluster=None) -> None:
     Batches(corpus.train, 0, world, cfg.batch, cfg.seq_len, cfg.seed)  # enough samples?
 
 
+def impair_the_control_path(profile):
+    """The profile a training run uses: the rendezvous store's port is impaired too, so the
+    lossy variants' per-step control (their step alignment) crosses the same lossy links as
+    gloo's data does. One-time setup stays clean because the profile is applied only at the
+    first run boundary, after the ranks met. Returns (profile, what stays exempt)."""
+    from testbed import ports
+    from testbed.profiles.model import Flow, Match, PortRange
+
+    exclude = []
+    for flow in profile.match.exclude:
+        kept = []
+        for r in flow.ports:
+            if r.first <= ports.RENDEZVOUS <= r.last:  # cut the rendezvous port out
+                if r.first < ports.RENDEZVOUS:
+                    kept.append(PortRange(first=r.first, last=ports.RENDEZVOUS - 1))
+                if r.last > ports.RENDEZVOUS:
+                    kept.append(PortRange(first=ports.RENDEZVOUS + 1, last=r.last))
+            else:
+                kept.append(r)
+        if kept or not flow.ports:
+            exclude.append(Flow(protocol=flow.protocol, ports=kept))
+    match = Match(include=profile.match.include, exclude=exclude)
+    exempt = ["setup before the first run (rendezvous, gloo's connections): the profile is "
+              "applied at the first run boundary"]
+    exempt += [f"{f.protocol} ports {', '.join(map(str, f.ports)) or 'all'}" for f in exclude]
+    return profile.model_copy(update={"match": match}), exempt
+
+
 @dataclass(frozen=True)
 class Run:
     """One training run of a launch, and the profile (with --set overrides) it runs under."""
@@ -102,17 +130,23 @@ class _Boundaries:
 
 
 def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
-               echo=print) -> list[dict]:
+               echo=print, control_exempt: bool = False) -> list[dict]:
     """Runs one after the other in one launch of the ranks, each under its own profile (the
     profile changes between runs where it differs). Each run's measured loss and socket
-    drops are counted around that run alone."""
+    drops are counted around that run alone. The profile also impairs the rendezvous port
+    (impair_the_control_path) unless control_exempt."""
     for r in runs:
         check(r.cfg, cluster)
-    plans = {}
+    plans, exempt = {}, {}
     for r in runs:  # every profile refused before anything is applied
         key = (r.profile, r.sets)
         if key not in plans:
-            plans[key] = engine.make_plan(cluster, profiles.load(r.profile, list(r.sets)))
+            profile = profiles.load(r.profile, list(r.sets))
+            if control_exempt:
+                exempt[key] = ["the rendezvous store's port (asked for)"]
+            else:
+                profile, exempt[key] = impair_the_control_path(profile)
+            plans[key] = engine.make_plan(cluster, profile)
     # absolute: ranks on remote hosts write under it from their own working folder
     work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -146,8 +180,10 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
     for i, r in enumerate(runs):
         window, profile = boundaries.windows[i]
         backend = plans[(r.profile, r.sets)][1].backend
-        records.append(record(r.cfg, cluster, profile, window, backend, lines[i],
-                              [m[i] for m in metrics], work / f"run{i}", wall / len(runs)))
+        rec = record(r.cfg, cluster, profile, window, backend, lines[i],
+                     [m[i] for m in metrics], work / f"run{i}", wall / len(runs))
+        rec["exempt"] = exempt[(r.profile, r.sets)]
+        records.append(rec)
     return records
 
 

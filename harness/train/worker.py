@@ -59,6 +59,7 @@ def wrap(cfg: TrainConfig, model, r):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     transport = r.transport_for(cfg.transport)
+    store = r.store if cfg.align == "store" else None  # the lossy collectives' alignment
     if cfg.optimizer == "sgd":
         optimizer_class, options = torch.optim.SGD, dict(lr=cfg.lr, momentum=0.9)
     else:
@@ -80,17 +81,17 @@ def wrap(cfg: TrainConfig, model, r):
     if cfg.variant in ("zero_fill", "unbiased"):
         estimator = ESTIMATOR_OF[cfg.variant]
         ddp = DDP(model, device_ids=device_ids, **buffers)
-        state = LossyHookState(LossyCollective(transport, r.store, estimator=estimator))
+        state = LossyHookState(LossyCollective(transport, store, estimator=estimator))
         ddp.register_comm_hook(state, lossy_allreduce_hook)
         return ddp, optimizer_class(ddp.parameters(), **options), state
     if cfg.variant == "unbiased_drift":
-        collective = LossyCollective(transport, r.store,
+        collective = LossyCollective(transport, store,
                                      estimator=ESTIMATOR_OF["unbiased_drift"])
         optimizer = ShardedOptimizer(model, optimizer_class, collective,
                                      resync_every=cfg.resync_every, **options)
         return model, optimizer, optimizer
     optimizer = RPSOptimizer(model, optimizer_class(model.parameters(), **options),
-                             RPS(transport, r.store))
+                             RPS(transport, store))
     return model, optimizer, optimizer
 
 
