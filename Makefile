@@ -16,9 +16,10 @@ SYSTEM_PACKAGES := iproute2 nftables ethtool openssh-server iputils-ping procps 
 LOSS ?= 0.1
 PROFILE ?= random-loss
 HOSTS ?= 4
-STEPS ?= 120
+STEPS ?= 300
 SEEDS ?= 3
-BENCH_ARGS = --loss $(LOSS) --profile $(PROFILE) --hosts $(HOSTS) --steps $(STEPS) --seeds $(SEEDS)
+BENCH_ARGS = --loss $(LOSS) --profile $(PROFILE) --hosts $(HOSTS) --steps $(STEPS) --seeds $(SEEDS) \
+	$(BENCH_EXTRA)
 
 # make provision INVENTORY=hosts.yml: the Ansible roles in ansible/ over the inventory.
 INVENTORY ?= ansible/inventory.example.yml
@@ -47,8 +48,10 @@ test: setup
 bench: setup
 	$(VENV)/bin/lossbed bench $(BENCH_ARGS)
 
-# Long enough for the lossless tiny model to plateau (hours on 2 cores).
-bench-full: STEPS = 1500
+# Every variant (the ablations too), longer and with more seeds and loss realisations.
+bench-full: STEPS = 1200
+bench-full: SEEDS = 8
+bench-full: BENCH_EXTRA = --variants reliable zero_fill unbiased unbiased_drift rps --realisations 5
 bench-full: setup
 	$(VENV)/bin/lossbed bench $(BENCH_ARGS)
 

@@ -224,13 +224,12 @@ def _cmd_bench(args) -> int:
     from pathlib import Path
 
     from harness.bench import report
-    from harness.bench.spec import BenchSpec
+    from harness.bench.spec import DEFAULT_VARIANTS, BenchSpec
     from harness.bench.training_bench import run_bench
-    from harness.train.config import VARIANTS
     from testbed.clusters import netns as netns_cluster
 
     spec = BenchSpec(losses=args.loss, profile=args.profile, hosts=args.hosts, steps=args.steps,
-                     seeds=args.seeds, variants=args.variants or list(VARIANTS),
+                     seeds=args.seeds, variants=args.variants or list(DEFAULT_VARIANTS),
                      mtu=args.mtu, realisations=args.realisations,
                      speed_steps=args.speed_steps, **_training_options(args))
     spec.validate()  # bad input is refused before anything is built
@@ -426,7 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mtu", type=int, default=1500)
     p.add_argument("--steps", type=int, default=BenchSpec.steps)
     p.add_argument("--seeds", type=int, default=BenchSpec.seeds)
-    p.add_argument("--variants", nargs="+", help="default: all five")
+    p.add_argument("--variants", nargs="+",
+                   help="default: reliable unbiased_drift rps; the ablations zero_fill and "
+                        "unbiased on request (or all five: make bench-full)")
     p.add_argument("--realisations", type=int, default=BenchSpec.realisations,
                    help="loss seeds at seed 0 for unbiased_drift and rps (1: no more)")
     p.add_argument("--speed-steps", type=int, default=BenchSpec.speed_steps,
