@@ -111,6 +111,7 @@ def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
             "step_p50_ms": steps["p50"], "step_p99_ms": steps["p99"],
             "step_max_ms": steps["max"], "step_samples": steps["count"],
             "slow_steps": sum(len(r.get("slow_steps") or []) for r in runs),
+            "disturbed": [r["seed"] for r in runs if r.get("disturbed")],
             "measured_loss": statistics.fmean(r["measured_loss"] for r in runs),
             "drift": statistics.fmean(r["drift"] for r in runs),
         }
@@ -172,6 +173,11 @@ def table(summary: dict) -> str:
                  "(mean; worst beside), owners = each shard as its owner holds it. Δppl: "
                  "against the same seed's lossless run of reliable (rps: of rps); real.sd: "
                  "its spread over loss realisations at seed 0")
+    for r in summary["rows"]:
+        if r.get("disturbed"):
+            lines.append(f"! {r['variant']} at {r['loss']:.0%}: the runs of seeds "
+                         f"{r['disturbed']} are disturbed (a rank fell behind: its collective "
+                         "missed far more than the network lost; see results.jsonl)")
     if any(r.get("p99_vs_reliable") is None and r.get("max_vs_reliable") for r in
            summary["rows"]):
         lines.append("p99 vs rel: '-' where fewer than 100 steady steps back a p99 "

@@ -39,13 +39,16 @@ class TrainConfig:
     hf_text_field: str = "text"  # the HF dataset's column that holds the text
     tokenizer: str = "bpe"    # bpe (subword, trained on the training split), bpe:N, bytes, PATH
     schedule: str = "cosine"  # warm-up then cosine decay to 10%; or constant
-    # Lossy variants: "none" (each rank starts its steps on its own) or "store" (every step
-    # starts together, through the rendezvous store). Training impairs the store's port too
-    # (a fair control path), and there, measured at 10% loss on 4 hosts (unbiased_drift, 120
-    # steps): store alignment through the impaired store, step p50 366 ms / p99 1041 ms and
-    # 13.6% of packets missing (late ones turn into loss); none, 150 / 175 ms and 10.1%
-    # missing; the old exempt store, 156 / 192 ms. So: none.
-    align: str = "none"
+    # Lossy variants: every align_every-th step starts together, through the rendezvous
+    # store (1: every step; 0: never). Training impairs the store's port (a fair control
+    # path). Measured at 10% loss on 4 hosts (unbiased_drift, 300 steps): aligning through
+    # the impaired store, every step: p50 342 ms / p99 1001 ms and 14.3% of the packets
+    # missing (TCP's recovery on the store makes ranks start late, and late is lost); every
+    # 10th step: 120 / 545 ms, 13.2% missing; never: 110 / 148 ms, 10.1% missing (the
+    # network's 10%). So never; a rank that falls behind catches up (EARLY_WINDOW_STEPS in
+    # harness/collectives/lossy.py), and a run whose collective missed far more than the
+    # network lost is flagged `disturbed` in its record.
+    align_every: int = 0
     warmup_steps: int | None = None  # None: 5% of the steps
     log_every: int = 10
 
@@ -84,9 +87,9 @@ class TrainConfig:
                              f"{self.steps - 1} (the run has {self.steps} steps)",
                              "Leave it out for 5% of the steps")
         tokenizers.check(self.tokenizer)
-        if self.align not in ("store", "none"):
-            raise UsageError("--align", f"unknown alignment {self.align!r}",
-                             "Use store (start each lossy step together) or none")
+        if self.align_every < 0:
+            raise UsageError("--align-every", f"{self.align_every} is negative",
+                             "Use 0 (never), 1 (every step) or K (every K-th step)")
         if self.log_every < 1:
             raise UsageError("log_every", f"{self.log_every} is too small", "Use 1 or more")
         if not math.isfinite(self.lr):

@@ -199,6 +199,8 @@ def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) 
     seen, dropped = report.total_seen, report.total_dropped
     interval = stats.wilson_interval(dropped, seen) if seen else None
     loss = profile.impairment.loss
+    received = sum(m["counters"]["packets_received"] for m in ranks)
+    disturbed = _disturbed(missing, received + missing, dropped / seen if seen else 0.0)
     return {
         "variant": cfg.variant + (f"@{cfg.transport}" if cfg.transport != "udp" else ""),
         "transport": cfg.transport, "profile": profile.name,
@@ -230,9 +232,23 @@ def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) 
         "measured_packets": seen,
         "rcvbuf_drops": sum(report.rcvbuf_errors.values()),
         "measured_window": report.window,
+        "disturbed": disturbed,
         "parameters": result["parameters"], "corpus": result["corpus"],
         "model_sha": result["model_sha"], "wall_s": wall_s, "work_dir": str(work),
     }
+
+
+def _disturbed(missing: int, expected: int, measured: float) -> str | None:
+    """Why a lossy run's loss figures are not the network's, or None: its collective missed
+    far more packets than the kernel lost, so a rank fell behind and its packets came after
+    their deadlines (lateness counted as loss)."""
+    if not expected:
+        return None
+    fraction = missing / expected
+    if fraction <= measured + max(0.03, 0.5 * measured):
+        return None
+    return (f"the collective missed {fraction:.1%} of its packets where the network lost "
+            f"{measured:.1%}: a rank fell behind and its packets came too late")
 
 
 def _ms(h: Histogram) -> dict:

@@ -59,7 +59,7 @@ def wrap(cfg: TrainConfig, model, r):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     transport = r.transport_for(cfg.transport)
-    store = r.store if cfg.align == "store" else None  # the lossy collectives' alignment
+    align = dict(align_every=cfg.align_every)  # the lossy collectives' step alignment
     if cfg.optimizer == "sgd":
         optimizer_class, options = torch.optim.SGD, dict(lr=cfg.lr, momentum=0.9)
     else:
@@ -81,17 +81,18 @@ def wrap(cfg: TrainConfig, model, r):
     if cfg.variant in ("zero_fill", "unbiased"):
         estimator = ESTIMATOR_OF[cfg.variant]
         ddp = DDP(model, device_ids=device_ids, **buffers)
-        state = LossyHookState(LossyCollective(transport, store, estimator=estimator))
+        state = LossyHookState(LossyCollective(transport, r.store, estimator=estimator,
+                                               **align))
         ddp.register_comm_hook(state, lossy_allreduce_hook)
         return ddp, optimizer_class(ddp.parameters(), **options), state
     if cfg.variant == "unbiased_drift":
-        collective = LossyCollective(transport, store,
-                                     estimator=ESTIMATOR_OF["unbiased_drift"])
+        collective = LossyCollective(transport, r.store,
+                                     estimator=ESTIMATOR_OF["unbiased_drift"], **align)
         optimizer = ShardedOptimizer(model, optimizer_class, collective,
                                      resync_every=cfg.resync_every, **options)
         return model, optimizer, optimizer
     optimizer = RPSOptimizer(model, optimizer_class(model.parameters(), **options),
-                             RPS(transport, store))
+                             RPS(transport, r.store, **align))
     return model, optimizer, optimizer
 
 

@@ -86,6 +86,15 @@ def test_record_has_the_promised_fields(cluster, tmp_path):
                 "backend"):
         assert key in rec, key
     assert rec["profile"] == "random-loss" and rec["measured_packets"] > 0
+    # only setup before the run is exempt from the loss, and the rendezvous port is not
+    assert rec["exempt"][0].startswith("setup before the first run")
+    assert not any("29500" in e for e in rec["exempt"])
+    # the first steps are apart from the percentiles (8 steps: 2 of them)
+    assert [len(w) for w in rec["warmup_step_ms"]] == [2] * 4
+    assert rec["step_ms"]["count"] == 4 * (STEPS - 2)
+    # every rank scored its own model; unbiased's headline is their mean
+    assert len(rec["ppl_ranks"]) == 4 and rec["headline"] == "rank_mean"
+    assert rec["ppl_rank_worst"] == max(rec["ppl_ranks"])
     assert len(rec["losses"]) == STEPS and rec["packets_lost"] > 0
     assert set(rec["step_ms"]) >= {"p50", "p99", "p999"}
     assert 1 < rec["ppl"] < untrained_ppl(TrainConfig(**rec["config"])) and rec["drift"] >= 0

@@ -172,8 +172,9 @@ def test_the_nightly_workflow_commands_run_with_a_tiny_matrix(cluster, inventory
     tiny = {"--loss 0 0.01 0.05 0.1": "--loss 0.1", "--loss 0.01 0.05 0.1": "--loss 0.1",
             "--seeds 3": "--seeds 1 --variants unbiased"}
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    assert "--device cuda" in workflow["jobs"]["bench"]["env"]["MODEL"]  # the GPU hosts'
     env = {**os.environ, "INVENTORY": str(inventory), "BASELINE": str(tmp_path / "baseline"),
-           "STEPS": "2"}
+           "STEPS": "2", "MODEL": "--preset tiny --device cpu --speed-steps 2 --realisations 1"}
 
     def step(script: str) -> subprocess.CompletedProcess:
         for big, small in tiny.items():

@@ -44,7 +44,8 @@ def test_with_three_steps_a_row_has_no_p99_but_its_maximum():
 def test_the_bench_plan_has_references_realisations_and_short_reliable_runs():
     from harness.bench.spec import BenchSpec
 
-    spec = BenchSpec(losses=[0.1], seeds=2, steps=100, realisations=3, speed_steps=30)
+    spec = BenchSpec(losses=[0.1], seeds=2, steps=100, realisations=3, speed_steps=30,
+                     variants=["reliable", "zero_fill", "unbiased", "unbiased_drift", "rps"])
     runs = spec.cases()
     by_role = {}
     for r in runs:
@@ -88,3 +89,13 @@ def test_a_delta_whose_interval_is_wider_than_it_is_inconclusive():
                            "ppl_delta_ci95": 0.9}) == "worse"
     assert report.finding({"reference": "reliable", "ppl_delta_pct": 1.5,
                            "ppl_delta_ci95": None}) == "one seed"
+
+
+def test_a_run_whose_collective_missed_far_more_than_the_network_lost_is_disturbed():
+    from harness.train.run import _disturbed
+
+    assert _disturbed(1000, 10000, 0.10) is None          # 10% missing at 10% loss
+    assert _disturbed(1250, 10000, 0.10) is None          # within the margin
+    assert "fell behind" in _disturbed(10000, 100000, 0.01)   # 10% missing at 1% loss
+    assert "fell behind" in _disturbed(5000, 10000, 0.10)  # the run seen: 10x the loss
+    assert _disturbed(0, 0, 0.1) is None

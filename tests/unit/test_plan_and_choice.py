@@ -143,3 +143,22 @@ def test_a_backend_missing_everywhere_is_reported_once():
 
     probes = probe_all([_ProbedHost(f"h{i}", NO_NETEM) for i in (1, 2)])
     assert probes["netem"] == "the kernel has no sch_netem"
+
+
+def test_training_impairs_the_rendezvous_port_and_lists_what_stays_exempt():
+    from harness.train.run import impair_the_control_path
+    from testbed import ports
+
+    profile = profiles.load("random-loss", ["loss_pct=10"])
+    assert any(r.first <= ports.RENDEZVOUS <= r.last
+               for f in profile.match.exclude for r in f.ports)  # apply keeps it reliable
+    training, exempt = impair_the_control_path(profile)
+    assert not any(r.first <= ports.RENDEZVOUS <= r.last
+                   for f in training.match.exclude for r in f.ports)
+    assert exempt[0].startswith("setup before the first run")
+    assert exempt[1:] == ["tcp ports 22, 29499"]
+    # a range around the port is cut in two, nothing else changes
+    wide = profiles.load("random-loss", ["match.exclude=[{protocol: tcp, ports: [29000-30000]}]"])
+    cut, listed = impair_the_control_path(wide)
+    assert [str(r) for r in cut.match.exclude[0].ports] == ["29000-29499", "29501-30000"]
+    assert training.impairment == profile.impairment
