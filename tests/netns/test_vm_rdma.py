@@ -163,6 +163,8 @@ def test_lossbed_train_over_real_uc_queue_pairs_under_netem_loss(rdma_vms, tmp_p
     result = lossbed("train", "--cluster", rdma_vms.name, "--variant", "unbiased",
                      "--transport", "verbs-uc:16384", "--steps", "3", "--preset", "tiny",
                      "--batch", "2", "--seq-len", "32", "--eval-tokens", "256",
+                     # (learning the BPE tokenizer under TCG took minutes: bytes need none)
+                     "--tokenizer", "bytes",
                      "--profile", "random-loss", "--set", "loss_pct=5", "--json", str(out),
                      timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
