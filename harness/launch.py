@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.transport import auth
 from testbed import ports
 from testbed.errors import LossbedError, UsageError
 
@@ -129,11 +130,14 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
     remote host through SSH and testbed.host.guard, on a VM through its exec channel."""
     procs = []
     slots = rank_slots(cluster)
+    # A fresh key for this launch's datagrams (harness.transport.auth), to every rank in
+    # its environment: never through the store or the network lossbed impairs.
+    job = {auth.KEY_ENV: auth.new_key()}
     remote = getattr(cluster, "kind", "") == "remote"
     local = getattr(cluster, "kind", "") not in ("remote", "vm")
     try:
         for rank, (host, _) in enumerate(slots):
-            env = rank_env(cluster, rank, extra_env)
+            env = rank_env(cluster, rank, {**job, **(extra_env or {})})
             if local:  # a local rank inherits this environment; a remote or VM one has its own
                 env = {**os.environ, **env}
             python = getattr(host, "python", sys.executable) if remote else sys.executable

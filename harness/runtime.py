@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from harness import barrier
+from harness.transport.auth import key_from_environment
 from harness.transport.dropmask import DropMask, parse_drop_mask
 from harness.transport.semantics import Semantics
 from harness.transport.udp import UdpTransport
@@ -39,6 +40,7 @@ class Rank:
     mtu: int = 1500
     drop_mask: DropMask | None = None
     segmentation: bool = False
+    key: bytes | None = None  # the launch's key for datagrams (harness.transport.auth)
     others: dict | None = None
 
     def transport_for(self, semantics: str) -> UdpTransport:
@@ -52,7 +54,7 @@ class Rank:
             self.others[wanted] = make_transport(
                 self.rank, self.world, self.address, self.store, wanted, mtu=self.mtu,
                 drop_mask=self.drop_mask, segmentation=self.segmentation,
-                key_prefix=f"lossbed/udp/{wanted}")
+                key_prefix=f"lossbed/udp/{wanted}", key=self.key)
         return self.others[wanted]
 
     def close(self, linger_s: float = 20.0) -> None:
@@ -114,23 +116,26 @@ def start(timeout_s: float = 60.0) -> Rank:
     mask = parse_drop_mask(os.environ.get("LOSSBED_DROP_MASK"))
     address, mtu = _env("LOSSBED_ADDRESS", master), int(_env("LOSSBED_MTU", "1500"))
     segmentation = os.environ.get("LOSSBED_UDP_SEGMENTATION", "0") == "1"
+    key = key_from_environment()
     transport = make_transport(rank, world, address, store, semantics, mtu=mtu,
-                               drop_mask=mask, segmentation=segmentation)
+                               drop_mask=mask, segmentation=segmentation, key=key)
     return Rank(rank, world, store, transport, address=address, mtu=mtu, drop_mask=mask,
-                segmentation=segmentation)
+                segmentation=segmentation, key=key)
 
 
 def make_transport(rank: int, world: int, address: str, store, semantics: Semantics, *,
                    mtu: int, drop_mask: DropMask | None, segmentation: bool,
-                   key_prefix: str = "lossbed/udp"):
+                   key_prefix: str = "lossbed/udp", key: bytes | None = None):
     """The transport for `semantics`: RDMA queue pairs for verbs-*, else UDP datagrams."""
     if semantics.verbs:
         from harness.verbs.transport import VerbsTransport
 
         # (its store keys are its own, lossbed/verbs/<semantics>: key_prefix is UDP's)
-        return VerbsTransport(rank, world, address, store, semantics, drop_mask=drop_mask)
+        return VerbsTransport(rank, world, address, store, semantics, drop_mask=drop_mask,
+                              key=key)
     return UdpTransport(rank, world, address, store, mtu=mtu, semantics=semantics,
-                        drop_mask=drop_mask, segmentation=segmentation, key_prefix=key_prefix)
+                        drop_mask=drop_mask, segmentation=segmentation, key_prefix=key_prefix,
+                        key=key)
 
 
 def run_and_exit(main) -> None:

@@ -213,6 +213,8 @@ def _cmd_train(args) -> int:
     summary = {k: rec[k] for k in ("variant", "profile", "loss", "seed", "steps", "ppl",
                                    "ppl_rank0", "drift", "tokens_per_s", "measured_loss")}
     print(json.dumps(summary))
+    if rec.get("wire_warning"):
+        print(f"warning: {rec['wire_warning']}", file=sys.stderr)
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(rec) + "\n")

@@ -112,6 +112,7 @@ def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
             "step_max_ms": steps["max"], "step_samples": steps["count"],
             "slow_steps": sum(len(r.get("slow_steps") or []) for r in runs),
             "disturbed": [r["seed"] for r in runs if r.get("disturbed")],
+            "wire_warnings": [r["seed"] for r in runs if r.get("wire_warning")],
             "measured_loss": statistics.fmean(r["measured_loss"] for r in runs),
             "drift": statistics.fmean(r["drift"] for r in runs),
         }
@@ -178,6 +179,12 @@ def table(summary: dict) -> str:
             lines.append(f"! {r['variant']} at {r['loss']:.0%}: the runs of seeds "
                          f"{r['disturbed']} are disturbed (a rank fell behind: its collective "
                          "missed far more than the network lost; see results.jsonl)")
+    for r in summary["rows"]:
+        if r.get("wire_warnings"):
+            lines.append(f"! {r['variant']} at {r['loss']:.0%}: the ranks of seeds "
+                         f"{r['wire_warnings']} got datagrams their peers did not send "
+                         "(foreign, unauthenticated, malformed or not finite: none applied; "
+                         "see wire_warning in results.jsonl)")
     if any(r.get("p99_vs_reliable") is None and r.get("max_vs_reliable") for r in
            summary["rows"]):
         lines.append("p99 vs rel: '-' where fewer than 100 steady steps back a p99 "

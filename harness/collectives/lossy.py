@@ -44,7 +44,8 @@ from harness.collectives.deadline import Deadline
 from harness.collectives.layout import Layout
 from harness.collectives.rebuild import ESTIMATORS, rebuild
 from harness.transport import header as hdr
-from harness.transport.udp import APPLIED, DUPLICATE, END, FUTURE, MALFORMED, STALE
+from harness.transport.early import EarlyStash
+from harness.transport.udp import APPLIED, DUPLICATE, END, FUTURE, MALFORMED, NONFINITE, STALE
 
 if TYPE_CHECKING:
     # torch is imported only where tensors come in: the collective itself is numpy's, and a
@@ -55,12 +56,6 @@ log = logging.getLogger(__name__)
 
 EARLY = "early"
 RC_STAGE_TIMEOUT_S = 60.0  # reliable semantics wait for everything, but not forever
-MAX_STASH = 1 << 16
-# Packets of the next EARLY_WINDOW_STEPS steps are kept for them (more: dropped as future).
-# A rank that fell behind by more than a step then still finds its peers' packets waiting
-# and catches up at compute speed, instead of losing them and waiting out deadlines, which
-# kept it behind for good.
-EARLY_WINDOW_STEPS = 4
 # Copies of each end marker. Each rank waits on 2 x (world - 1) sources per step, and a
 # source whose copies are all lost costs a deadline. With 4 copies at 10% random loss (all
 # lost: 1e-4) 1 step in 400 of 4 ranks still had a rank wait out its deadline, which showed
@@ -164,7 +159,7 @@ class _Step:
         # every packet of a shard holds per_packet values but the last, which holds the rest
         return np.repeat(per_packet, self.layout.per_packet)[:self.own[1] - self.own[0]]
 
-    def handle(self, head: hdr.Header, payload: memoryview, stash: list) -> str:
+    def handle(self, head: hdr.Header, payload: memoryview, stash: EarlyStash) -> str:
         """One unit: checked and applied like a batch of one (see _apply)."""
         if head.stage in hdr.DATA_STAGE_OF_END:
             return self._end(head, stash)
@@ -173,10 +168,7 @@ class _Step:
                 if head.stage in hdr.STAGE_NAMES:
                     self.late_stages.add(head.stage)
                 return STALE
-            if head.step - self.step <= EARLY_WINDOW_STEPS and len(stash) < MAX_STASH:
-                stash.append((head, bytes(payload)))
-                return EARLY
-            return FUTURE
+            return EARLY if stash.keep(head, payload, head.step - self.step) else FUTURE
         if head.bucket != self.bucket or head.stage not in self.stages or len(payload) % 4:
             return MALFORMED
         one = np.array  # header fields as arrays of one
@@ -187,7 +179,7 @@ class _Step:
         return next(iter(verdicts))
 
     def handle_batch(self, heads: np.ndarray, data: np.ndarray, rows: np.ndarray,
-                     stash: list) -> Counter:
+                     stash: EarlyStash) -> Counter:
         """handle() for a batch of plain data packets (see UdpTransport.receive_until),
         with the header fields read as arrays once. Packet i's payload is
         data[rows[i], HEADER_BYTES:HEADER_BYTES + length]."""
@@ -225,6 +217,11 @@ class _Step:
         if stage == hdr.STAGE_BROADCAST and self.infer_ends:
             # A source broadcasts only after it sent us its reduce packets, all of them.
             self.reduce.ended[source[sel]] = True
+        # NaN or infinite values are never applied (a corrupting link makes them too): the
+        # packet counts as not received, and cannot take the slot from a good copy below
+        finite = _finite(data, rows[sel], first, floats[sel], st.per_packet)
+        _tally(verdicts, NONFINITE, len(sel) - int(np.count_nonzero(finite)))
+        sel = sel[finite]
         # a duplicate: already here, or a second copy in this batch. Every packet claims its
         # slot; one claim per slot stands (whichever: numpy does not say), the others lose.
         src_sel, idx_sel, order = source[sel], index[sel], np.arange(len(sel))
@@ -271,11 +268,10 @@ class _Step:
         _tally(verdicts, APPLIED, len(sel))
         return verdicts
 
-    def _end(self, head: hdr.Header, stash: list) -> str:
+    def _end(self, head: hdr.Header, stash: EarlyStash) -> str:
         """An end marker: its source has sent every packet it had for us in that stage."""
         if head.step != self.step:
-            if 0 < head.step - self.step <= EARLY_WINDOW_STEPS and len(stash) < MAX_STASH:
-                stash.append((head, b""))
+            if head.step > self.step and stash.keep(head, b"", head.step - self.step):
                 return EARLY
             return END  # another copy, after its step was over: nothing to learn
         if head.bucket != self.bucket:
@@ -290,6 +286,21 @@ class _Step:
         if stage == hdr.STAGE_BROADCAST and self.infer_ends:
             self.reduce.ended[src] = True  # as for its broadcast packets (see _apply)
         return END
+
+
+def _finite(data: np.ndarray, rows: np.ndarray, first: int, floats: np.ndarray,
+            per_packet: int) -> np.ndarray:
+    """Per packet: are all its values finite? Packet i's floats[i] values are at
+    data[rows[i], first:]."""
+    ok = np.ones(len(rows), dtype=bool)
+    full = floats == per_packet
+    if full.any():
+        values = data[rows[full], first:first + 4 * per_packet].view(np.float32)
+        ok[full] = np.isfinite(values).all(axis=1)
+    for i in np.flatnonzero(~full).tolist():  # the shorter last packets of shards
+        values = data[rows[i], first:first + 4 * int(floats[i])].view(np.float32)
+        ok[i] = bool(np.isfinite(values).all())
+    return ok
 
 
 def _tally(verdicts: Counter, verdict: str, count: int) -> None:
@@ -308,7 +319,11 @@ class LossyCollective:
         self.store = store
         # Start every align_every-th step together through the store (1: every step, 0:
         # never): see _align. Every rank numbers steps alike, so all align at the same ones.
+        # The first step always is: the ranks come to it from setup (data, model, a run
+        # boundary) that takes each its own time, and without it that difference became
+        # loss at zero loss (a 0%-loss run once trained another model than gloo's).
         self.align_every = align_every
+        self._aligned_once = False
         self.estimator = estimator
         self.deadline = deadline or Deadline()
         # 0: no end markers, every stage waits for all its packets or its deadline (for
@@ -384,13 +399,14 @@ class LossyCollective:
         # Steps are numbered by the transport, so collectives sharing it (several
         # estimators, or a collective and RPS) never take each other's packets.
         step = self.transport.next_step()
-        if self.align_every and step % self.align_every == 0:
+        if not self._aligned_once or (self.align_every and step % self.align_every == 0):
             aligning = time.monotonic()
             self._align(step)
             self.totals["align_s"] += time.monotonic() - aligning
+            self._aligned_once = True
         state = _Step(layout, step, bucket, self.rank, contribution, shared, total,
                       infer_ends=self.end_copies > 0)
-        stash, self.transport.stash = self.transport.stash, []
+        stash, self.transport.stash = self.transport.stash, EarlyStash()
         for head, payload in stash:  # packets of this step that came during the last one
             verdict = state.handle(head, memoryview(payload), self.transport.stash)
             if verdict == APPLIED:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -112,8 +113,11 @@ def _lossy_totals(timing) -> dict:
     return dict(getattr(collective, "totals", None) or {})
 
 
-def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
-    """One run on an already started rank; rank 0 returns the run's result."""
+def train_one(r, cfg: TrainConfig, out_dir: Path, label: str,
+              trained=lambda: None) -> dict | None:
+    """One run on an already started rank; rank 0 returns the run's result. trained() is
+    called when training ends, before the models are gathered and scored (the run boundary
+    where the controller clears the profile)."""
     documents, source = load_documents(cfg.corpus, cfg.hf_dataset,
                                        hf_text_field=cfg.hf_text_field)
     tok, corpus = prepare(documents, source, cfg.tokenizer, cfg.seq_len)
@@ -175,6 +179,9 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
         "counters": {k: after[k] - before[k] for k in after},
         # RDMA queue pairs: what the device counted (retransmissions, sequence errors, ...)
         "device_counters": getattr(transport, "device_counters", dict)(),
+        "authenticated": transport.authenticated,
+        # the most memory this rank ever held (what forged packets could have grown)
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "tokens": cfg.steps * cfg.batch * cfg.seq_len,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -182,6 +189,7 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str) -> dict | None:
     # ... and on stdout, which the controller always gets: a host's folders may not be the
     # controller's (a VM writes into its own memory; a cluster may share no file system)
     print(json.dumps({"rank_metrics": metrics}), flush=True)
+    trained()
     result = models.measure(r, cfg.variant, model, corpus.heldout, tok.token_bytes,
                             cfg.eval_tokens or None, transport.per_packet)
     if result is None:
@@ -219,19 +227,23 @@ def _slow_steps(per_step, transport, timing) -> list[dict]:
 BOUNDARY_TIMEOUT_S = 1800.0
 
 
-def wait_at_boundary(r, index: int) -> None:
-    """Before run `index` (and after the last run): rank 0 tells the controller, which reads
-    the kernel's counters there (and applies the next run's profile when it differs), and
-    waits for its answer "go INDEX"; every rank waits for rank 0. So each run's measured loss
-    is its own. A rank 0 whose stdin is at its end (started without lossbed's controller,
-    e.g. by hand with </dev/null) does not wait."""
+def wait_at_boundary(r, index: int, phase: str = "start") -> None:
+    """Before run `index` (phase "start", and after the last run) and when its training
+    ends (phase "trained"): rank 0 tells the controller, which applies the run's profile and
+    reads the kernel's counters at the start, and reads them again and clears the profile
+    when training ends; rank 0 waits for its answer ("go INDEX", "go INDEX trained"), every
+    rank waits for rank 0. So each run's measured loss is its own training's. A rank 0 whose
+    stdin is at its end (started without lossbed's controller, e.g. by hand with
+    </dev/null) does not wait."""
+    expected = f"go {index}" + (" trained" if phase == "trained" else "")
     if r.rank == 0:
-        print(json.dumps({"boundary": index}), flush=True)
+        print(json.dumps({"boundary": index, "phase": phase}), flush=True)
         answer = sys.stdin.readline() if sys.stdin is not None else ""
-        if answer and answer.strip() != f"go {index}":
+        if answer and answer.strip() != expected:
             raise SystemExit(f"rank 0: the controller answered {answer.strip()!r} at run "
-                             f"boundary {index}, not 'go {index}'")
-    barrier.wait_for_all(r.store, f"lossbed/boundary/{index}", r.world, BOUNDARY_TIMEOUT_S)
+                             f"boundary {index}, not {expected!r}")
+    barrier.wait_for_all(r.store, f"lossbed/boundary/{index}/{phase}", r.world,
+                         BOUNDARY_TIMEOUT_S)
 
 
 def main(argv=None) -> int:
@@ -246,7 +258,8 @@ def main(argv=None) -> int:
         for i, cfg in enumerate(configs):
             wait_at_boundary(r, i)
             label = f"run {i + 1}/{len(configs)} {cfg.variant} seed {cfg.seed}"
-            result = train_one(r, cfg, out_dir / f"run{i}", label)
+            result = train_one(r, cfg, out_dir / f"run{i}", label,
+                               trained=lambda i=i: wait_at_boundary(r, i, "trained"))
             if result is not None:
                 print(json.dumps({"index": i, **result}), flush=True)
         wait_at_boundary(r, len(configs))

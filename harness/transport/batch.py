@@ -33,12 +33,13 @@ IOVEC_WORDS = 2         # sizeof(struct iovec) == 16
 SOCKADDR_IN_BYTES = 16
 MAX_SEND_BATCH = 1024   # UIO_MAXIOV: the most messages one sendmmsg takes
 
-# The header as numpy reads it: the same fields, big-endian, no padding (44 bytes).
+# The header as numpy reads it: the same fields, big-endian, no padding (72 bytes).
 HEADER_DTYPE = np.dtype([
     ("magic", ">u4"), ("version", "u1"), ("stage", "u1"), ("source", ">u2"),
     ("nonce", ">u8"), ("step", ">u4"), ("bucket", ">u2"), ("shard", ">u2"),
     ("fragment", ">u2"), ("fragments", ">u2"), ("index", ">u4"), ("count", ">u4"),
-    ("length", ">u4"), ("psn", ">u4"),
+    ("length", ">u4"), ("psn", ">u4"), ("copy", ">u2"), ("reserved", ">u2"),
+    ("seq", ">u8"), ("tag", "V16"),
 ])
 assert HEADER_DTYPE.itemsize == hdr.HEADER_BYTES
 

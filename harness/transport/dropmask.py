@@ -1,11 +1,12 @@
 """A seeded, replayable drop mask applied at the receiver.
 
 Host tc cannot see hardware RoCE traffic, so on real RDMA NICs loss is emulated here: a
-datagram is dropped when a hash of (seed, its position) falls below the rate. The position
-is source, step, stage, shard, packet index and fragment (and, for retransmissions, how
-many times this receiver has seen that position), never the payload: the decision is
-independent of the values carried, and the same seed drops the same positions in every
-variant that sends them.
+datagram is dropped when a hash of (seed, its identity) falls below the rate. The identity
+is source, step, stage, shard, packet index, fragment and copy (which transmission of that
+packet it is: an end marker's copy, an RC retransmission), never the payload: the decision
+is independent of the values carried, the same seed drops the same packets in every variant
+that sends them, and a duplicate or replayed copy of a datagram gets the verdict of the
+original (it has the original's identity; a forged one never gets this far: auth.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import struct
 from harness.transport.header import Header
 from testbed.errors import UsageError
 
-_KEY = struct.Struct("<QHIBHIHI")
+_KEY = struct.Struct("<QHIBHIHH")
+RECENT_STEPS = 8  # how far back a copy of a dropped packet is recognised as one
 
 
 class DropMask:
@@ -27,29 +29,41 @@ class DropMask:
             raise ValueError(f"seed {seed} must be in [0, 2^64)")
         self.seed, self.rate = seed, rate
         self.threshold = int(rate * 2**64)
-        self.attempts: dict[tuple, int] = {}  # per step: the transports clear it each step
-        # What was dropped, in constant memory: how many, and an order-free digest of the
-        # positions (two runs dropped the same positions when both agree)
+        # What was dropped: how many packets, and an order-free digest of their identities
+        # (two runs dropped the same packets when both agree). A copy of a packet already
+        # dropped counts once: the identities dropped in recent steps are kept for that.
         self.dropped_count = 0
         self.dropped_digest = 0
+        self._recent: dict[int, set] = {}  # step -> identities dropped in it
 
     def position(self, head: Header) -> tuple:
-        return (head.source, head.step, head.stage, head.shard, head.index, head.fragment)
+        return (head.source, head.step, head.stage, head.shard, head.index, head.fragment,
+                head.copy)
 
     def drops(self, head: Header) -> bool:
-        pos = self.position(head)
-        attempt = self.attempts.get(pos, 0)
-        self.attempts[pos] = attempt + 1
-        digest = hashlib.blake2b(_KEY.pack(self.seed & (2**64 - 1), *pos[:1], pos[1], pos[2],
-                                           pos[3], pos[4], pos[5], attempt),
+        digest = hashlib.blake2b(_KEY.pack(self.seed & (2**64 - 1), *self.position(head)),
                                  digest_size=8).digest()
         drop = int.from_bytes(digest, "little") < self.threshold
-        if drop:
+        if drop and self._first_drop(head):
             self.dropped_count += 1
             self.dropped_digest = (self.dropped_digest + int.from_bytes(
                 hashlib.blake2b(digest + self.seed.to_bytes(8, "little"),
                                 digest_size=8).digest(), "little")) % 2**64
         return drop
+
+
+    def _first_drop(self, head: Header) -> bool:
+        """True the first time this identity is dropped (within RECENT_STEPS steps)."""
+        seen = self._recent.get(head.step)
+        if seen is None:
+            seen = self._recent[head.step] = set()
+            for old in [s for s in self._recent if s < head.step - RECENT_STEPS]:
+                del self._recent[old]
+        identity = self.position(head)
+        if identity in seen:
+            return False
+        seen.add(identity)
+        return True
 
 
 def parse_drop_mask(text: str | None) -> DropMask | None:

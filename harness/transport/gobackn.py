@@ -42,8 +42,9 @@ class SendFlow:
             self.last_progress = time.monotonic()
         return progressed
 
-    def from_psn(self, psn: int) -> list:
-        return [v for p, v in self.unacked.items() if p >= psn]
+    def from_psn(self, psn: int) -> list[int]:
+        """The unacknowledged psns from `psn` on."""
+        return [p for p in self.unacked if p >= psn]
 
     def timed_out(self, now: float) -> bool:
         return bool(self.unacked) and now - self.last_progress > self.rto_s

@@ -1,16 +1,23 @@
-"""The fixed binary header of every lossbed collective packet (network byte order, 44 B).
+"""The fixed binary header of every lossbed collective packet (network byte order, 72 B).
 
     magic u32 "LBED" | version u8 | stage u8 | source rank u16 | job nonce u64 | step u32 |
     bucket u16 | shard u16 | fragment u16 | fragments u16 | packet index u32 |
-    packet count u32 | payload length u32 | psn u32
+    packet count u32 | payload length u32 | psn u32 | copy u16 | reserved u16 |
+    seq u64 | tag 16 B
 
 A "packet" here is what the collective rebuilds as a unit: one datagram, or for RoCE UC/RC
 semantics one message cut into `fragments` datagrams. psn is the go-back-N sequence number
-of RC semantics (0 otherwise); ACK and NAK control packets carry only a psn.
+of RC semantics (0 otherwise); ACK and NAK control packets carry only a psn. `copy` tells
+apart the transmissions of one packet: the copies of an end marker, an RC retransmission.
+
+seq and tag authenticate the datagram (auth.py): seq counts the datagrams its sender sealed
+(the MAC's nonce) and tag is the MAC over the header up to the tag and the payload. Without
+a job key both are 0.
 
 A receiver applies a packet only if every field agrees with what it expects: the job's
-nonce, a source inside the job, the step it is working on, a shard and packet index that
-exist, and a payload length that matches the packet's slot exactly.
+nonce, a source inside the job, a tag made with the job's key, the step it is working on, a
+shard and packet index that exist, and a payload length that matches the packet's slot
+exactly.
 """
 
 from __future__ import annotations
@@ -19,9 +26,13 @@ import struct
 from typing import NamedTuple
 
 MAGIC = 0x4C424544  # "LBED"
-VERSION = 3  # 3: end markers (stages 4 and 5)
-HEADER = struct.Struct("!IBBHQIHHHHIIII")
+VERSION = 4  # 3: end markers (stages 4 and 5); 4: copy, seq and tag (authentication)
+HEADER = struct.Struct("!IBBHQIHHHHIIIIHHQ16s")
 HEADER_BYTES = HEADER.size
+TAG_BYTES = 16
+SEQ_OFFSET = HEADER_BYTES - TAG_BYTES - 8  # where seq starts: the fields before it are ...
+TAG_OFFSET = HEADER_BYTES - TAG_BYTES      # ... signed, with seq, by the tag
+NO_TAG = bytes(TAG_BYTES)
 IPV4_UDP_OVERHEAD = 20 + 8
 
 # stages of one collective step
@@ -54,12 +65,18 @@ class Header(NamedTuple):
     count: int
     length: int
     psn: int
+    copy: int
+    reserved: int
+    seq: int
+    tag: bytes
 
 
 def pack(stage: int, source: int, nonce: int, step: int, bucket: int, shard: int, index: int,
-         count: int, length: int, fragment: int = 0, fragments: int = 1, psn: int = 0) -> bytes:
+         count: int, length: int, fragment: int = 0, fragments: int = 1, psn: int = 0,
+         copy: int = 0) -> bytes:
+    """A header, not sealed yet (seq and tag 0: auth.PacketAuth.seal fills them)."""
     return HEADER.pack(MAGIC, VERSION, stage, source, nonce, step, bucket & 0xFFFF, shard,
-                       fragment, fragments, index, count, length, psn)
+                       fragment, fragments, index, count, length, psn, copy, 0, 0, NO_TAG)
 
 
 def unpack(data) -> Header | None:

@@ -11,10 +11,12 @@ receiving goes into one preallocated buffer. A link's rate is the profile's (net
 `rate_mbit`), not the sender's.
 
 Endpoints and the job's nonce are exchanged through torch.distributed's TCPStore. Every
-datagram that is not for this job (wrong magic, nonce, source), or that does not fit what
-is expected (bad length, stage, shard, index; stale or future step), is dropped and counted,
-never applied. An optional seeded drop mask (dropmask.py) loses datagrams at the receiver,
-replayably, where the kernel cannot (hardware RoCE).
+datagram that is not for this job (wrong magic, nonce, source), that is not sealed with the
+job's key (auth.py: given to the ranks at launch, never over the network), or that does not
+fit what is expected (bad length, stage, shard, index, fragments; stale or future step;
+values that are not finite), is dropped and counted, never applied. An optional seeded drop
+mask (dropmask.py) loses datagrams at the receiver, replayably, where the kernel cannot
+(hardware RoCE).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ import numpy as np
 
 from harness.transport import batch
 from harness.transport import header as hdr
+from harness.transport.auth import PacketAuth
 from harness.transport.dropmask import DropMask
+from harness.transport.early import EarlyStash
 from harness.transport.gobackn import ACK_EVERY, ReceiveFlow, SendFlow
 from harness.transport.semantics import Semantics
 
@@ -44,6 +48,9 @@ SO_RCVBUFFORCE, SO_SNDBUFFORCE = 33, 32
 BUFFER_OPTIONS = ((SO_RCVBUFFORCE, socket.SO_RCVBUF), (SO_SNDBUFFORCE, socket.SO_SNDBUF))
 DEFAULT_BUFFER_BYTES = 64 << 20
 RC_TICK_S = 0.002  # how often a waiting RC endpoint checks its timers
+# UC/RC messages being reassembled at once, at most: each holds up to one message's bytes.
+# Beyond it a fragment that would start another is dropped (counted future).
+MAX_PARTIAL_MESSAGES = 4096
 
 # What a packet handler says about a packet it was given
 APPLIED, DUPLICATE, STALE, FUTURE, MALFORMED = "applied", "duplicate", "stale", "future", \
@@ -51,6 +58,8 @@ APPLIED, DUPLICATE, STALE, FUTURE, MALFORMED = "applied", "duplicate", "stale", 
 QUEUED = "queued"  # RC: handed to the collective through the queue
 END = "end"        # an end marker (header.STAGE_*_END), taken note of
 FOREIGN, MASKED = "foreign", "masked"  # what the transport itself drops, before any handler
+UNAUTHENTICATED = "unauthenticated"    # ... as does a tag that the job's key did not make
+NONFINITE = "nonfinite"                # values NaN or infinite: never applied
 
 
 @dataclass
@@ -65,7 +74,9 @@ class Counters:
     future: int = 0               # too far ahead: dropped
     duplicates: int = 0
     foreign: int = 0              # not lossbed's, wrong nonce, unknown source
-    malformed: int = 0            # bad length, stage, shard or index
+    unauthenticated: int = 0      # right nonce and source, but a tag not made with the key
+    malformed: int = 0            # bad length, stage, shard, index or fragment count
+    nonfinite: int = 0            # a payload with NaN or infinite values
     messages_incomplete: int = 0  # UC: messages started but lost whole (partial data dropped)
     retransmitted: int = 0        # RC: datagrams sent again
     timeouts: int = 0             # RC: retransmission timeouts
@@ -86,7 +97,8 @@ class TransportError(RuntimeError):
 # The counter each handler verdict adds to (anything else: malformed)
 COUNTER_OF_VERDICT = {APPLIED: "packets_received", DUPLICATE: "duplicates", STALE: "late",
                       FUTURE: "future", "early": "early", END: "ends_received",
-                      FOREIGN: "foreign", MASKED: "masked"}
+                      FOREIGN: "foreign", MASKED: "masked",
+                      UNAUTHENTICATED: "unauthenticated", NONFINITE: "nonfinite"}
 
 
 def count_verdict(c: Counters, verdict: str, count: int = 1) -> None:
@@ -107,11 +119,17 @@ class UdpTransport:
     def __init__(self, rank: int, world: int, address: str, store, *, mtu: int = 1500,
                  port: int = 0, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
                  key_prefix: str = "lossbed/udp", semantics: Semantics | None = None,
-                 drop_mask: DropMask | None = None, segmentation: bool = False):
+                 drop_mask: DropMask | None = None, segmentation: bool = False,
+                 key: bytes | None = None):
         self.rank, self.world, self.mtu = rank, world, mtu
+        # The job key (auth.py): without one (a transport made outside a launch) datagrams
+        # go unsealed and are taken on their nonce and source address alone.
+        self.auth = PacketAuth(key, rank, key_prefix) if key is not None else None
         self.semantics = semantics or Semantics()
         self.fragment_floats = self.semantics.fragment_floats(mtu)
         self.per_packet = self.semantics.slot_floats(mtu)  # what the collective rebuilds
+        # the most datagrams one unit is cut into (a message claiming more is malformed)
+        self.max_fragments = -(-self.per_packet // self.fragment_floats)
         self.drop_mask = drop_mask
         self.counters = Counters()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -127,7 +145,7 @@ class UdpTransport:
         self.buffer = bytearray(65536)
         self.view = memoryview(self.buffer)
         self._step = 0
-        self.stash: list = []  # packets of the next step that came early, kept for it
+        self.stash = EarlyStash()  # packets of coming steps that came early, kept for them
         self._partial: dict[tuple, list] = {}  # UC/RC messages being reassembled
         self._send_flows = [SendFlow() for _ in range(world)]
         self._recv_flows = [ReceiveFlow() for _ in range(world)]
@@ -168,8 +186,13 @@ class UdpTransport:
             self._service = threading.Thread(target=self._service_loop, daemon=True,
                                              name=f"rc-rank{rank}")
             self._service.start()
-        log.info("rank %d: UDP transport on %s:%d, MTU %d, %s (%d floats per unit), nonce %x",
-                 rank, host, bound_port, mtu, self.semantics, self.per_packet, self.nonce)
+        log.info("rank %d: UDP transport on %s:%d, MTU %d, %s (%d floats per unit), nonce %x, "
+                 "%s", rank, host, bound_port, mtu, self.semantics, self.per_packet, self.nonce,
+                 "authenticated" if self.auth else "NOT authenticated (no job key)")
+
+    @property
+    def authenticated(self) -> bool:
+        return self.auth is not None
 
     def close(self) -> None:
         if self.semantics.reliable:
@@ -187,8 +210,6 @@ class UdpTransport:
         self.counters.messages_incomplete += len(stale)
         for key in stale:
             del self._partial[key]
-        if self.drop_mask is not None:
-            self.drop_mask.attempts.clear()
         return step
 
     # ---- sending ------------------------------------------------------------------------
@@ -209,9 +230,10 @@ class UdpTransport:
                     head = self._pack(stage, step, bucket, shard, fragment, fragments, index,
                                       count, len(part), psn)
                     flow.sent(psn, head, part)
+                    head = self._seal(head, part)
             else:
-                head = self._pack(stage, step, bucket, shard, fragment, fragments, index,
-                                  count, len(part), psn)
+                head = self._seal(self._pack(stage, step, bucket, shard, fragment, fragments,
+                                             index, count, len(part), psn), part)
             self._transmit(dest, head, part)
 
     def send_packets(self, dest: int, stage: int, step: int, bucket: int, shard: int,
@@ -237,6 +259,12 @@ class UdpTransport:
         addresses[:n] = x.ctypes.data + 4 * starts
         heads["index"][:n], heads["count"], heads["length"] = np.arange(n), n, lengths
         heads["stage"][n:], heads["index"][n:] = hdr.END_OF[stage], n  # the end markers
+        heads["copy"][n:] = np.arange(copies)
+        if self.auth is not None:
+            data = x.view(np.uint8)
+            self.auth.seal_batch(heads, [data[4 * a:4 * b] for a, b in
+                                         zip(starts.tolist(), ends.tolist(), strict=True)]
+                                 + [b""] * copies)
         sent, segmented = self._tx.send(self.endpoints[dest], heads, addresses, lengths)
         self.counters.segmented_sends += segmented
         # (a datagram that could not go at all, e.g. no route, is taken as a marker here)
@@ -250,14 +278,17 @@ class UdpTransport:
         end markers (header only), after the data on the same path."""
         if self.batched:  # all copies in one system call
             heads = self._batch_heads(copies, hdr.END_OF[stage], step, bucket, shard)
-            heads["index"], heads["count"] = count, count
+            heads["index"], heads["count"], heads["copy"] = count, count, np.arange(copies)
+            if self.auth is not None:
+                self.auth.seal_batch(heads, [b""] * copies)
             self.counters.ends_sent += self._tx.send(
                 self.endpoints[dest], heads, np.zeros(copies, np.uint64),
                 np.zeros(copies, np.uint64))[0]
             return
-        head = self._pack(hdr.END_OF[stage], step, bucket, shard, 0, 1, count, count, 0, 0)
-        for _ in range(copies):
-            self._transmit(dest, head, b"", end_marker=True)
+        for copy in range(copies):
+            head = self._pack(hdr.END_OF[stage], step, bucket, shard, 0, 1, count, count, 0, 0,
+                              copy)
+            self._transmit(dest, self._seal(head, b""), b"", end_marker=True)
 
     def _batch_heads(self, n: int, stage: int, step: int, bucket: int,
                      shard: int) -> np.ndarray:
@@ -270,10 +301,24 @@ class UdpTransport:
         return heads
 
     def _pack(self, stage, step, bucket, shard, fragment, fragments, index, count, length,
-              psn) -> bytes:
-        return hdr.HEADER.pack(hdr.MAGIC, hdr.VERSION, stage, self.rank, self.nonce, step,
-                               bucket & 0xFFFF, shard, fragment, fragments, index, count,
-                               length, psn)
+              psn, copy=0) -> bytes:
+        return hdr.pack(stage, self.rank, self.nonce, step, bucket, shard, index, count, length,
+                        fragment, fragments, psn, copy)
+
+    def _seal(self, head: bytes, payload) -> bytes:
+        """The header with its seq and tag (unchanged without a job key)."""
+        return head if self.auth is None else self.auth.seal(head, payload)
+
+    def _resend(self, dest: int, flow: SendFlow, psns: list[int]) -> None:
+        """RC: send these unacknowledged datagrams again, each as a new transmission (its
+        copy number one more, freshly sealed)."""
+        for psn in psns:
+            head, payload = flow.unacked[psn]
+            fields = hdr.HEADER.unpack(head)
+            head = hdr.HEADER.pack(*fields[:14], (fields[14] + 1) & 0xFFFF, *fields[15:])
+            flow.unacked[psn] = (head, payload)
+            self._transmit(dest, self._seal(head, payload), payload)
+        self.counters.retransmitted += len(psns)
 
     def _transmit(self, dest: int, head: bytes, payload, end_marker: bool = False) -> None:
         while True:
@@ -293,9 +338,8 @@ class UdpTransport:
         self.counters.bytes_sent += len(payload)
 
     def _control(self, dest: int, stage: int, psn: int) -> None:
-        head = hdr.HEADER.pack(hdr.MAGIC, hdr.VERSION, stage, self.rank, self.nonce, 0, 0, 0,
-                               0, 1, 0, 0, 0, psn)
-        self._transmit(dest, head, b"")
+        head = hdr.pack(stage, self.rank, self.nonce, 0, 0, 0, 0, 0, 0, psn=psn)
+        self._transmit(dest, self._seal(head, b""), b"")
 
     # ---- receiving ----------------------------------------------------------------------
 
@@ -347,11 +391,19 @@ class UdpTransport:
         source = heads["source"].astype(np.int64)
         known = source < self.world
         peer = np.where(known, source, 0)
-        plain = ((sizes >= hdr.HEADER_BYTES) & (heads["magic"] == hdr.MAGIC)
-                 & (heads["version"] == hdr.VERSION) & (heads["nonce"] == self.nonce)
-                 & known & (source != self.rank)
-                 & (self._peer_address[peer] == address) & (self._peer_port[peer] == port)
-                 & (heads["length"] == sizes - hdr.HEADER_BYTES) & (heads["length"] % 4 == 0)
+        ours = ((sizes >= hdr.HEADER_BYTES) & (heads["magic"] == hdr.MAGIC)
+                & (heads["version"] == hdr.VERSION) & (heads["nonce"] == self.nonce)
+                & known & (source != self.rank)
+                & (self._peer_address[peer] == address) & (self._peer_port[peer] == port))
+        if self.auth is not None:  # the tag of each: before anything else looks further
+            forged = [row for row in np.flatnonzero(ours).tolist()
+                      if not self.auth.check(rx.data[row], int(sizes[row]))]
+            if forged:
+                self.counters.unauthenticated += len(forged)
+                ours[forged] = False
+                sizes[forged] = -1  # (so that nothing below takes them either)
+        plain = (ours & (heads["length"] == sizes - hdr.HEADER_BYTES)
+                 & (heads["length"] % 4 == 0)
                  & (heads["stage"] <= hdr.STAGE_BROADCAST) & (heads["fragments"] == 1)
                  & (heads["fragment"] == 0))
         rows = np.flatnonzero(plain)
@@ -362,16 +414,18 @@ class UdpTransport:
         # each goes through _datagram, the others get the verdict it got.
         marker = (~plain & (sizes == hdr.HEADER_BYTES) & (heads["stage"] >= hdr.STAGE_REDUCE_END)
                   & (heads["fragments"] == 1))
-        first = np.flatnonzero(~plain & ~marker).tolist()
+        first = np.flatnonzero(~plain & ~marker & (sizes >= 0)).tolist()
         copies: dict[tuple, list[int]] = {}  # (marker, sender): [its first row, copies]
         for row in np.flatnonzero(marker).tolist():
-            key = (rx.data[row, :hdr.HEADER_BYTES].tobytes(), address[row], port[row])
+            # (what a marker says: its header up to the copy number, seq and tag)
+            key = (rx.data[row, :hdr.SEQ_OFFSET - 4].tobytes(), address[row], port[row])
             seen = copies.setdefault(key, [row, 0])
             seen[1] += 1
         extra = {row: times - 1 for row, times in copies.values()}
         for row in sorted(first + list(extra)):
             sender = (socket.inet_ntoa(int(address[row]).to_bytes(4, "big")), int(port[row]))
-            verdict = self._datagram(int(sizes[row]), sender, handle, memoryview(rx.data[row]))
+            verdict = self._datagram(int(sizes[row]), sender, handle, memoryview(rx.data[row]),
+                                     checked=bool(ours[row]))
             if extra.get(row) and verdict is not None:
                 self._count(verdict, extra[row])
 
@@ -419,16 +473,20 @@ class UdpTransport:
         self._delivered.put((head, bytes(payload)))
         return QUEUED
 
-    def _datagram(self, size: int, sender, handle, view: memoryview) -> str | None:
+    def _datagram(self, size: int, sender, handle, view: memoryview,
+                  checked: bool = False) -> str | None:
         """Check one datagram, hand it on, count it; returns the verdict counted (None for
         RC control and retransmission traffic, and for a fragment of a message not yet
-        whole)."""
+        whole). checked: its tag was already found good (_batch)."""
         c = self.counters
         head = hdr.unpack(view[:size])
         if head is None or head.nonce != self.nonce or head.source >= self.world \
                 or self.sources.get(sender) != head.source or head.source == self.rank:
             c.foreign += 1
             return FOREIGN
+        if self.auth is not None and not checked and not self.auth.check(view, size):
+            c.unauthenticated += 1
+            return UNAUTHENTICATED
         if head.length != size - hdr.HEADER_BYTES or head.length % 4:
             c.malformed += 1
             return MALFORMED
@@ -471,14 +529,22 @@ class UdpTransport:
     def _reassemble(self, head: hdr.Header, payload: memoryview):
         """A message's fragments, copied aside until all are there; then the whole message.
         A message missing any fragment is never handed on (RoCE UC: lost whole)."""
-        if head.fragment >= head.fragments:
+        # The fragment count sizes the buffer: checked against what a unit can be first
+        if head.fragment >= head.fragments or head.fragments > self.max_fragments \
+                or head.length > 4 * self.fragment_floats:
             self.counters.malformed += 1
             return None
         key = (head.source, head.step, head.stage, head.shard, head.index)
         entry = self._partial.get(key)
         if entry is None:
+            if len(self._partial) >= MAX_PARTIAL_MESSAGES:
+                self.counters.future += 1
+                return None
             entry = self._partial[key] = [bytearray(4 * self.fragment_floats * head.fragments),
-                                          set(), 0]
+                                          set(), 0, head.fragments]
+        if entry[3] != head.fragments:  # fragments of one message disagree on their number
+            self.counters.malformed += 1
+            return None
         if head.fragment in entry[1]:
             self.counters.duplicates += 1
             return None
@@ -498,10 +564,7 @@ class UdpTransport:
             flow.ack(head.psn)
             return
         flow.ack(head.psn)  # a NAK for psn also acknowledges everything before it
-        resend = flow.from_psn(head.psn)
-        for saved_head, saved_payload in resend:
-            self._transmit(head.source, saved_head, saved_payload)
-        self.counters.retransmitted += len(resend)
+        self._resend(head.source, flow, flow.from_psn(head.psn))
 
     def _acknowledge_all(self) -> None:
         for source, flow in enumerate(self._recv_flows):
@@ -513,9 +576,6 @@ class UdpTransport:
         now = time.monotonic()
         for dest, flow in enumerate(self._send_flows):
             if flow.timed_out(now):
-                resend = list(flow.unacked.values())
-                for saved_head, saved_payload in resend:
-                    self._transmit(dest, saved_head, saved_payload)
-                self.counters.retransmitted += len(resend)
+                self._resend(dest, flow, list(flow.unacked))
                 self.counters.timeouts += 1
                 flow.backoff(now)

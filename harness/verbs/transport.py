@@ -37,12 +37,15 @@ from pathlib import Path
 import numpy as np
 
 from harness.transport import header as hdr
+from harness.transport.auth import PacketAuth
 from harness.transport.dropmask import DropMask
+from harness.transport.early import EarlyStash
 from harness.transport.semantics import Semantics
 from harness.transport.udp import (
     FOREIGN,
     MALFORMED,
     MASKED,
+    UNAUTHENTICATED,
     Counters,
     TransportError,
     count_verdict,
@@ -76,15 +79,18 @@ class VerbsTransport:
 
     def __init__(self, rank: int, world: int, address: str, store, semantics: Semantics, *,
                  device: str | None = None, drop_mask: DropMask | None = None,
-                 key_prefix: str | None = None, receives_per_peer: int | None = None):
+                 key_prefix: str | None = None, receives_per_peer: int | None = None,
+                 key: bytes | None = None):
         if not semantics.verbs:
             raise ValueError(f"{semantics} is not a verbs transport")
         if world < 2:
             raise ValueError(f"a verbs transport needs 2 or more ranks (world {world})")
         self.rank, self.world, self.semantics = rank, world, semantics
         self.drop_mask = drop_mask
+        # the job key (harness.transport.auth): every message sealed and checked with it
+        self.auth = PacketAuth(key, rank, f"verbs/{semantics}") if key is not None else None
         self.counters = Counters()
-        self.stash: list = []
+        self.stash = EarlyStash()  # packets of coming steps that came early, kept for them
         self._step = 0
         found = devices()
         self.device = device or os.environ.get("LOSSBED_RDMA_DEVICE") or (found or [""])[0]
@@ -214,17 +220,21 @@ class VerbsTransport:
     def next_step(self) -> int:
         step = self._step
         self._step += 1
-        if self.drop_mask is not None:
-            self.drop_mask.attempts.clear()
         return step
+
+    @property
+    def authenticated(self) -> bool:
+        return self.auth is not None
 
     # ---- sending ---------------------------------------------------------------------
 
     def send(self, dest: int, stage: int, step: int, bucket: int, shard: int, index: int,
-             count: int, payload) -> None:
+             count: int, payload, copy: int = 0) -> None:
         """One message to `dest`: the header, then `payload` (bytes of float32 values)."""
         head = hdr.pack(stage, self.rank, self.nonce, step, bucket, shard, index, count,
-                        len(payload))
+                        len(payload), copy=copy)
+        if self.auth is not None:
+            head = self.auth.seal(head, payload)
         self._post(dest, head, payload)
         if stage in hdr.DATA_STAGE_OF_END:
             self.counters.ends_sent += 1
@@ -247,8 +257,8 @@ class VerbsTransport:
     def send_end(self, dest: int, stage: int, step: int, bucket: int, shard: int, count: int,
                  copies: int) -> None:
         """`copies` end markers (header-only messages): all `count` messages went out."""
-        for _ in range(copies):
-            self.send(dest, hdr.END_OF[stage], step, bucket, shard, count, count, b"")
+        for copy in range(copies):
+            self.send(dest, hdr.END_OF[stage], step, bucket, shard, count, count, b"", copy)
 
     def _post(self, dest: int, head: bytes, payload) -> None:
         v, e = self.v, self.v.e
@@ -356,6 +366,9 @@ class VerbsTransport:
         if head is None or head.nonce != self.nonce or head.source != peer:
             c.foreign += 1
             return FOREIGN
+        if self.auth is not None and not self.auth.check(data, size):
+            c.unauthenticated += 1
+            return UNAUTHENTICATED
         if head.length != size - hdr.HEADER_BYTES or head.length % 4 or head.fragments != 1:
             c.malformed += 1
             return MALFORMED

@@ -4,6 +4,7 @@ netem loss. Its own module, so its VMs never run beside another module's (2 core
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 
@@ -151,6 +152,12 @@ def test_lossy_allreduce_under_loss_ud_loses_packets_uc_whole_messages_rc_nothin
                for d in device) > 0, device
 
 
+# torch and transformers import for ~100 s in a VM under TCG and a step takes ~20 s: this
+# one test took 280-400 s, a quarter of CI's budget for the whole suite. The lossy
+# collective over the same queue pairs is tested above; this end-to-end run is asked for.
+@pytest.mark.skipif(not os.environ.get("LOSSBED_TEST_VM_TRAINING"),
+                    reason="training in VMs takes 5-7 min under TCG: set "
+                           "LOSSBED_TEST_VM_TRAINING=1 to run it")
 def test_lossbed_train_over_real_uc_queue_pairs_under_netem_loss(rdma_vms, tmp_path):
     """`lossbed train --transport verbs-uc` end to end on the VM hosts: the ranks start in
     the VMs through their exec channels, the lossy collective runs over Soft-RoCE UC queue

@@ -56,11 +56,17 @@ def test_mask_is_independent_of_the_payload():
     assert a == b and sum(count for count, _ in a) > 0
 
 
-def test_retransmissions_of_one_position_are_new_draws():
-    """A deterministic verdict per position would lose an RC packet forever."""
+def test_a_copy_gets_the_verdict_of_its_original_and_a_retransmission_a_new_draw():
+    """The verdict is a function of the packet's identity: a duplicate or a replayed copy
+    (same identity) is dropped exactly when the original was, and counted once; an RC
+    retransmission (copy + 1) is a new draw, or a dropped packet would be lost forever."""
     from harness.transport import header as hdr
 
+    def transmission(copy: int):
+        return hdr.unpack(hdr.pack(0, 1, 99, 5, 0, 2, 3, 10, 8, copy=copy) + bytes(8))
+
     mask = DropMask(3, 0.5)
-    head = hdr.unpack(hdr.pack(0, 1, 99, 5, 0, 2, 3, 10, 8) + bytes(8))
-    draws = [mask.drops(head) for _ in range(40)]
-    assert 5 < sum(draws) < 35  # 40 fair draws: outside this about once in 700,000
+    first = [mask.drops(transmission(k)) for k in range(40)]
+    assert 5 < sum(first) < 35  # 40 fair draws: outside this about once in 700,000
+    assert [mask.drops(transmission(k)) for k in range(40)] == first  # copies again
+    assert mask.dropped_count == sum(first)

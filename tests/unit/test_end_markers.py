@@ -93,8 +93,7 @@ def test_copies_of_an_end_marker_in_one_batch_get_the_verdict_of_the_first():
     store, (rx, tx) = make_pair()
     try:
         def marker(count: int, nonce: int) -> bytes:
-            return hdr.HEADER.pack(hdr.MAGIC, hdr.VERSION, hdr.STAGE_REDUCE_END, 1, nonce, 0,
-                                   0, 0, 0, 1, count, count, 0, 0)
+            return hdr.pack(hdr.STAGE_REDUCE_END, 1, nonce, 0, 0, 0, count, count, 0)
 
         good, misfit = marker(5, rx.nonce), marker(6, rx.nonce)
         foreign = marker(5, rx.nonce ^ 1)

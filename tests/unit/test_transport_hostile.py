@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from harness.collectives.lossy import LossyCollective
 from harness.transport import header as hdr
+from harness.transport.early import EARLY_WINDOW_STEPS
 from harness.transport.udp import UdpTransport
 
 
@@ -98,7 +99,8 @@ def hostile(kind: str, rng: np.random.Generator, nonce: int, step: int, data: by
     elif kind == "stale":
         fields["step"] = step - 1
     elif kind == "future":
-        fields["step"] = step + int(rng.integers(2, 1000))
+        # beyond the steps whose packets are kept (a packet within them is held as early)
+        fields["step"] = step + EARLY_WINDOW_STEPS + 1 + int(rng.integers(0, 1000))
     elif kind == "source":
         fields["source"] = int(rng.choice([0, 2, 7]))
     elif kind == "shard":

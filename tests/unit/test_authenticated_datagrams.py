@@ -1,0 +1,223 @@
+"""Authenticated datagrams (harness.transport.auth): with the job's key, a datagram that a
+peer did not seal is counted and dropped before anything looks at it, however right its
+nonce, source address and fields are; what a peer did seal is still checked against the
+layout (fragment counts) and its values (NaN, infinity) before it is applied.
+
+Two ranks in threads on loopback (127.0.0.1 only); forgeries go out from rank 1's own
+socket, the perfect spoof of its address and port.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from harness.collectives.deadline import Deadline
+from harness.collectives.lossy import LossyCollective
+from harness.transport import auth
+from harness.transport import header as hdr
+from harness.transport.dropmask import DropMask
+from harness.transport.semantics import Semantics
+from tests.unit.test_transport_hostile import NUMEL, make_pair
+
+KEY = bytes(range(32))
+PER_PACKET = hdr.payload_floats(1500)
+
+
+def forged(kind: str, nonce: int, step: int) -> bytes:
+    """A datagram as rank 1 would send it to rank 0 in `step`, right in every field, but
+    not sealed with the key (seq and tag made up)."""
+    values = {"poison": 1.0, "nan": float("nan"), "inf": float("inf")}
+    if kind == "end":  # "I sent you all 5": would end rank 0's wait at once
+        head = hdr.pack(hdr.STAGE_REDUCE_END, 1, nonce, step, 0, 0, 5, 5, 0)
+        payload = b""
+    elif kind == "bomb":  # one of 65535 fragments: a 94 MB reassembly buffer
+        head = hdr.pack(hdr.STAGE_REDUCE, 1, nonce, step, 0, 0, 0, 5, 4 * PER_PACKET,
+                        fragment=0, fragments=65535)
+        payload = bytes(4 * PER_PACKET)
+    else:
+        shift = 1 if kind == "early" else 0  # held for the next step: displaces nothing
+        head = hdr.pack(hdr.STAGE_REDUCE, 1, nonce, step + shift, 0, 0, 0, 5,
+                        4 * PER_PACKET)
+        payload = struct.pack("<f", values.get(kind, 1.0)) * PER_PACKET
+    return head[:hdr.SEQ_OFFSET] + os.urandom(8 + hdr.TAG_BYTES) + payload
+
+
+def one_step_under_attack(t0, t1, store, send_during):
+    """A warm-up step, then one all-reduce during which send_during(step) runs while rank 0
+    waits for rank 1. Returns (rank 0's and 1's results, the exact mean, counter deltas)."""
+    rng = np.random.default_rng(5)
+    # No step alignment: rank 0 is receiving, not waiting in the store, when they come; and
+    # deadlines long enough for rank 1 to start late
+    c0, c1 = (LossyCollective(t, store, align_every=0, deadline=Deadline(2.0, 2.0))
+              for t in (t0, t1))
+    x0 = torch.from_numpy(rng.standard_normal(NUMEL).astype(np.float32))
+    x1 = torch.from_numpy(rng.standard_normal(NUMEL).astype(np.float32))
+    warm = [threading.Thread(target=c.allreduce, args=(x.clone(),))
+            for c, x in ((c0, x0), (c1, x1))]
+    for t in warm:
+        t.start()
+    for t in warm:
+        t.join()
+    before = t0.counters.to_dict()
+    y0, y1 = x0.clone(), x1.clone()
+    rank0 = threading.Thread(target=c0.allreduce, args=(y0,))
+    rank0.start()
+    time.sleep(0.02)
+    send_during(1)
+    time.sleep(0.05)  # rank 0 takes the forgeries before rank 1's genuine packets come
+    c1.allreduce(y1)
+    rank0.join(10)
+    assert not rank0.is_alive()
+    after = t0.counters.to_dict()
+    return y0, y1, (x0 + x1) / 2, {k: after[k] - before[k] for k in after}
+
+
+def test_forgeries_with_the_right_nonce_and_a_spoofed_source_change_nothing():
+    store, (t0, t1) = make_pair(key=KEY)
+    kinds = ["poison", "early", "nan", "inf", "end", "bomb"] * 5
+    try:
+        assert t0.authenticated and t1.authenticated
+
+        def attack(step):
+            for kind in kinds:
+                t1.sock.sendto(forged(kind, t0.nonce, step), t0.endpoints[0])
+
+        y0, y1, exact, delta = one_step_under_attack(t0, t1, store, attack)
+    finally:
+        t0.close()
+        t1.close()
+    assert torch.allclose(y0, exact, atol=1e-6) and torch.allclose(y1, exact, atol=1e-6)
+    assert delta["unauthenticated"] == len(kinds), delta
+    assert delta["missing"] == 0 and delta["early"] == 0 and delta["malformed"] == 0, delta
+
+
+@pytest.mark.parametrize("kind", ["end", "poison"])
+def test_without_the_key_the_same_forgeries_would_be_applied(kind):
+    """The control: the transport as it was (no key) takes a forged end marker (delivered
+    data then counts as lost) and poison (the result changes): the test above would fail
+    without authentication."""
+    store, (t0, t1) = make_pair()
+    try:
+        def attack(step):
+            datagram = forged(kind, t0.nonce, step)  # what a keyless sender makes:
+            unsealed = datagram[:hdr.SEQ_OFFSET] + bytes(8 + hdr.TAG_BYTES)  # seq, tag 0
+            t1.sock.sendto(unsealed + datagram[hdr.HEADER_BYTES:], t0.endpoints[0])
+
+        y0, _, exact, delta = one_step_under_attack(t0, t1, store, attack)
+    finally:
+        t0.close()
+        t1.close()
+    if kind == "end":
+        assert delta["missing"] > 0, {k: v for k, v in delta.items() if v}
+    else:
+        assert not torch.allclose(y0, exact, atol=1e-6)
+
+
+def test_sealed_values_that_are_not_finite_are_counted_and_never_applied():
+    """A packet the peer did seal can still carry NaN (a link that corrupts, a peer whose
+    gradients blew up): it is counted and the genuine packet that follows is applied."""
+    store, (t0, t1) = make_pair(key=KEY)
+    try:
+        def corrupted(step):
+            head = hdr.pack(hdr.STAGE_REDUCE, 1, t0.nonce, step, 0, 0, 0, 5, 4 * PER_PACKET)
+            payload = struct.pack("<f", float("nan")) * PER_PACKET
+            t1.sock.sendto(t1.auth.seal(head, payload) + payload, t0.endpoints[0])
+
+        y0, _, exact, delta = one_step_under_attack(t0, t1, store, corrupted)
+    finally:
+        t0.close()
+        t1.close()
+    assert torch.allclose(y0, exact, atol=1e-6)
+    assert delta["nonfinite"] == 1 and delta["unauthenticated"] == 0, delta
+
+
+def test_a_fragment_count_from_the_wire_never_sizes_a_buffer():
+    store, (t0, t1) = make_pair(key=KEY, semantics=Semantics.parse("roce-uc:16384"))
+    try:
+        assert t0.max_fragments == -(-t0.per_packet // t0.fragment_floats)
+        for fragments in (65535, t0.max_fragments + 1):
+            head = hdr.unpack(hdr.pack(hdr.STAGE_REDUCE, 1, t0.nonce, 0, 0, 0, 0, 1,
+                                       4 * t0.fragment_floats, fragment=0,
+                                       fragments=fragments))
+            assert t0._reassemble(head, memoryview(bytes(4 * t0.fragment_floats))) is None
+        assert t0.counters.malformed == 2 and not t0._partial
+    finally:
+        t0.close()
+        t1.close()
+
+
+def test_the_key_comes_from_the_launch_environment(monkeypatch):
+    monkeypatch.setenv(auth.KEY_ENV, "ab" * 32)
+    assert auth.key_from_environment() == bytes([0xAB]) * 32
+    monkeypatch.setenv(auth.KEY_ENV, "not hex")
+    with pytest.raises(ValueError, match=auth.KEY_ENV):
+        auth.key_from_environment()
+    monkeypatch.delenv(auth.KEY_ENV)
+    assert auth.key_from_environment() is None
+    assert auth.new_key() != auth.new_key() and len(bytes.fromhex(auth.new_key())) == 32
+
+
+def test_every_launch_gives_its_ranks_a_fresh_key(monkeypatch):
+    """The controller's launch puts a new key in every rank's environment (the same for all
+    ranks of the launch), and nowhere else."""
+    from harness import launch
+
+    seen = []
+
+    class Host:
+        name, address, ifname, project = "h", "10.0.0.1", "eth0", "."
+
+        def popen(self, argv, env=None, **kwargs):
+            seen.append(env[auth.KEY_ENV])
+            raise RuntimeError("stop here")
+
+    class Cluster:
+        kind, mtu, hosts = "netns", 1500, [Host(), Host()]
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="stop here"):
+            launch.run(Cluster(), "harness.train.worker", [])
+    assert len(seen) == 2 and seen[0] != seen[1]
+    assert all(len(bytes.fromhex(k)) == 32 for k in seen)
+
+
+def replayed_mask_run(seed: int, copies_in_flight: bool):
+    """(dropped count, digest) per rank over 3 all-reduces under a seeded drop mask; with
+    copies_in_flight every datagram goes out twice and forged copies arrive too."""
+    store, transports = make_pair(key=KEY, drop_mask=DropMask(seed, 0.2))
+    try:
+        if copies_in_flight:
+            for t in transports:
+                send = t._tx.send
+                t._tx.send = lambda *a, _send=send: (_send(*a), _send(*a))[0]
+        collectives = [LossyCollective(t, store) for t in transports]
+        for step in range(3):
+            if copies_in_flight:
+                for kind in ("poison", "end"):
+                    transports[1].sock.sendto(forged(kind, transports[0].nonce, step),
+                                              transports[0].endpoints[0])
+            xs = [torch.from_numpy(np.random.default_rng((step, k)).standard_normal(
+                20_000).astype(np.float32)) for k in (0, 1)]
+            threads = [threading.Thread(target=c.allreduce, args=(x,))
+                       for c, x in zip(collectives, xs, strict=True)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        return [(t.drop_mask.dropped_count, t.drop_mask.dropped_digest) for t in transports]
+    finally:
+        for t in transports:
+            t.close()
+
+
+def test_the_drop_mask_replays_with_duplicated_and_spoofed_copies_in_flight():
+    plain = replayed_mask_run(7, copies_in_flight=False)
+    assert sum(count for count, _ in plain) > 0
+    assert replayed_mask_run(7, copies_in_flight=True) == plain
