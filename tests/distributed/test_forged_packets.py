@@ -1,8 +1,8 @@
 """An on-path attacker during a real training run on namespace hosts (issue 19).
 
-Three hosts; a fourth process in h3's namespace (tests/injector.py) reads the job's
-datagrams that reach h3, learns the nonce and the endpoints of h1 and h2 from them, and
-sends h1 forged datagrams with h2's address and port: poisoned values and NaN for the next
+Three hosts train for 30 steps; a fourth process in h3's namespace (tests/injector.py)
+reads the job's datagrams that reach h3, learns the nonce and the endpoints of h1 and h2
+from them, and sends h1 forged datagrams with h2's address and port: poisoned values and NaN for the next
 step, end markers, fragment bombs, far-future packets, and replays of h2's genuine
 datagrams. The run must come out as the same run without the attacker: the same
 perplexity, no packet lost, no memory grown, and every forgery counted.
@@ -56,7 +56,7 @@ def cluster():
 def test_forged_datagrams_on_path_change_nothing_and_are_all_counted(cluster):
     # align_every=1: ranks start every step together, so no packet is lost to lateness and
     # packets_lost is 0 in both runs (the comparison is exact)
-    cfg = TrainConfig(steps=60, batch=8, seq_len=64, log_every=100, variant="unbiased_drift",
+    cfg = TrainConfig(steps=30, batch=8, seq_len=64, log_every=100, variant="unbiased_drift",
                       align_every=1)
     clean = run.train_runs(cluster, [run.Run(cfg, "clean")], echo=lambda _: None)[0]
     target, peer, observer = cluster.hosts

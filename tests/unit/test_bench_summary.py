@@ -99,3 +99,19 @@ def test_a_run_whose_collective_missed_far_more_than_the_network_lost_is_disturb
     assert "fell behind" in _disturbed(10000, 100000, 0.01)   # 10% missing at 1% loss
     assert "fell behind" in _disturbed(5000, 10000, 0.10)  # the run seen: 10x the loss
     assert _disturbed(0, 0, 0.1) is None
+
+
+def test_datagrams_no_peer_sent_warn_in_the_record_and_the_bench_table():
+    from harness.train.run import wire_warning
+
+    assert wire_warning([{"counters": {"foreign": 0, "packets_received": 10}}]) is None
+    text = wire_warning([{"counters": {"unauthenticated": 3}},
+                         {"counters": {"foreign": 2, "nonfinite": 1}}])
+    assert "unauthenticated 3" in text and "foreign 2" in text and "nonfinite 1" in text
+    assert "malformed" not in text  # only the counters above zero are named
+    records = [_record("reliable", 0.0, 0, "a"),
+               dict(_record("unbiased", 0.1, 0, "b"), wire_warning=text)]
+    summary = report.summarise(records, {}, "bpf")
+    assert summary["rows"][-1]["wire_warnings"] == [0]
+    assert summary["rows"][0]["wire_warnings"] == []
+    assert "got datagrams their peers did not send" in report.table(summary)
