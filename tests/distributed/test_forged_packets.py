@@ -2,10 +2,10 @@
 
 Three hosts train for 30 steps; a fourth process in h3's namespace (tests/injector.py)
 reads the job's datagrams that reach h3, learns the nonce and the endpoints of h1 and h2
-from them, and sends h1 forged datagrams with h2's address and port: poisoned values and NaN for the next
-step, end markers, fragment bombs, far-future packets, and replays of h2's genuine
-datagrams. The run must come out as the same run without the attacker: the same
-perplexity, no packet lost, no memory grown, and every forgery counted.
+from them, and sends h1 forged datagrams with h2's address and port: poisoned values and
+NaN for the next step, end markers, fragment bombs, far-future packets, and replays of
+h2's genuine datagrams. The run must come out as the same run without the attacker: the
+same perplexity, no packet lost, no memory grown, and every forgery counted.
 """
 
 from __future__ import annotations
