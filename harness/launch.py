@@ -118,10 +118,13 @@ def _kill(proc) -> None:
 
 
 def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
-        extra_env: dict | None = None, echo_rank0=None, answer_rank0=None) -> list[RankResult]:
+        extra_env: dict | None = None, echo_rank0=None, answer_rank0=None,
+        authenticate: bool = True) -> list[RankResult]:
     """Run `python -m module args` as one rank per host and wait for all. If one fails, the
     others get a moment to notice and say why, then are stopped. echo_rank0(line) is
-    called with each line rank 0 writes to stderr as it comes (progress).
+    called with each line rank 0 writes to stderr as it comes (progress). authenticate=False
+    (a network only the experiment uses: the profile says `isolated`) gives the ranks no
+    key, and their datagrams go unsealed.
 
     answer_rank0(line) is called with each line rank 0 writes to stdout as it comes; what it
     returns (a string, or None for nothing) is written to rank 0's stdin. That is how the
@@ -132,7 +135,7 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
     slots = rank_slots(cluster)
     # A fresh key for this launch's datagrams (harness.transport.auth), to every rank in
     # its environment: never through the store or the network lossbed impairs.
-    job = {auth.KEY_ENV: auth.new_key()}
+    job = {auth.KEY_ENV: auth.new_key()} if authenticate else {}
     remote = getattr(cluster, "kind", "") == "remote"
     local = getattr(cluster, "kind", "") not in ("remote", "vm")
     try:
@@ -140,6 +143,8 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
             env = rank_env(cluster, rank, {**job, **(extra_env or {})})
             if local:  # a local rank inherits this environment; a remote or VM one has its own
                 env = {**os.environ, **env}
+                if not authenticate:
+                    env.pop(auth.KEY_ENV, None)
             python = getattr(host, "python", sys.executable) if remote else sys.executable
             # a remote host's popen makes its own stdin pipe (the guard's liveness line)
             stdin = {} if remote else {"stdin": subprocess.PIPE}

@@ -244,6 +244,8 @@ def _cmd_bench(args) -> int:
         own = f"bench{os.getpid() % 100000}"
         cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=spec.hosts, name=own,
                                                              mtu=spec.mtu))
+        # its own namespaces, made now for this bench alone: the profile says isolated
+        spec.isolated = True
     try:
         summary = run_bench(cluster, spec, out,
                             echo=lambda line: print(line, file=sys.stderr, flush=True))

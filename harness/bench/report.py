@@ -23,7 +23,8 @@ RESULT_FIELDS = ("variant", "role", "profile", "loss", "loss_seed", "seed", "ste
                  "transport_counters", "ppl_delta_pct",
                  "measured_loss", "measured_loss_interval", "measured_packets", "rcvbuf_drops",
                  "measured_window", "drift", "backend",
-                 "packets_sent", "packets_lost", "bytes_sent", "losses", "model_sha")
+                 "packets_sent", "packets_lost", "bytes_sent", "losses", "model_sha",
+                 "authenticated", "wire_warning", "rank_max_rss_mb", "exempt")
 
 
 def t95(n: int) -> float:

@@ -44,6 +44,8 @@ class BenchSpec:
     losses: list[float] = field(default_factory=lambda: [0.1])
     profile: str = "random-loss"
     hosts: int = 4
+    # the bench built its cluster for itself: nothing else sends on it (Profile.isolated)
+    isolated: bool = False
     steps: int = DEFAULT_STEPS
     seeds: int = DEFAULT_SEEDS
     variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
@@ -93,9 +95,9 @@ class BenchSpec:
                            device=self.device, schedule=self.schedule,
                            tokenizer=self.tokenizer, log_every=20)
 
-    @staticmethod
-    def _sets(loss: float, loss_seed: int) -> tuple[str, ...]:
-        return (f"loss_pct={loss * 100}", f"seed={loss_seed}") if loss > 0 else ()
+    def _sets(self, loss: float, loss_seed: int) -> tuple[str, ...]:
+        isolated = ("isolated=true",) if self.isolated else ()
+        return isolated + ((f"loss_pct={loss * 100}", f"seed={loss_seed}") if loss > 0 else ())
 
     def cases(self) -> list[BenchRun]:
         """Every run of the bench, the references first (see the module's docstring)."""
@@ -136,8 +138,10 @@ class BenchRun:
     sets: tuple[str, ...] = ()
 
     def with_profile(self, name: str, sets: tuple[str, ...]) -> BenchRun:
+        """This run under profile `name` with `sets`; a lossless run stays on `clean`
+        (with the sets that are not about loss: isolated)."""
         if self.loss == 0:
-            return self
+            name, sets = "clean", tuple(s for s in sets if s.startswith("isolated="))
         return BenchRun(self.cfg, self.loss, self.role, self.loss_seed, name, sets)
 
     @property

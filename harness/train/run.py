@@ -162,12 +162,15 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
     # dies, the hosts revert by themselves.
     keeper = lease.Keeper(cluster, cluster.lease_s / 3) if remote else contextlib.nullcontext()
     transport_env = launch.transport_env(plans[(runs[0].profile, runs[0].sets)][0].profile)
+    # One key per launch: unless every run's profile says the network is isolated
+    authenticate = not all(plan.profile.isolated for plan, _ in plans.values())
     try:
         with keeper:
             results = launch.run(cluster, "harness.train.worker",
                                  [json.dumps([r.cfg.to_dict() for r in runs]), str(work)],
                                  timeout_s=24 * 3600, echo_rank0=echo,
-                                 extra_env=transport_env, answer_rank0=boundaries.answer)
+                                 extra_env=transport_env, answer_rank0=boundaries.answer,
+                                 authenticate=authenticate)
     finally:
         engine.clear(cluster)
     if boundaries.error is not None:

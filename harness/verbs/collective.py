@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import sys
 import time
 from datetime import timedelta
@@ -79,7 +80,8 @@ def run(args) -> dict:
                   timeout=timedelta(seconds=args.first_timeout_s))
     transport = VerbsTransport(args.rank, args.world, args.address, store, semantics,
                                device=args.device, drop_mask=parse_drop_mask(args.drop_mask),
-                               receives_per_peer=args.receives_per_peer)
+                               receives_per_peer=args.receives_per_peer,
+                               key=bytes.fromhex(args.key) if args.key else None)
     collective = LossyCollective(transport, store, estimator="received_mean",
                                  deadline=Deadline(ceiling_s=args.ceiling_s))
     layout = Layout(args.numel, args.world, transport.per_packet)  # the collective's cut
@@ -105,6 +107,7 @@ def run(args) -> dict:
                   "message_bytes": transport.message_bytes, "numel": args.numel,
                   "seconds": seconds, "steps": steps,
                   "counters": transport.counters.to_dict(),
+                  "authenticated": transport.authenticated,
                   "device_counters": transport.device_counters()}
         if args.rank == 0:  # the store's host leaves last
             barrier.wait_for_all(store, "left", args.world, timeout_s=60, must=False)
@@ -136,11 +139,16 @@ def main(argv=None) -> int:
     parser.add_argument("--ceiling-s", type=float, default=5.0,
                         help="the longest a stage waits for what was lost")
     parser.add_argument("--first-timeout-s", type=float, default=120.0)
+    parser.add_argument("--key", default=None,
+                        help="the job key, 64 hex digits (harness.transport.auth): every "
+                             "message sealed and checked with it (default: none)")
     args = parser.parse_args(argv)
     if not 0 <= args.rank < args.world:
         parser.error(f"--rank {args.rank}: must be in [0, --world {args.world})")
     if args.numel < 1 or args.steps < 1:
         parser.error("--numel and --steps must be 1 or more")
+    if args.key is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", args.key):
+        parser.error("--key: give 64 hex digits (32 bytes), the same on every rank")
     print(json.dumps(run(args)))
     return 0
 

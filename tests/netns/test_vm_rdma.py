@@ -15,6 +15,7 @@ from testbed.impair import engine
 from tests.helpers import two_vm_hosts
 
 pytestmark = [pytest.mark.netns, pytest.mark.vm, pytest.mark.slow]
+KEY = "5a" * 32  # the job key the ranks share (a launch draws a fresh one)
 
 
 def verbs_transfer(cluster, qp: str, size: int, count: int, rate_mps: int = 0) -> dict:
@@ -83,7 +84,7 @@ def verbs_allreduce(cluster, transport: str, numel: int, steps: int = 2) -> list
         out[k] = host.run([sys.executable, "-m", "harness.verbs.collective", "--rank", str(k),
                            "--world", "2", "--address", host.address, "--store", h1.address,
                            "--transport", transport, "--numel", str(numel),
-                           "--steps", str(steps)], timeout=300)
+                           "--steps", str(steps), "--key", KEY], timeout=300)
 
     threads = [threading.Thread(target=rank, args=(k, h)) for k, h in enumerate(cluster.hosts)]
     for t in threads:
@@ -108,6 +109,8 @@ def test_lossy_allreduce_over_ud_uc_and_rc_queue_pairs_is_exact_without_loss(rdm
         reports = verbs_allreduce(rdma_vms, transport, numel=8000)
         for r in reports:
             assert r["counters"]["malformed"] == r["counters"]["foreign"] == 0, r
+            # every message sealed with the job key and found good (harness.transport.auth)
+            assert r["authenticated"] and r["counters"]["unauthenticated"] == 0, r
             for step in r["steps"]:
                 assert step["reduce_messages"] > 0 and step["broadcast_messages"] > 0, r
                 assert step["reduce_lost"] == step["broadcast_lost"] == 0, r

@@ -175,7 +175,7 @@ def test_every_launch_gives_its_ranks_a_fresh_key(monkeypatch):
         name, address, ifname, project = "h", "10.0.0.1", "eth0", "."
 
         def popen(self, argv, env=None, **kwargs):
-            seen.append(env[auth.KEY_ENV])
+            seen.append(env.get(auth.KEY_ENV))
             raise RuntimeError("stop here")
 
     class Cluster:
@@ -186,6 +186,12 @@ def test_every_launch_gives_its_ranks_a_fresh_key(monkeypatch):
             launch.run(Cluster(), "harness.train.worker", [])
     assert len(seen) == 2 and seen[0] != seen[1]
     assert all(len(bytes.fromhex(k)) == 32 for k in seen)
+    # a launch whose profiles all say the network is isolated gives no key, even one the
+    # controller's own environment happens to hold
+    monkeypatch.setenv(auth.KEY_ENV, "ab" * 32)
+    with pytest.raises(RuntimeError, match="stop here"):
+        launch.run(Cluster(), "harness.train.worker", [], authenticate=False)
+    assert seen[-1] is None
 
 
 def replayed_mask_run(seed: int, copies_in_flight: bool):

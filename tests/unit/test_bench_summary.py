@@ -41,6 +41,17 @@ def test_with_three_steps_a_row_has_no_p99_but_its_maximum():
     assert abs(row["step_max_ms"] - 1.2) < 0.001
 
 
+def test_a_bench_on_its_own_cluster_says_every_profile_is_isolated():
+    from harness.bench.spec import BenchSpec
+    from testbed import profiles
+
+    own = BenchSpec(losses=[0.1], seeds=1, steps=10, isolated=True).cases()
+    assert all("isolated=true" in r.sets for r in own)
+    assert all(profiles.load(r.profile, list(r.sets)).isolated for r in own)
+    shared = BenchSpec(losses=[0.1], seeds=1, steps=10).cases()
+    assert not any(profiles.load(r.profile, list(r.sets)).isolated for r in shared)
+
+
 def test_the_bench_plan_has_references_realisations_and_short_reliable_runs():
     from harness.bench.spec import BenchSpec
 
