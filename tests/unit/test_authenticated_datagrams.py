@@ -22,7 +22,6 @@ from harness.collectives.deadline import Deadline
 from harness.collectives.lossy import LossyCollective
 from harness.transport import auth
 from harness.transport import header as hdr
-from harness.transport.dropmask import DropMask
 from harness.transport.semantics import Semantics
 from tests.unit.test_transport_hostile import NUMEL, make_pair
 
@@ -195,32 +194,22 @@ def test_every_launch_gives_its_ranks_a_fresh_key(monkeypatch):
 
 
 def replayed_mask_run(seed: int, copies_in_flight: bool):
-    """(dropped count, digest) per rank over 3 all-reduces under a seeded drop mask; with
-    copies_in_flight every datagram goes out twice and forged copies arrive too."""
-    store, transports = make_pair(key=KEY, drop_mask=DropMask(seed, 0.2))
-    try:
-        if copies_in_flight:
+    """(dropped count, digest) per rank over 3 all-reduces under a seeded drop mask
+    (test_dropmask.run_variant); with copies_in_flight every datagram goes out twice and
+    forged copies arrive too."""
+    from tests.unit.test_dropmask import run_variant
+
+    def copies(transports, step):
+        if step == 0:  # every send twice, from now on
             for t in transports:
                 send = t._tx.send
                 t._tx.send = lambda *a, _send=send: (_send(*a), _send(*a))[0]
-        collectives = [LossyCollective(t, store) for t in transports]
-        for step in range(3):
-            if copies_in_flight:
-                for kind in ("poison", "end"):
-                    transports[1].sock.sendto(forged(kind, transports[0].nonce, step),
-                                              transports[0].endpoints[0])
-            xs = [torch.from_numpy(np.random.default_rng((step, k)).standard_normal(
-                20_000).astype(np.float32)) for k in (0, 1)]
-            threads = [threading.Thread(target=c.allreduce, args=(x,))
-                       for c, x in zip(collectives, xs, strict=True)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        return [(t.drop_mask.dropped_count, t.drop_mask.dropped_digest) for t in transports]
-    finally:
-        for t in transports:
-            t.close()
+        for kind in ("poison", "end"):
+            transports[1].sock.sendto(forged(kind, transports[0].nonce, step),
+                                      transports[0].endpoints[0])
+
+    return run_variant("received_mean", seed, steps=3, key=KEY,
+                       before_step=copies if copies_in_flight else None)
 
 
 def test_the_drop_mask_replays_with_duplicated_and_spoofed_copies_in_flight():

@@ -14,14 +14,17 @@ from tests.unit.test_transport_hostile import make_pair
 
 
 def run_variant(estimator: str, seed: int, semantics: str = "udp", steps: int = 4,
-                data_seed: int = 0):
+                data_seed: int = 0, key: bytes | None = None, before_step=None):
     """(how many, which) datagrams each rank's mask dropped, over `steps` all-reduces of
-    random values drawn from `data_seed`."""
+    random values drawn from `data_seed`. key: the job key of both transports;
+    before_step(transports, step) runs before each all-reduce."""
     store, transports = make_pair(semantics=Semantics.parse(semantics),
-                                  drop_mask=DropMask(seed, 0.2))
+                                  drop_mask=DropMask(seed, 0.2), key=key)
     try:
         collectives = [LossyCollective(t, store, estimator=estimator) for t in transports]
         for step in range(steps):
+            if before_step is not None:
+                before_step(transports, step)
             xs = [torch.from_numpy(np.random.default_rng(
                 (data_seed, step * 2 + k)).standard_normal(20_000).astype(np.float32))
                 for k in (0, 1)]
