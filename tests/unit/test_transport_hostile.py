@@ -12,7 +12,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -20,57 +19,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.collectives.lossy import LossyCollective
+from harness.reproduce.loopback import MemoryStore
 from harness.transport import header as hdr
 from harness.transport.early import EARLY_WINDOW_STEPS
 from harness.transport.udp import UdpTransport
 
 
-class DictStore:
-    """The few TCPStore calls the transport and the collective make."""
-
-    def __init__(self):
-        self.data, self.cond = {}, threading.Condition()
-
-    def set(self, key, value):
-        with self.cond:
-            self.data[key] = value.encode() if isinstance(value, str) else value
-            self.cond.notify_all()
-
-    def get(self, key):
-        with self.cond:
-            self.cond.wait_for(lambda: key in self.data, timeout=10)
-            return self.data[key]
-
-    def add(self, key, amount):
-        with self.cond:
-            value = int(self.data.get(key, b"0")) + amount
-            self.data[key] = str(value).encode()
-            self.cond.notify_all()
-            return value
-
-    def wait(self, keys, timeout=timedelta(seconds=10)):
-        with self.cond:
-            if not self.cond.wait_for(lambda: all(k in self.data for k in keys),
-                                      timeout=timeout.total_seconds()):
-                raise TimeoutError(keys)
-
-    def delete_key(self, key):
-        with self.cond:
-            self.data.pop(key, None)
-
-
 def make_pair(mtu=1500, **options):
     """Two ranks' transports on loopback (they meet in the store, so start together);
     options go to UdpTransport (drop_mask: a fresh copy per rank)."""
-    store = DictStore()
+    store = MemoryStore()
     transports = [None, None]
 
-    def start(rank):
-        mine = dict(options)
-        if "drop_mask" in mine:
-            mask = mine["drop_mask"]
-            mine["drop_mask"] = type(mask)(mask.seed, mask.rate)
-        transports[rank] = UdpTransport(rank, 2, "127.0.0.1", store, mtu=mtu, **mine)
+    def start(rank):  # (each transport takes its own receiver's copy of a drop mask)
+        transports[rank] = UdpTransport(rank, 2, "127.0.0.1", store, mtu=mtu, **options)
 
     threads = [threading.Thread(target=start, args=(r,)) for r in (0, 1)]
     for t in threads:

@@ -1,0 +1,1 @@
+"""`lossbed reproduce`: the two papers' claims measured here, each with a verdict."""

@@ -1,0 +1,89 @@
+"""n ranks in one process: threads, each with its own UDP transport on 127.0.0.1, meeting in
+an in-memory store. The reproduction rows run the real collective this way: the same
+packets, estimators and deadlines as on a cluster, with loss from a seeded drop mask
+applied at each receiver, so a row's randomness is the seed's and nothing else's."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from datetime import timedelta
+
+from harness.transport.dropmask import DropMask
+from harness.transport.udp import UdpTransport
+
+
+class MemoryStore:
+    """The TCPStore calls the transport and the collective make, on a dictionary."""
+
+    def __init__(self):
+        self.data, self.cond = {}, threading.Condition()
+
+    def set(self, key, value):
+        with self.cond:
+            self.data[key] = value.encode() if isinstance(value, str) else value
+            self.cond.notify_all()
+
+    def get(self, key):
+        with self.cond:
+            if not self.cond.wait_for(lambda: key in self.data, timeout=60):
+                raise TimeoutError(key)
+            return self.data[key]
+
+    def add(self, key, amount):
+        with self.cond:
+            value = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(value).encode()
+            self.cond.notify_all()
+            return value
+
+    def wait(self, keys, timeout=timedelta(seconds=60)):
+        with self.cond:
+            if not self.cond.wait_for(lambda: all(k in self.data for k in keys),
+                                      timeout=timeout.total_seconds()):
+                raise TimeoutError(keys)
+
+    def check(self, keys):
+        with self.cond:
+            return all(k in self.data for k in keys)
+
+    def delete_key(self, key):
+        with self.cond:
+            self.data.pop(key, None)
+
+
+def on_every_rank(world: int, work) -> list:
+    """work(rank) in one thread per rank; their results in rank order. The first error
+    any rank raised is raised here, after every thread has ended."""
+    results, errors = [None] * world, []
+
+    def one(rank):
+        try:
+            results[rank] = work(rank)
+        except BaseException as err:  # noqa: BLE001 - re-raised below
+            errors.append(err)
+
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+@contextmanager
+def transports(world: int, drop_rate: float = 0.0, seed: int = 0, mtu: int = 1500,
+               **options):
+    """(store, one UdpTransport per rank), closed on the way out. drop_rate > 0: each
+    receiver drops datagrams by its own seeded mask (independent per link)."""
+    store = MemoryStore()
+    mask = DropMask(seed, drop_rate) if drop_rate > 0 else None
+    made = on_every_rank(world, lambda rank: UdpTransport(
+        rank, world, "127.0.0.1", store, mtu=mtu, drop_mask=mask, **options))
+    try:
+        yield store, made
+    finally:
+        for t in made:
+            t.close()
