@@ -2,8 +2,11 @@
 
 Host tc cannot see hardware RoCE traffic, so on real RDMA NICs loss is emulated here: a
 datagram is dropped when a hash of (seed, its identity) falls below the rate. The identity
-is source, step, stage, shard, packet index, fragment and copy (which transmission of that
-packet it is: an end marker's copy, an RC retransmission), never the payload: the decision
+is the receiver, source, step, stage, shard, packet index, fragment and copy (which
+transmission of that packet it is: an end marker's copy, an RC retransmission), never the
+payload. The receiver is in it because one broadcast packet goes to every rank with the
+same header: without it every replica lost the same packets at once, where loss on
+separate links (netem's, and the papers' model) is independent per receiver. the decision
 is independent of the values carried, the same seed drops the same packets in every variant
 that sends them, and a duplicate or replayed copy of a datagram gets the verdict of the
 original (it has the original's identity; a forged one never gets this far: auth.py).
@@ -17,17 +20,17 @@ import struct
 from harness.transport.header import Header
 from testbed.errors import UsageError
 
-_KEY = struct.Struct("<QHIBHIHH")
+_KEY = struct.Struct("<QHHIBHIHH")
 RECENT_STEPS = 8  # how far back a copy of a dropped packet is recognised as one
 
 
 class DropMask:
-    def __init__(self, seed: int, rate: float):
+    def __init__(self, seed: int, rate: float, receiver: int = 0):
         if not 0 <= rate < 1:
             raise ValueError(f"drop rate {rate} must be in [0, 1)")
         if not 0 <= seed < 2**64:
             raise ValueError(f"seed {seed} must be in [0, 2^64)")
-        self.seed, self.rate = seed, rate
+        self.seed, self.rate, self.receiver = seed, rate, receiver
         self.threshold = int(rate * 2**64)
         # What was dropped: how many packets, and an order-free digest of their identities
         # (two runs dropped the same packets when both agree). A copy of a packet already
@@ -36,9 +39,14 @@ class DropMask:
         self.dropped_digest = 0
         self._recent: dict[int, set] = {}  # step -> identities dropped in it
 
+    def for_receiver(self, rank: int) -> DropMask:
+        """A fresh mask with this one's seed and rate, deciding for what `rank` receives
+        (each transport takes its own)."""
+        return DropMask(self.seed, self.rate, receiver=rank)
+
     def position(self, head: Header) -> tuple:
-        return (head.source, head.step, head.stage, head.shard, head.index, head.fragment,
-                head.copy)
+        return (self.receiver, head.source, head.step, head.stage, head.shard, head.index,
+                head.fragment, head.copy)
 
     def drops(self, head: Header) -> bool:
         digest = hashlib.blake2b(_KEY.pack(self.seed & (2**64 - 1), *self.position(head)),

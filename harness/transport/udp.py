@@ -130,7 +130,8 @@ class UdpTransport:
         self.per_packet = self.semantics.slot_floats(mtu)  # what the collective rebuilds
         # the most datagrams one unit is cut into (a message claiming more is malformed)
         self.max_fragments = -(-self.per_packet // self.fragment_floats)
-        self.drop_mask = drop_mask
+        # this rank's own verdicts (one mask may be handed to every rank of a process)
+        self.drop_mask = drop_mask.for_receiver(rank) if drop_mask is not None else None
         self.counters = Counters()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for forced, plain in BUFFER_OPTIONS:

@@ -86,7 +86,8 @@ class VerbsTransport:
         if world < 2:
             raise ValueError(f"a verbs transport needs 2 or more ranks (world {world})")
         self.rank, self.world, self.semantics = rank, world, semantics
-        self.drop_mask = drop_mask
+        # this rank's own verdicts (one mask may be handed to every rank of a process)
+        self.drop_mask = drop_mask.for_receiver(rank) if drop_mask is not None else None
         # the job key (harness.transport.auth): every message sealed and checked with it
         self.auth = PacketAuth(key, rank, f"verbs/{semantics}") if key is not None else None
         self.counters = Counters()

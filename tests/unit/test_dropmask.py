@@ -73,3 +73,26 @@ def test_a_copy_gets_the_verdict_of_its_original_and_a_retransmission_a_new_draw
     assert 5 < sum(first) < 35  # 40 fair draws: outside this about once in 700,000
     assert [mask.drops(transmission(k)) for k in range(40)] == first  # copies again
     assert mask.dropped_count == sum(first)
+
+
+def test_receivers_of_one_broadcast_packet_lose_it_independently():
+    """An owner's broadcast packet has one identity at every receiver. A mask that ignored
+    the receiver dropped it at all of them at once: every replica missed the same packets,
+    which is not independent loss per link (what netem does, and what both papers assume).
+    Two receivers with the same seed must agree only as often as independent draws do."""
+    from harness.transport import header as hdr
+
+    def broadcast_packet(index: int):
+        return hdr.unpack(hdr.pack(hdr.STAGE_BROADCAST, 0, 99, 5, 0, 0, index, 10, 8)
+                          + bytes(8))
+
+    rate, packets = 0.5, 2000
+    masks = [DropMask(11, rate, receiver=r) for r in (1, 2)]
+    verdicts = np.array([[m.drops(broadcast_packet(i)) for i in range(packets)]
+                         for m in masks])
+    agree = float((verdicts[0] == verdicts[1]).mean())
+    # independent draws agree with probability p^2 + (1-p)^2 = 0.5 (sd 0.011 over 2000)
+    assert abs(agree - 0.5) < 0.05, agree
+    # and each receiver replays its own verdicts: the mask is still a function of identity
+    again = DropMask(11, rate, receiver=1)
+    assert [again.drops(broadcast_packet(i)) for i in range(packets)] == verdicts[0].tolist()
