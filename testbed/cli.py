@@ -257,6 +257,41 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _cmd_reproduce(args) -> int:
+    import contextlib
+    import time
+    from pathlib import Path
+
+    from harness.reproduce import report
+    from testbed.clusters import netns as netns_cluster
+
+    rows = sorted(set(args.rows or report.ROWS))
+    unknown = [r for r in rows if r not in report.ROWS]
+    if unknown:
+        raise UsageError("--rows", f"no row {', '.join(unknown)}",
+                         f"Use some of {' '.join(report.ROWS)} (4: the training rows 4 and 5)")
+    out = Path(args.out or f"results/reproduce-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+
+    @contextlib.contextmanager
+    def own_cluster(spec):
+        """The training rows' benches each on a cluster of their own, removed after (also
+        on Ctrl-C and on failure); nothing else sends on it: the profile says isolated."""
+        name = f"repro{os.getpid() % 100000}"
+        cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=spec.hosts, name=name,
+                                                             mtu=spec.mtu))
+        spec.isolated = True
+        try:
+            yield cluster
+        finally:
+            clusters.down(name)
+
+    result = report.run(quick=not args.full, out=out, rows=rows, make_cluster=own_cluster,
+                        echo=lambda line: print(line, file=sys.stderr, flush=True))
+    print(report.markdown(result))
+    print(f"results in {out}/ (reproduction.md, reproduction.json)")
+    return 0
+
+
 def _cmd_compare(args) -> int:
     from harness.bench.compare import compare, format_findings
     from harness.bench.training_bench import load_summary
@@ -456,6 +491,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold-pct", type=float, default=10.0)
     p.add_argument("--ppl-points", type=float, default=1.0)
     p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("reproduce",
+                       help="both papers' claims measured here, each with a verdict")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true",
+                      help="small sizes and a short training row (the default; ~10 min)")
+    mode.add_argument("--full", action="store_true",
+                      help="the sizes the claims need (hours: rows 4-5 train 8 seeds)")
+    p.add_argument("--rows", nargs="+", metavar="ROW",
+                   help="only these rows: 1 aggregation, 2 drift, 3 RPS scaling, "
+                        "4 training (rows 4 and 5); default all")
+    p.add_argument("--out", help="results folder (default: results/reproduce-TIME)")
+    p.set_defaults(func=_cmd_reproduce)
 
     p = sub.add_parser("collective-bench",
                        help="lossy all-reduce, RPS and gloo side by side under loss")

@@ -1,0 +1,103 @@
+"""From a measurement to a verdict on a claim.
+
+A claim here says that a measured quantity equals a prediction. The measurement comes with a
+95% interval, and the claim with a tolerance: the smallest deviation from the prediction
+that would matter (the effect the claim is about). The verdict is an equivalence test:
+
+    holds            the whole interval lies within prediction ± tolerance
+    does not hold    the whole interval lies outside it
+    inconclusive     the interval reaches across its edge: it is wider than the effect,
+                     and more trials would be needed to say either
+
+So a precise measurement of an irrelevant deviation still holds, and a noisy measurement
+near the prediction is not called a success.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+Z95 = 1.959964
+
+
+@dataclass(frozen=True)
+class Check:
+    """One measured quantity against its prediction."""
+    quantity: str       # what was measured, in words
+    measured: float
+    half_width: float   # of its 95% interval
+    predicted: float
+    tolerance: float    # the deviation from the prediction that matters
+    trials: int         # independent trials (or seeds) behind the interval
+
+    @property
+    def verdict(self) -> str:
+        if not (math.isfinite(self.measured) and math.isfinite(self.half_width)):
+            return INCONCLUSIVE
+        distance = abs(self.measured - self.predicted)
+        if distance + self.half_width <= self.tolerance:
+            return HOLDS
+        if distance - self.half_width > self.tolerance:
+            return FAILS
+        return INCONCLUSIVE
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "verdict": self.verdict}
+
+
+def combine(checks: list[Check]) -> str:
+    """A claim made of several checks: it holds if all hold, does not hold if any does not,
+    and is inconclusive otherwise."""
+    verdicts = {c.verdict for c in checks}
+    if FAILS in verdicts:
+        return FAILS
+    if verdicts == {HOLDS}:
+        return HOLDS
+    return INCONCLUSIVE
+
+
+def mean_interval(values) -> tuple[float, float]:
+    """(mean, half-width of its 95% interval) of independent values (normal approximation;
+    the rows use hundreds of trials)."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) < 2:
+        return float(values.mean()) if len(values) else math.nan, math.inf
+    return float(values.mean()), Z95 * float(values.std(ddof=1)) / math.sqrt(len(values))
+
+
+def slope_interval(x, y) -> tuple[float, float]:
+    """(slope, half-width of its 95% interval) of a least-squares line through (x, y), from
+    the residuals (t quantile for few points)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    n = len(x)
+    if n < 3:
+        return math.nan, math.inf
+    slope, intercept = np.polyfit(x, y, 1)
+    residual = y - (slope * x + intercept)
+    se = math.sqrt(float((residual ** 2).sum()) / (n - 2) / float(((x - x.mean()) ** 2).sum()))
+    return float(slope), _t95(n - 2) * se
+
+
+def _t95(dof: int) -> float:
+    """Two-sided 95% quantile of Student's t (table for small dof, normal beyond)."""
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365,
+             8: 2.306, 9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+    for limit in sorted(table):
+        if dof <= limit:
+            return table[limit]
+    return Z95
+
+
+def claim(row: str, paper: str, statement: str, prediction: str, checks: list[Check],
+          **detail) -> dict:
+    """One line of the reproduction table: a claim, what it was held against, what was
+    measured (the check furthest from its prediction stands for the rest), the verdict."""
+    worst = max(checks, key=lambda c: (abs(c.measured - c.predicted) + c.half_width
+                                       if math.isfinite(c.half_width) else math.inf))
+    return {"row": row, "paper": paper, "claim": statement, "prediction": prediction,
+            "verdict": combine(checks), "measured": worst.to_dict(),
+            "checks": [c.to_dict() for c in checks], **detail}

@@ -1,0 +1,159 @@
+"""`lossbed reproduce`: the verdict logic, and each row's checks on both sides — the real
+schemes hold, planted wrong ones (a biased estimator, a drift that grows like √t, a
+collective that does not compute what it claims) are reported as "does not hold"."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from harness.reproduce import aggregation, drift, rps_scaling, training
+from harness.reproduce.verdict import FAILS, HOLDS, INCONCLUSIVE, Check, combine
+
+
+@pytest.mark.parametrize("measured, half, verdict", [
+    (0.02, 0.03, HOLDS),           # [-0.01, 0.05] within 0 ± 0.1
+    (0.30, 0.05, FAILS),           # [0.25, 0.35] entirely outside
+    (0.05, 0.10, INCONCLUSIVE),    # [-0.05, 0.15] reaches across the edge at 0.1
+    (0.00, float("inf"), INCONCLUSIVE),  # one seed: no interval
+])
+def test_a_verdict_is_an_equivalence_test(measured, half, verdict):
+    assert Check("x", measured, half, 0.0, 0.1, 10).verdict == verdict
+
+
+def test_a_claim_holds_only_if_every_check_does():
+    holds, fails, unsure = (Check("x", m, h, 0, 0.1, 9) for m, h in
+                            ((0, 0.01), (1, 0.01), (0.09, 0.05)))
+    assert combine([holds, holds]) == HOLDS
+    assert combine([holds, unsure]) == INCONCLUSIVE
+    assert combine([holds, unsure, fails]) == FAILS
+
+
+# ---- row 1 --------------------------------------------------------------------------------
+
+
+def test_the_real_collective_computes_the_mean_of_exactly_what_arrived():
+    check, detail = aggregation.exact_check(steps=2)
+    assert detail["data_packets_dropped"] > 20  # loss really happened (≈ 70 expected)
+    assert check.verdict == HOLDS, detail
+
+
+def test_a_collective_computing_something_else_is_caught_element_by_element():
+    """zero_fill divides by n where the mean of what arrived divides by the count."""
+    check, detail = aggregation.exact_check(steps=2, estimator="zero_fill")
+    assert check.verdict == FAILS and detail["mismatched"] > 1000, detail
+
+
+def own_value(total, count, own, world, p):
+    """Planted: the owner's own contribution. Unbiased when every rank's data has the same
+    mean (why the old test, with identical data only, could not tell)."""
+    return own
+
+
+def test_the_estimators_meet_their_predictions_and_a_planted_one_does_not():
+    by = {(m["case"], m["estimator"]): m["verdict"]
+          for m in aggregation.monte_carlo_checks(estimators=[*aggregation.ESTIMATORS,
+                                                               own_value])}
+    for estimator in aggregation.ESTIMATORS:
+        for case in aggregation.CASES:
+            assert by[(case, estimator)] == HOLDS, (case, estimator)
+    assert by[("different means", "own_value")] == FAILS
+
+
+def test_the_predicted_biases_are_the_formulas():
+    means = np.ones(4)
+    # zero-fill at n = 4, p = 0.1, mu = 1: owner -p (n-1)/n mu; everyone the issue's -0.069
+    assert aggregation.predicted_bias("zero_fill", means, 0.1) == pytest.approx([-0.075] * 4)
+    assert aggregation.predicted_bias("zero_fill", means, 0.1, at="everyone") == \
+        pytest.approx([-0.075 * (1 - 0.075)] * 4)
+    different = np.linspace(-1.0, 2.0, 4)
+    assert aggregation.predicted_bias("rescale", different, 0.1) == pytest.approx([0] * 4)
+    bias = aggregation.predicted_bias("received_mean", different, 0.1)
+    assert bias[0] < 0 < bias[3] and abs(bias.sum()) < 1e-12  # they cancel over shards
+
+
+# ---- row 2 --------------------------------------------------------------------------------
+
+
+def test_parameter_broadcast_drift_is_bounded_and_a_random_walk_is_not():
+    steps = 300
+    bounded = drift.bounded_checks(drift.simulate(2, steps, 0.1, "parameter"), 2, 0.1, steps)
+    assert combine(bounded) != FAILS, [c.to_dict() for c in bounded]
+    # planted: gradient mode without resync, whose drift grows like √t
+    walk = drift.bounded_checks(drift.simulate(2, steps, 0.1, "gradient"), 2, 0.1, steps)
+    assert walk[0].verdict == FAILS and walk[0].measured > 0.35, walk[0]
+
+
+def test_the_growth_exponent_of_a_pure_square_root_drift_is_one_half():
+    t = np.arange(1, 2001, dtype=np.float64)
+    exponent, half = drift.growth_exponent(1e-4 * t)  # mean square ∝ t: rms ∝ √t
+    # (0.499: a window's mean against its midpoint, on log-spaced windows)
+    assert exponent == pytest.approx(0.5, abs=0.005) and half < 0.01
+    flat, _ = drift.growth_exponent(np.full(2000, 3e-4))
+    assert flat == pytest.approx(0.0, abs=1e-9)
+
+
+# ---- row 3 --------------------------------------------------------------------------------
+
+
+def test_rps_adds_the_predicted_variance_and_a_step_that_averages_nothing_does_not():
+    predicted = rps_scaling.predicted_variance(2, 0.1)
+    measured = rps_scaling.measure(2, 40, 0.1)
+    assert abs(measured.mean() / predicted - 1) < 0.2, (measured.mean(), predicted)
+    untouched = rps_scaling.measure(2, 5, 0.1, average=lambda rps, x: None)
+    assert untouched.max() == 0.0
+
+
+def test_the_formula_tends_to_two_p_one_minus_p_over_n():
+    assert 16 * rps_scaling.predicted_variance(16, 0.1) == pytest.approx(0.17, abs=0.005)
+    assert 2 * rps_scaling.predicted_variance(2, 0.1) == pytest.approx(0.113, abs=0.003)
+
+
+# ---- rows 4-5 -----------------------------------------------------------------------------
+
+
+def _summary(rows):
+    return {"config": {"hosts": 4, "preset": "tiny", "steps": 60, "seeds": 3,
+                       "optimizer": "sgd", "lr": 0.05, "profile": "random-loss"},
+            "rows": [{"loss": loss, "variant": v, "seeds": 3, "ppl": 100.0,
+                      "ppl_delta_pct": d, "ppl_delta_ci95": h, "ppl_rank_worst": 101.0,
+                      "drift": 0.0, "measured_loss": loss} for loss, v, d, h in rows]}
+
+
+def test_the_training_rows_hold_the_10_percent_runs_to_the_papers_bound():
+    claims = {c["row"]: c for c in training.rows({"curve": _summary([
+        (0.1, "unbiased_drift", 0.3, 0.2), (0.1, "rps", 2.0, 0.5),
+        (0.3, "rps", 0.5, 1.0), (0.0, "reliable", 0.0, None)])})}
+    assert claims["4a"]["verdict"] == HOLDS       # [0.1, 0.5] within ±0.8
+    assert claims["4b"]["verdict"] == FAILS       # [1.5, 2.5] outside
+    assert claims["4c"]["verdict"] == INCONCLUSIVE  # [-0.5, 1.5]: wider than the band
+
+
+def test_the_training_benches_are_valid_specs():
+    for quick in (True, False):
+        for spec in training.plans(quick).values():
+            spec.validate()
+            assert spec.optimizer == "sgd" and spec.cases()
+
+
+# ---- the command --------------------------------------------------------------------------
+
+
+def test_lossbed_reproduce_writes_the_table_and_refuses_an_unknown_row(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "testbed.cli", "reproduce", "--rows", "1",
+                           "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "reproduction.json").read_text())
+    assert [c["row"] for c in result["claims"]] == ["1a", "1b", "1c", "1d", "1e", "1f"]
+    assert all(c["verdict"] == HOLDS for c in result["claims"]), result["claims"]
+    table = (tmp_path / "reproduction.md").read_text()
+    assert "| 1b | arXiv 2507.07114 |" in table and "**holds**" in table
+    bad = subprocess.run([sys.executable, "-m", "testbed.cli", "reproduce", "--rows", "9",
+                          "--out", str(tmp_path / "x")], capture_output=True, text=True,
+                         timeout=120, stdin=subprocess.DEVNULL)
+    assert bad.returncode != 0 and "--rows" in bad.stderr and not (tmp_path / "x").exists()
