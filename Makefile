@@ -24,7 +24,7 @@ BENCH_ARGS = --loss $(LOSS) --profile $(PROFILE) --hosts $(HOSTS) --steps $(STEP
 # make provision INVENTORY=hosts.yml: the Ansible roles in ansible/ over the inventory.
 INVENTORY ?= ansible/inventory.example.yml
 
-.PHONY: setup system-packages test lint clean bench bench-full provision
+.PHONY: setup system-packages test lint clean bench bench-full reproduce reproduce-full provision
 
 setup: system-packages $(STAMP)
 
@@ -54,6 +54,13 @@ bench-full: SEEDS = 8
 bench-full: BENCH_EXTRA = --variants reliable zero_fill unbiased unbiased_drift rps --realisations 5
 bench-full: setup
 	$(VENV)/bin/lossbed bench $(BENCH_ARGS)
+
+# Both papers' claims measured here, with verdicts (harness/reproduce/): ~10 min, or hours
+reproduce: setup
+	$(VENV)/bin/lossbed reproduce --quick
+
+reproduce-full: setup
+	$(VENV)/bin/lossbed reproduce --full
 
 provision: setup
 	cd ansible && ../$(VENV)/bin/ansible-playbook -i $(abspath $(INVENTORY)) provision.yml

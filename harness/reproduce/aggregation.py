@@ -141,9 +141,11 @@ def simulate_results(estimator, means: np.ndarray, p: float, trials: int,
 
 
 def predicted_bias(estimator: str, means: np.ndarray, p: float,
-                   at: str = "owner") -> np.ndarray:
+                   at: str = "owner", p_broadcast: float | None = None) -> np.ndarray:
     """Per owner, the expected value of simulate_results' error, from the formulas above.
-    (Averaged over owners, received_mean's biases cancel: the claim is per element.)"""
+    (Averaged over owners, received_mean's biases cancel: the claim is per element.)
+    p_broadcast: the broadcast stage's loss where it differs from the reduce stage's p."""
+    q = p if p_broadcast is None else p_broadcast
     world = len(means)
     w = _inverse_count(world, p)
     mu_bar = means.mean()
@@ -163,7 +165,7 @@ def predicted_bias(estimator: str, means: np.ndarray, p: float,
             continue
         # the owner and the (1 - p) of replicas that got the broadcast hold `expected`; the
         # p that missed it hold their own mean
-        result_mean = (expected + (1 - p) * (world - 1) * expected + p * others.sum()) / world
+        result_mean = (expected + (1 - q) * (world - 1) * expected + q * others.sum()) / world
         bias[owner] = result_mean - mu_bar
     return bias
 

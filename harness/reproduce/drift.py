@@ -148,10 +148,13 @@ def bounded_checks(series: dict, world: int, p: float, steps: int) -> list[Check
     return checks
 
 
-def run(quick: bool = True, worlds=(2, 4, 8), p: float = 0.1, steps: int | None = None):
+def run(quick: bool = True, worlds=(2, 4, 8), p: float = 0.1, steps: int | None = None,
+        echo=print):
     steps = steps or (400 if quick else 2000)
     bounded, control, detail = [], [], {}
     for world in worlds:
+        echo(f"[reproduce] row 2: n = {world}, {steps} steps in parameter mode, then as many "
+             "in gradient mode")
         series = simulate(world, steps, p, "parameter")
         bounded += bounded_checks(series, world, p, steps)
         walk = simulate(world, steps, p, "gradient")

@@ -22,8 +22,8 @@ def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print) -> dic
               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "claims": [], "seconds": {}}
     steps = {
         "1": ("unbiased aggregation", lambda: aggregation.run(quick)),
-        "2": ("bounded drift", lambda: drift.run(quick)),
-        "3": ("RPS scaling", lambda: rps_scaling.run(quick)),
+        "2": ("bounded drift", lambda: drift.run(quick, echo=echo)),
+        "3": ("RPS scaling", lambda: rps_scaling.run(quick, echo=echo)),
         "4": ("perplexity against loss, variants at 10%",
               lambda: training.run(make_cluster, quick, out, echo=echo)),
     }

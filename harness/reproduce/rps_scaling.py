@@ -64,11 +64,13 @@ def measure(world: int, trials: int, p: float, seed: int = 7, average=None) -> n
     return added
 
 
-def run(quick: bool = True, worlds=None, p: float = 0.1, trials: int | None = None):
+def run(quick: bool = True, worlds=None, p: float = 0.1, trials: int | None = None,
+        echo=print):
     worlds = worlds or ((2, 4, 8) if quick else (2, 4, 8, 16))
     trials = trials or (60 if quick else 300)
     measured, predicted, per_n = {}, {}, []
     for world in worlds:
+        echo(f"[reproduce] row 3: n = {world}, {trials} RPS steps")
         mean, half = mean_interval(measure(world, trials, p))
         measured[world], predicted[world] = (mean, half), predicted_variance(world, p)
         # relative: measured n v(n) against its prediction, 10% either way
@@ -119,4 +121,5 @@ def _ratio_check(quantity: str, top: tuple[float, float], bottom: tuple[float, f
     a relative tolerance around `predicted`."""
     ratio = top[0] / bottom[0]
     half = ratio * float(np.hypot(top[1] / top[0], bottom[1] / bottom[0]))
-    return Check(quantity, ratio / predicted, half / predicted, 1.0, tolerance, trials)
+    return Check(f"{quantity}, over its prediction {predicted:.3g}", ratio / predicted,
+                 half / predicted, 1.0, tolerance, trials)

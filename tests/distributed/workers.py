@@ -56,21 +56,38 @@ def exact(r) -> dict:
 
 
 def unbiased(r, trials: int, numel: int) -> dict:
-    """At real loss: the per-trial mean error of each estimator against the exact mean."""
+    """At real loss, per trial and per shard: the mean error of each estimator's result on
+    this rank against the exact mean. Each rank's data has its own mean (RANK_MEANS), so an
+    estimator unbiased only for identically distributed data shows its bias. Also the loss
+    each stage saw (the prediction's p)."""
+    from harness.collectives.layout import Layout
+
     collectives = {e: LossyCollective(r.transport, r.store, estimator=e) for e in ESTIMATORS}
     errors = {e: [] for e in ESTIMATORS}
+    seen = {"reduce": [0, 0], "broadcast": [0, 0]}  # [missing, expected]
+    means = np.linspace(-1.0, 2.0, r.world)
+    bounds = [Layout(numel, r.world, r.transport.per_packet).shard_bounds(s)
+              for s in range(r.world)]
     for t in range(trials):
-        # i.i.d. contributions around a non-zero mean: every rank can rebuild the exact
-        # mean from the seeds, without a (slow, reliable) all-reduce under loss.
-        contributions = [data(10_000 * t + k, numel, mean=1.0) for k in range(r.world)]
+        # every rank can rebuild the exact mean from the seeds, without a (slow, reliable)
+        # all-reduce under loss
+        contributions = [data(10_000 * t + k, numel, mean=float(means[k]))
+                         for k in range(r.world)]
         truth = torch.stack(contributions).mean(0)
         for name, collective in collectives.items():
             y = contributions[r.rank].clone()
-            collective.allreduce(y)
-            errors[name].append(float((y - truth).mean()))
+            stats = collective.allreduce(y)
+            seen["reduce"][0] += stats.reduce_missing
+            seen["reduce"][1] += stats.reduce_expected
+            seen["broadcast"][0] += stats.broadcast_missing
+            seen["broadcast"][1] += stats.broadcast_expected
+            errors[name].append([float((y - truth)[a:b].mean()) for a, b in bounds])
     gathered = [None] * r.world
-    dist.all_gather_object(gathered, errors)
-    return {"errors": gathered, "loss_rate": {e: c.loss_rate for e, c in collectives.items()},
+    dist.all_gather_object(gathered, {"errors": errors, "seen": seen})
+    loss = {stage: sum(g["seen"][stage][0] for g in gathered)
+            / max(sum(g["seen"][stage][1] for g in gathered), 1) for stage in seen}
+    return {"errors": [g["errors"] for g in gathered], "means": means.tolist(),
+            "loss": loss, "loss_rate": {e: c.loss_rate for e, c in collectives.items()},
             "counters": r.transport.counters.to_dict()}
 
 
