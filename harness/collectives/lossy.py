@@ -375,8 +375,10 @@ class LossyCollective:
             return
         for dest in range(self.world):
             if dest != self.rank:
+                # numbered after the first ones: a new transmission (a drop mask draws
+                # afresh for it, as a network would), not a replay of a lost one
                 self.transport.send_end(dest, hdr.STAGE_BROADCAST, step, bucket, self.rank,
-                                        count, LATE_END_COPIES)
+                                        count, LATE_END_COPIES, first_copy=self.end_copies)
 
     def _receive(self, state: _Step, until, budget: float) -> bool:
         """Receive until `until()` or the budget runs out; True if the deadline was hit."""

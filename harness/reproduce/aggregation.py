@@ -48,6 +48,9 @@ class RecordingMask(DropMask):
         super().__init__(seed, rate, receiver)
         self.dropped: set[tuple] = set()
 
+    def for_receiver(self, rank: int) -> RecordingMask:
+        return RecordingMask(self.seed, self.rate, rank)
+
     def drops(self, head) -> bool:
         drop = super().drops(head)
         if drop and head.stage in DATA_STAGES:

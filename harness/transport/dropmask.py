@@ -14,6 +14,7 @@ original (it has the original's identity; a forged one never gets this far: auth
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import struct
 
@@ -40,9 +41,13 @@ class DropMask:
         self._recent: dict[int, set] = {}  # step -> identities dropped in it
 
     def for_receiver(self, rank: int) -> DropMask:
-        """A fresh mask with this one's seed and rate, deciding for what `rank` receives
-        (each transport takes its own)."""
-        return DropMask(self.seed, self.rate, receiver=rank)
+        """A fresh copy of this mask (its class, seed and rate, nothing dropped yet) that
+        decides for what `rank` receives: each transport takes its own. A subclass with
+        mutable state of its own overrides this to give each copy a fresh one."""
+        mask = copy.copy(self)
+        mask.receiver = rank
+        mask.dropped_count, mask.dropped_digest, mask._recent = 0, 0, {}
+        return mask
 
     def position(self, head: Header) -> tuple:
         return (self.receiver, head.source, head.step, head.stage, head.shard, head.index,

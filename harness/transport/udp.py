@@ -274,19 +274,21 @@ class UdpTransport:
         self.counters.bytes_sent += int(lengths[:min(sent, n)].sum())
 
     def send_end(self, dest: int, stage: int, step: int, bucket: int, shard: int, count: int,
-                 copies: int) -> None:
+                 copies: int, first_copy: int = 0) -> None:
         """Tell `dest` that all `count` packets of `shard` for `stage` went out: `copies`
-        end markers (header only), after the data on the same path."""
+        end markers (header only), after the data on the same path, numbered from
+        first_copy (markers sent again later are new transmissions, not replays)."""
+        numbers = np.arange(first_copy, first_copy + copies)
         if self.batched:  # all copies in one system call
             heads = self._batch_heads(copies, hdr.END_OF[stage], step, bucket, shard)
-            heads["index"], heads["count"], heads["copy"] = count, count, np.arange(copies)
+            heads["index"], heads["count"], heads["copy"] = count, count, numbers
             if self.auth is not None:
                 self.auth.seal_batch(heads, [b""] * copies)
             self.counters.ends_sent += self._tx.send(
                 self.endpoints[dest], heads, np.zeros(copies, np.uint64),
                 np.zeros(copies, np.uint64))[0]
             return
-        for copy in range(copies):
+        for copy in numbers.tolist():
             head = self._pack(hdr.END_OF[stage], step, bucket, shard, 0, 1, count, count, 0, 0,
                               copy)
             self._transmit(dest, self._seal(head, b""), b"", end_marker=True)

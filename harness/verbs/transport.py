@@ -256,9 +256,10 @@ class VerbsTransport:
             self.send_end(dest, stage, step, bucket, shard, n, end_copies)
 
     def send_end(self, dest: int, stage: int, step: int, bucket: int, shard: int, count: int,
-                 copies: int) -> None:
-        """`copies` end markers (header-only messages): all `count` messages went out."""
-        for copy in range(copies):
+                 copies: int, first_copy: int = 0) -> None:
+        """`copies` end markers (header-only messages): all `count` messages went out;
+        numbered from first_copy (markers sent again later are new transmissions)."""
+        for copy in range(first_copy, first_copy + copies):
             self.send(dest, hdr.END_OF[stage], step, bucket, shard, count, count, b"", copy)
 
     def _post(self, dest: int, head: bytes, payload) -> None:

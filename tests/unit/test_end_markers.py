@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from harness.collectives.deadline import Deadline
-from harness.collectives.lossy import END_COPIES, LossyCollective
+from harness.collectives.lossy import END_COPIES, LATE_END_COPIES, LossyCollective
 from harness.transport import header as hdr
 from harness.transport.dropmask import DropMask
 from tests.unit.test_transport_hostile import make_pair
@@ -163,3 +163,29 @@ def test_a_lost_broadcast_tail_ends_with_the_late_end_markers():
     stats = one_step_with(tail_burst(hdr.STAGE_BROADCAST))
     assert stats.broadcast_missing == 1
     assert not stats.broadcast_deadline_hit and stats.seconds < DEADLINE_S / 2, stats
+
+
+def test_late_end_markers_are_new_transmissions_not_replays():
+    """The broadcast's late end markers are numbered after its first ones. Numbered alike,
+    a drop mask (which gives a copy its original's verdict) lost them exactly where it had
+    lost the first ones, so they never ended a wait: with seed 11 at 20%, all four of a
+    step's broadcast markers to rank 0 were lost, and its late ones with them."""
+    received = []
+
+    class Logging(DropMask):
+        def drops(self, head):
+            if head.stage == hdr.STAGE_BROADCAST_END:
+                received.append(head.copy)
+            return super().drops(head)
+
+    store, transports = make_pair(drop_mask=Logging(11, 0.0))
+    try:
+        collectives = [LossyCollective(t, store) for t in transports]
+        step_both(collectives, [torch.ones(20_000) * (k + 1) for k in (0, 1)])
+        time.sleep(0.2)  # the late copies follow the step
+        for t in transports:  # (what came after the step: read, then dropped as stale)
+            t.receive_until(time.monotonic() + 0.1, lambda: False, lambda h, p: "stale")
+    finally:
+        for t in transports:
+            t.close()
+    assert sorted(set(received)) == list(range(END_COPIES + LATE_END_COPIES)), received
