@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow]
 # which packets are summed); the poisoned run of the issue moved it by 4%.
 SAME_RUN_TOLERANCE = 1e-5
 MEMORY_BOUND_MB = 64  # what rank 0 may hold more than in the run without the attacker
+FORGED_PER_ROUND = 36  # to the target in one round of tests/injector.py: 20 + 1 + 12 + 2 + 1
 
 
 COUNTER_TABLE = "lossbedtestforged"
@@ -82,12 +83,16 @@ def test_forged_datagrams_on_path_change_nothing_and_are_all_counted(cluster):
     assert attacked["ppl_rank0"] == pytest.approx(clean["ppl_rank0"], rel=SAME_RUN_TOLERANCE)
     assert clean["packets_lost"] == 0 and attacked["packets_lost"] == 0
     counters = attacked["transport_counters"]
-    # Every forgery that reached h1 was refused for its tag, and no genuine datagram was.
-    # (Not all 720 sent always arrive: veth's backlog drops some of a burst, as it would
-    # drop any packet; the kernel of h1 counts those that came.)
+    # Every forgery h1 read was refused for its tag, and no genuine datagram was. (Not all
+    # 720 sent always arrive: veth's backlog drops some of a burst, as it would drop any
+    # packet; the kernel of h1 counts those that came. And a round is set off by the
+    # peer's datagrams, so the last one or two can reach h1 after its last step's
+    # receive, when nothing reads the socket any more: under the full suite's load, 44 of
+    # 720 once stayed unread. Unread, they changed nothing: the run is the same.)
     arrived = forged_arrivals(target)
     assert 0.8 * report["forged"] <= arrived <= report["forged"], report
-    assert counters.get("unauthenticated", 0) == arrived, (arrived, counters)
+    unauthenticated = counters.get("unauthenticated", 0)
+    assert arrived - 2 * FORGED_PER_ROUND <= unauthenticated <= arrived, (arrived, counters)
     assert not counters.get("nonfinite") and not counters.get("malformed"), counters
     assert attacked["authenticated"] and clean["authenticated"]
     assert clean["wire_warning"] is None and "unauthenticated" in attacked["wire_warning"]

@@ -91,25 +91,31 @@ def unbiased(r, trials: int, numel: int) -> dict:
             "counters": r.transport.counters.to_dict()}
 
 
-def drift(r, steps: int, resync_every: int, out_dir: str) -> dict:
-    """Parameter mode on a least-squares model: save every rank's parameters now and then."""
-    numel = 4000
-    truth = data(99, numel)
-    params = data(5, numel)
+def drift(r, steps: int, resync_every: int, out_dir: str, mode: str = "parameter") -> dict:
+    """Every rank draws a gradient of fixed statistics each step (harness/reproduce/drift.py:
+    mean MU, sd SIGMA, so the drift has a stationary value to reach) and steps its
+    parameters: in parameter mode through the owners' broadcasts; in gradient mode (the
+    control) with what its all-reduce gave it. Every rank saves its parameters every 5
+    steps."""
+    from harness.reproduce.drift import LR, MU, SIGMA
+
+    numel = 4 * 12 * r.transport.per_packet  # 12 packets per shard
+    params = torch.zeros(numel)
     collective = LossyCollective(r.transport, r.store, estimator="received_mean")
     gen = torch.Generator().manual_seed(r.rank)
     for step in range(steps):
-        features = torch.randn(64, numel, generator=gen) / numel ** 0.5
-        target = features @ truth
-        grad = features.T @ (features @ params - target) / 64
+        grad = MU + SIGMA * torch.randn(numel, generator=gen)
+        if mode == "parameter":
+            def sgd(start, end, g, params=params):
+                params[start:end] -= LR * g
 
-        def sgd(start, end, g, params=params):
-            params[start:end] -= 0.5 * g
-
-        collective.sharded_update(grad.contiguous(), params, sgd)
+            collective.sharded_update(grad, params, sgd)
+        else:
+            collective.allreduce(grad)
+            params -= LR * grad
         if resync_every and (step + 1) % resync_every == 0:
             collective.resync(params)
-        if step % 10 == 9:
+        if step % 5 == 4:
             np.save(os.path.join(out_dir, f"r{r.rank}-s{step + 1}.npy"), params.numpy())
     return {"counters": r.transport.counters.to_dict(), "loss_rate": collective.loss_rate}
 
@@ -257,7 +263,7 @@ def main() -> int:
         elif mode == "unbiased":
             result = unbiased(r, int(sys.argv[2]), int(sys.argv[3]))
         elif mode == "drift":
-            result = drift(r, int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+            result = drift(r, int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], *sys.argv[5:6])
         elif mode == "die":
             result = die(r, int(sys.argv[2]))
         elif mode == "segmented":
