@@ -8,7 +8,11 @@ That average only sees packets that made it in time, so on its own it would shri
 deadline step by step until the ranks' ordinary lateness became loss. Packets that arrive
 after their stage ended are the signal that it is too short: a step that saw any doubles
 the boost of that stage's budgets (up to 16x), which decays back by 10% a step. A stage
-never seen before gets a generous first budget (FIRST_BUDGET_S, at most the ceiling).
+never seen before gets a generous first budget (FIRST_BUDGET_S, at most the ceiling); the
+first broadcast at least the multiplier times this step's own reduce stage, because an
+owner broadcasts when its reduce ends and its reduce is the same work as ours (on slow hosts
+- VMs under TCG - a reduce of 85 messages took 0.3-0.7 s, and a 0.25 s first budget lost a
+whole first broadcast).
 
 Each stage (the part of a kind before ":", e.g. "reduce") has its own boost. Why: an owner
 broadcasts when its reduce stage ends, so a longer reduce budget on one rank makes its
@@ -44,11 +48,14 @@ class Deadline:
             raise ValueError(f"deadline floor {self.floor_s} s must be > 0 and <= the ceiling "
                              f"{self.ceiling_s} s")
 
-    def budget(self, kind: str) -> float:
-        """Seconds to wait for a stage of this kind (e.g. "reduce:4194304")."""
+    def budget(self, kind: str, first_at_least: float = 0.0) -> float:
+        """Seconds to wait for a stage of this kind (e.g. "reduce:4194304"). A kind never
+        seen gets FIRST_BUDGET_S, or first_at_least if that is longer: what the caller
+        knows of this step already (the broadcast: a multiple of how long our own reduce
+        took, since every owner's reduce is the same work)."""
         seen = self._ewma.get(kind)
         if seen is None:
-            return min(self.ceiling_s, max(self.floor_s, FIRST_BUDGET_S))
+            return min(self.ceiling_s, max(self.floor_s, FIRST_BUDGET_S, first_at_least))
         wanted = (self.multiplier * seen + self.slack_s) * self.boost(kind)
         return min(self.ceiling_s, max(self.floor_s, wanted))
 

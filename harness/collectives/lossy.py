@@ -451,9 +451,12 @@ class LossyCollective:
         # budget after ours did (we had everything, it waited for a lost packet): the
         # broadcast deadline counts from the start of the reduce stage and includes it.
         waiting_since = time.monotonic()
+        own_reduce_s = waiting_since - reduce_since
         bcast_budget = (reduce_since + reduce_budget - waiting_since
                         + (RC_STAGE_TIMEOUT_S if reliable
-                           else self.deadline.budget("broadcast:" + kind)))
+                           else self.deadline.budget(
+                               "broadcast:" + kind,
+                               first_at_least=self.deadline.multiplier * own_reduce_s)))
         if self.end_copies and not reliable:
             # Say again, a little later, that our broadcast went out. Under burst loss the
             # markers right after the data often share its fate (a burst of 10 packets takes
