@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from harness.bench.report import t95
+
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 Z95 = 1.959964
 
@@ -79,17 +81,7 @@ def slope_interval(x, y) -> tuple[float, float]:
     slope, intercept = np.polyfit(x, y, 1)
     residual = y - (slope * x + intercept)
     se = math.sqrt(float((residual ** 2).sum()) / (n - 2) / float(((x - x.mean()) ** 2).sum()))
-    return float(slope), _t95(n - 2) * se
-
-
-def _t95(dof: int) -> float:
-    """Two-sided 95% quantile of Student's t (table for small dof, normal beyond)."""
-    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365,
-             8: 2.306, 9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
-    for limit in sorted(table):
-        if dof <= limit:
-            return table[limit]
-    return Z95
+    return float(slope), t95(n - 1) * se  # (t95 takes a sample size: n - 2 degrees)
 
 
 def claim(row: str, paper: str, statement: str, prediction: str, checks: list[Check],
