@@ -285,6 +285,9 @@ def _cmd_reproduce(args) -> int:
         finally:
             clusters.down(name)
 
+    # rows 1-3 start many loopback transports in this process: their start-up lines are
+    # noise here (the bench's ranks log in their own processes)
+    logging.getLogger("harness.transport").setLevel(logging.WARNING)
     result = report.run(quick=not args.full, out=out, rows=rows, make_cluster=own_cluster,
                         echo=lambda line: print(line, file=sys.stderr, flush=True))
     print(report.markdown(result))
