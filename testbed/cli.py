@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -221,6 +222,21 @@ def _cmd_train(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _bench_cluster(prefix: str, spec):
+    """A local cluster made for one bench alone (spec.hosts, spec.mtu), removed after, also
+    on Ctrl-C and on failure. Nothing else sends on its namespaces: the bench's profiles
+    say isolated (spec.isolated)."""
+    name = f"{prefix}{os.getpid() % 100000}"
+    cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=spec.hosts, name=name,
+                                                         mtu=spec.mtu))
+    spec.isolated = True
+    try:
+        yield cluster
+    finally:
+        clusters.down(name)
+
+
 def _cmd_bench(args) -> int:
     import time
     from pathlib import Path
@@ -228,7 +244,6 @@ def _cmd_bench(args) -> int:
     from harness.bench import report
     from harness.bench.spec import DEFAULT_VARIANTS, BenchSpec
     from harness.bench.training_bench import run_bench
-    from testbed.clusters import netns as netns_cluster
 
     spec = BenchSpec(losses=args.loss, profile=args.profile, hosts=args.hosts, steps=args.steps,
                      seeds=args.seeds, variants=args.variants or list(DEFAULT_VARIANTS),
@@ -237,33 +252,23 @@ def _cmd_bench(args) -> int:
     spec.validate()  # bad input is refused before anything is built
     # absolute: ranks on remote hosts write under it from their own working folder
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    own = None
     if args.cluster is not None or args.inventory:
-        cluster = _cluster(args)
+        place = contextlib.nullcontext(_cluster(args))
     else:
-        own = f"bench{os.getpid() % 100000}"
-        cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=spec.hosts, name=own,
-                                                             mtu=spec.mtu))
-        # its own namespaces, made now for this bench alone: the profile says isolated
-        spec.isolated = True
-    try:
+        place = _bench_cluster("bench", spec)
+    with place as cluster:
         summary = run_bench(cluster, spec, out,
                             echo=lambda line: print(line, file=sys.stderr, flush=True))
-    finally:
-        if own:
-            clusters.down(own)  # also on Ctrl-C and on failure
     print(report.table(summary))
     print(f"results in {out}/ (results.jsonl, summary.json, summary.md, *.png)")
     return 0
 
 
 def _cmd_reproduce(args) -> int:
-    import contextlib
     import time
     from pathlib import Path
 
     from harness.reproduce import report
-    from testbed.clusters import netns as netns_cluster
 
     rows = sorted(set(args.rows or report.ROWS))
     unknown = [r for r in rows if r not in report.ROWS]
@@ -271,24 +276,12 @@ def _cmd_reproduce(args) -> int:
         raise UsageError("--rows", f"no row {', '.join(unknown)}",
                          f"Use some of {' '.join(report.ROWS)} (4: the training rows 4 and 5)")
     out = Path(args.out or f"results/reproduce-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-
-    @contextlib.contextmanager
-    def own_cluster(spec):
-        """The training rows' benches each on a cluster of their own, removed after (also
-        on Ctrl-C and on failure); nothing else sends on it: the profile says isolated."""
-        name = f"repro{os.getpid() % 100000}"
-        cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=spec.hosts, name=name,
-                                                             mtu=spec.mtu))
-        spec.isolated = True
-        try:
-            yield cluster
-        finally:
-            clusters.down(name)
-
     # rows 1-3 start many loopback transports in this process: their start-up lines are
     # noise here (the bench's ranks log in their own processes)
     logging.getLogger("harness.transport").setLevel(logging.WARNING)
-    result = report.run(quick=not args.full, out=out, rows=rows, make_cluster=own_cluster,
+    # the training rows' benches each on a cluster of their own
+    result = report.run(quick=not args.full, out=out, rows=rows,
+                        make_cluster=lambda spec: _bench_cluster("repro", spec),
                         echo=lambda line: print(line, file=sys.stderr, flush=True))
     print(report.markdown(result))
     print(f"results in {out}/ (reproduction.md, reproduction.json)")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.collectives.layout import Layout
 from harness.collectives.lossy import LossyCollective
 from harness.collectives.rebuild import ESTIMATORS, rebuild
 from harness.reproduce import loopback
@@ -64,21 +65,18 @@ def exact_check(world: int = 4, numel: int = 20_000, steps: int = 5, drop_rate: 
     (`estimator`: what the collective runs; anything but received_mean is a planted error
     the check must catch.)"""
     rng = np.random.default_rng(seed)
-    with loopback.transports(world) as (store, transports):
-        masks = [RecordingMask(seed, drop_rate, receiver=r) for r in range(world)]
-        for t, mask in zip(transports, masks, strict=True):
-            t.drop_mask = mask
+    mask = RecordingMask(seed, drop_rate, receiver=0)
+    with loopback.transports(world, drop_mask=mask) as (store, transports):
+        masks = [t.drop_mask for t in transports]  # each receiver's own record
         collectives = [LossyCollective(t, store, estimator=estimator) for t in transports]
-        layout_of = collectives[0]._size
-        elements = mismatched = dropped = late = 0
+        layout = Layout(numel, world, transports[0].per_packet)  # the collective's cut
+        elements = mismatched = 0
         for _ in range(steps):
             inputs = rng.standard_normal((world, numel)).astype(np.float32)
             results = inputs.copy()
             stats = loopback.on_every_rank(
                 world, lambda r, results=results: collectives[r].allreduce(results[r]))
-            step = stats[0].step
-            layout, _ = layout_of(numel)
-            expected = _predict(layout, inputs, masks, step)
+            expected = _predict(layout, inputs, masks, stats[0].step)
             scale = np.abs(inputs).max()
             mismatched += int((np.abs(results - expected) > 1e-6 * scale).sum())
             elements += results.size
@@ -150,7 +148,7 @@ def predicted_bias(estimator: str, means: np.ndarray, p: float,
     p_broadcast: the broadcast stage's loss where it differs from the reduce stage's p."""
     q = p if p_broadcast is None else p_broadcast
     world = len(means)
-    w = _inverse_count(world, p)
+    w = inverse_count(world, p)
     mu_bar = means.mean()
     bias = np.zeros(world)
     for owner in range(world):
@@ -173,7 +171,7 @@ def predicted_bias(estimator: str, means: np.ndarray, p: float,
     return bias
 
 
-def _inverse_count(world: int, p: float) -> float:
+def inverse_count(world: int, p: float) -> float:
     """E[1 / (1 + B)], B ~ Binomial(world - 1, 1 - p): the owner's weight in received_mean."""
     from math import comb
 
@@ -229,7 +227,7 @@ def run(quick: bool = True, world: int = 4, p: float = 0.1) -> list[dict]:
     trials = 20_000 if quick else 200_000
     owner = monte_carlo_checks(world=world, p=p, trials=trials)
     everyone = monte_carlo_checks(world=world, p=p, trials=trials, seed=3, at="everyone")
-    w = _inverse_count(world, p)
+    w = inverse_count(world, p)
     setting = f"n = {world}, p = {p}, {trials} trials"
     both = ("identical means", "different means")
     return [

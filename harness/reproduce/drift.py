@@ -31,22 +31,21 @@ import math
 import numpy as np
 import torch
 
+from harness.collectives.layout import Layout
 from harness.collectives.lossy import LossyCollective
 from harness.reproduce import loopback
-from harness.reproduce.aggregation import _inverse_count
+from harness.reproduce.aggregation import inverse_count
 from harness.reproduce.verdict import Check, claim, mean_interval, slope_interval
 
 PAPER = "arXiv 2507.07114"
 LR, MU, SIGMA = 0.01, 0.5, 1.0
-# Each (replica, packet) is one staleness process: about 32 of them per shard whatever n,
-# so the small worlds are measured as tightly as the large (the large cost more per step)
-PROCESSES_PER_SHARD = 32
+PROCESSES_PER_SHARD = 32  # (replica, packet) staleness processes per shard: loopback.numel_for
 BATCH_STEPS = 50  # batch means: the drift is correlated over a few steps (1/(1-p))
 
 
 def predicted_mean_square(world: int, p: float) -> dict:
     """Per element, the stationary mean square drift (see the module's formulas)."""
-    v = SIGMA ** 2 * _inverse_count(world, p)
+    v = SIGMA ** 2 * inverse_count(world, p)
     k1, k2 = p / (1 - p), p * (1 + p) / (1 - p) ** 2
     var_k = p / (1 - p) ** 2
     abs_diff = 2 * (k1 - p * p / (1 - p * p))
@@ -57,15 +56,13 @@ def predicted_mean_square(world: int, p: float) -> dict:
 def simulate(world: int, steps: int, p: float, mode: str, seed: int = 5) -> dict:
     """Per step, the mean square drift per element (replica vs owner, replica vs replica),
     from the real collective. mode: "parameter" or "gradient" (the control)."""
-    from harness.transport.header import payload_floats
-
-    packets_per_shard = -(-PROCESSES_PER_SHARD // (world - 1))
-    numel = world * packets_per_shard * payload_floats(1500)
     rng = np.random.default_rng(seed)
     with loopback.transports(world, drop_rate=p, seed=seed) as (store, transports):
+        per_packet = transports[0].per_packet
+        numel = loopback.numel_for(world, PROCESSES_PER_SHARD, per_packet)
         collectives = [LossyCollective(t, store, estimator="received_mean")
                        for t in transports]
-        layout, _ = collectives[0]._size(numel)
+        layout = Layout(numel, world, per_packet)  # the collective's cut
         owner_of = np.empty(numel, dtype=np.int64)
         for shard in range(world):
             start, end = layout.shard_bounds(shard)

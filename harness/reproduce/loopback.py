@@ -75,11 +75,12 @@ def on_every_rank(world: int, work) -> list:
 
 @contextmanager
 def transports(world: int, drop_rate: float = 0.0, seed: int = 0, mtu: int = 1500,
-               **options):
+               drop_mask: DropMask | None = None, **options):
     """(store, one UdpTransport per rank), closed on the way out. drop_rate > 0: each
-    receiver drops datagrams by its own seeded mask (independent per link)."""
+    receiver drops datagrams by its own seeded mask (independent per link); drop_mask: this
+    mask instead (each transport takes its own receiver's copy)."""
     store = MemoryStore()
-    mask = DropMask(seed, drop_rate) if drop_rate > 0 else None
+    mask = drop_mask or (DropMask(seed, drop_rate) if drop_rate > 0 else None)
     made = on_every_rank(world, lambda rank: UdpTransport(
         rank, world, "127.0.0.1", store, mtu=mtu, drop_mask=mask, **options))
     try:
@@ -87,3 +88,10 @@ def transports(world: int, drop_rate: float = 0.0, seed: int = 0, mtu: int = 150
     finally:
         for t in made:
             t.close()
+
+
+def numel_for(world: int, events_per_shard: int, per_packet: int) -> int:
+    """A tensor size whose every shard has about `events_per_shard` (rank, packet) pairs
+    that can be lost: small worlds get more packets per shard, so they are measured as
+    tightly as large ones (which cost more per step)."""
+    return world * -(-events_per_shard // (world - 1)) * per_packet

@@ -29,9 +29,7 @@ from harness.reproduce import loopback
 from harness.reproduce.verdict import Check, claim, mean_interval
 
 PAPER = "arXiv 1810.07766"
-# about 64 (rank, packet) loss events per shard per stage whatever n: the small worlds are
-# measured as tightly as the large (which cost more per step)
-EVENTS_PER_SHARD = 64
+EVENTS_PER_SHARD = 64  # (rank, packet) loss events per shard and stage: loopback.numel_for
 PREDICTION_DRAWS = 1_000_000
 
 
@@ -48,12 +46,10 @@ def predicted_variance(world: int, p: float, seed: int = 0) -> float:
 def measure(world: int, trials: int, p: float, seed: int = 7, average=None) -> np.ndarray:
     """Per trial, the variance one RPS step added to the average model. average(rps, x):
     the averaging step (RPS.average; a planted one in tests)."""
-    from harness.transport.header import payload_floats
-
-    numel = world * -(-EVENTS_PER_SHARD // (world - 1)) * payload_floats(1500)
     rng = np.random.default_rng(seed)
     added = np.zeros(trials)
     with loopback.transports(world, drop_rate=p, seed=seed) as (store, transports):
+        numel = loopback.numel_for(world, EVENTS_PER_SHARD, transports[0].per_packet)
         servers = [RPS(t, store) for t in transports]
         step = average or (lambda rps, x: rps.average(x))
         for trial in range(trials):

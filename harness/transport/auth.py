@@ -45,19 +45,27 @@ def new_key() -> str:
     return os.urandom(KEY_BYTES).hex()
 
 
+def parse_key(text: str) -> bytes:
+    """A job key from its hex text; ValueError unless it is KEY_BYTES of it."""
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"not {2 * KEY_BYTES} hex digits")
+    return key
+
+
 def key_from_environment() -> bytes | None:
     """The job key a rank was launched with (None: a transport made outside a launch)."""
     text = os.environ.get(KEY_ENV)
     if not text:
         return None
     try:
-        key = bytes.fromhex(text)
+        return parse_key(text)
     except ValueError:
-        key = b""
-    if len(key) != KEY_BYTES:
         raise ValueError(f"{KEY_ENV} must be {2 * KEY_BYTES} hex digits: the controller sets "
-                         "it for every launch, do not set it by hand")
-    return key
+                         "it for every launch, do not set it by hand") from None
 
 
 class PacketAuth:

@@ -6,7 +6,7 @@ is the receiver, source, step, stage, shard, packet index, fragment and copy (wh
 transmission of that packet it is: an end marker's copy, an RC retransmission), never the
 payload. The receiver is in it because one broadcast packet goes to every rank with the
 same header: without it every replica lost the same packets at once, where loss on
-separate links (netem's, and the papers' model) is independent per receiver. the decision
+separate links (netem's, and the papers' model) is independent per receiver. The decision
 is independent of the values carried, the same seed drops the same packets in every variant
 that sends them, and a duplicate or replayed copy of a datagram gets the verdict of the
 original (it has the original's identity; a forged one never gets this far: auth.py).

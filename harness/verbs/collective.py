@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import re
 import sys
 import time
 from datetime import timedelta
@@ -34,6 +33,7 @@ from harness import barrier
 from harness.collectives.deadline import Deadline
 from harness.collectives.layout import Layout
 from harness.collectives.lossy import LossyCollective
+from harness.transport import auth
 from harness.transport.dropmask import parse_drop_mask
 from harness.transport.semantics import Semantics
 from harness.verbs.rendezvous import Store
@@ -81,7 +81,7 @@ def run(args) -> dict:
     transport = VerbsTransport(args.rank, args.world, args.address, store, semantics,
                                device=args.device, drop_mask=parse_drop_mask(args.drop_mask),
                                receives_per_peer=args.receives_per_peer,
-                               key=bytes.fromhex(args.key) if args.key else None)
+                               key=args.key)
     collective = LossyCollective(transport, store, estimator="received_mean",
                                  deadline=Deadline(ceiling_s=args.ceiling_s))
     layout = Layout(args.numel, args.world, transport.per_packet)  # the collective's cut
@@ -147,8 +147,11 @@ def main(argv=None) -> int:
         parser.error(f"--rank {args.rank}: must be in [0, --world {args.world})")
     if args.numel < 1 or args.steps < 1:
         parser.error("--numel and --steps must be 1 or more")
-    if args.key is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", args.key):
-        parser.error("--key: give 64 hex digits (32 bytes), the same on every rank")
+    if args.key is not None:
+        try:
+            args.key = auth.parse_key(args.key)
+        except ValueError:
+            parser.error("--key: give 64 hex digits (32 bytes), the same on every rank")
     print(json.dumps(run(args)))
     return 0
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.collectives.lossy import LossyCollective
-from harness.reproduce.loopback import MemoryStore
+from harness.reproduce.loopback import MemoryStore, on_every_rank
 from harness.transport import header as hdr
 from harness.transport.early import EARLY_WINDOW_STEPS
 from harness.transport.udp import UdpTransport
@@ -29,17 +29,9 @@ def make_pair(mtu=1500, **options):
     """Two ranks' transports on loopback (they meet in the store, so start together);
     options go to UdpTransport (drop_mask: a fresh copy per rank)."""
     store = MemoryStore()
-    transports = [None, None]
-
-    def start(rank):  # (each transport takes its own receiver's copy of a drop mask)
-        transports[rank] = UdpTransport(rank, 2, "127.0.0.1", store, mtu=mtu, **options)
-
-    threads = [threading.Thread(target=start, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return store, transports
+    # (each transport takes its own receiver's copy of a drop mask)
+    return store, on_every_rank(2, lambda rank: UdpTransport(rank, 2, "127.0.0.1", store,
+                                                             mtu=mtu, **options))
 
 
 NUMEL = 3000  # shard of 1500 floats: 5 packets of 365 floats at MTU 1500
