@@ -95,18 +95,22 @@ def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
                     and r["role"] in ("lossy", "realisation")
                     and r["ppl_delta_pct"] is not None]
         steps = _step_ms(runs)
+        # reliable under loss runs only for its speed (--speed-steps): a perplexity of
+        # those short runs is not reliable's under loss, so its row shows none
+        speed_only = all(r["role"] == "speed" for r in runs)
         row = {
             "loss": loss, "variant": variant, "seeds": len(runs),
             "roles": sorted({r["role"] for r in runs}),
             "headline": runs[0].get("headline"),
             "reference": None if runs[0]["role"] in ("reference", "speed")
             else _reference_variant(variant),
-            "ppl": statistics.fmean(r["ppl"] for r in runs),
+            "ppl": None if speed_only else statistics.fmean(r["ppl"] for r in runs),
+            "speed_steps": runs[0].get("steps") if speed_only else None,
             "ppl_delta_pct": mean, "ppl_delta_ci95": half, "ppl_deltas": deltas,
             "realisation_sd": statistics.stdev(realised) if len(realised) > 1 else None,
             "realisations": len(realised),
-            "ppl_rank_worst": statistics.fmean(r.get("ppl_rank_worst") or r["ppl"]
-                                               for r in runs),
+            "ppl_rank_worst": None if speed_only else statistics.fmean(
+                r.get("ppl_rank_worst") or r["ppl"] for r in runs),
             "tokens_per_s": statistics.fmean(r["tokens_per_s"] for r in runs),
             # the steady steps of all seeds together: p99 needs 100 of them, else None
             "step_p50_ms": steps["p50"], "step_p99_ms": steps["p99"],
@@ -169,12 +173,16 @@ def table(summary: dict) -> str:
             f"{f(r.get('throughput_vs_reliable'), '.2f'):>12}"
             f" {f(r.get('p99_vs_reliable'), '.2f'):>10} {f(r['ppl_delta_pct'], '+.2f'):>8}"
             f" {f(r['ppl_delta_ci95'], '.2f'):>6} {f(r.get('realisation_sd'), '.2f'):>7}"
-            f" {finding(r):<12} {r['ppl']:>8.3f} {f(r.get('ppl_rank_worst'), '.3f'):>8}"
+            f" {finding(r):<12} {f(r['ppl'], '.3f'):>8} {f(r.get('ppl_rank_worst'), '.3f'):>8}"
             f" {r['drift']:>6.3f} {r['measured_loss']:>9.2%}")
     lines.append("model: rank0 = rank 0's own (all equal), rank_mean = the ranks' own models "
                  "(mean; worst beside), owners = each shard as its owner holds it. Δppl: "
                  "against the same seed's lossless run of reliable (rps: of rps); real.sd: "
                  "its spread over loss realisations at seed 0")
+    speed_steps = sorted({r["speed_steps"] for r in summary["rows"] if r.get("speed_steps")})
+    if speed_steps:
+        lines.append(f"reliable under loss: speed runs of {', '.join(map(str, speed_steps))} "
+                     "steps (no perplexity: its model is checked equal to the lossless one)")
     for r in summary["rows"]:
         if r.get("disturbed"):
             lines.append(f"! {r['variant']} at {r['loss']:.0%}: the runs of seeds "

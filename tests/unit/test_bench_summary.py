@@ -126,3 +126,30 @@ def test_datagrams_no_peer_sent_warn_in_the_record_and_the_bench_table():
     assert summary["rows"][-1]["wire_warnings"] == [0]
     assert summary["rows"][0]["wire_warnings"] == []
     assert "got datagrams their peers did not send" in report.table(summary)
+
+
+def test_reliable_under_loss_shows_no_perplexity_from_its_short_speed_runs():
+    # Its runs under loss are speed runs of --speed-steps (10 in reproduce's benches): the
+    # perplexity of a 10-step model (946 there, against 286 for the 300-step reference)
+    # printed in the reliable row at 10% read as reliable training breaking under loss.
+    records = []
+    for s in (0, 1):
+        records.append(dict(_record("reliable", 0.0, s, f"ref{s}"), role="reference",
+                            steps=300))
+        records.append(dict(_record("reliable", 0.0, s, f"short{s}"), role="speed_reference",
+                            ppl=946.0))
+        records.append(dict(_record("reliable", 0.1, s, f"short{s}"), role="speed",
+                            ppl=946.0))
+        records.append(dict(_record("unbiased", 0.1, s, f"u{s}"), role="lossy", steps=300))
+    summary = report.summarise(records, {}, "bpf")
+    speed_row = next(r for r in summary["rows"] if r["variant"] == "reliable"
+                     and r["loss"] == 0.1)
+    assert speed_row["ppl"] is None and speed_row["ppl_rank_worst"] is None
+    assert speed_row["speed_steps"] == 10
+    reference_row = next(r for r in summary["rows"] if r["variant"] == "reliable"
+                         and r["loss"] == 0.0)
+    assert reference_row["ppl"] == 10.5  # the 300-step references', not the speed runs'
+    text = report.table(summary)
+    line = next(x for x in text.splitlines() if x.lstrip().startswith("10% reliable"))
+    assert "946" not in line
+    assert "speed runs of 10 steps" in text
