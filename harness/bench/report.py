@@ -12,8 +12,13 @@ from pathlib import Path
 from harness.metrics.hdr import Histogram
 
 # Student's t, two-sided 95%, by degrees of freedom (n - 1)
+# Student's t, two-sided 95%, by degrees of freedom: every one to 30, then a few on the way
+# to the normal's 1.960; between two, the smaller df's (the wider, on the safe side)
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
+       9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
+       16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074,
+       23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045,
+       30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980, 1000: 1.962, 100_000: 1.960}
 RESULT_FIELDS = ("variant", "role", "profile", "loss", "loss_seed", "seed", "steps", "hosts",
                  "tokens_per_s", "step_ms", "collective_ms", "warmup_step_ms", "slow_steps",
                  "ppl", "headline", "ppl_rank0", "ppl_ranks", "ppl_rank_mean",
@@ -28,6 +33,7 @@ RESULT_FIELDS = ("variant", "role", "profile", "loss", "loss_seed", "seed", "ste
 
 
 def t95(n: int) -> float:
+    """The 95% quantile for a mean of n values (n - 1 degrees of freedom)."""
     df = max(n - 1, 1)
     return T95.get(df) or T95[max(k for k in T95 if k <= df)]
 

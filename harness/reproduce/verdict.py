@@ -23,7 +23,6 @@ import numpy as np
 from harness.bench.report import t95
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
-Z95 = 1.959964
 
 
 @dataclass(frozen=True)
@@ -63,12 +62,13 @@ def combine(checks: list[Check]) -> str:
 
 
 def mean_interval(values) -> tuple[float, float]:
-    """(mean, half-width of its 95% interval) of independent values (normal approximation;
-    the rows use hundreds of trials)."""
+    """(mean, half-width of its 95% interval) of independent values, Student's t (the drift
+    row's batch means are a handful of values, the Monte Carlo rows thousands)."""
     values = np.asarray(values, dtype=np.float64)
     if len(values) < 2:
         return float(values.mean()) if len(values) else math.nan, math.inf
-    return float(values.mean()), Z95 * float(values.std(ddof=1)) / math.sqrt(len(values))
+    return (float(values.mean()),
+            t95(len(values)) * float(values.std(ddof=1)) / math.sqrt(len(values)))
 
 
 def slope_interval(x, y) -> tuple[float, float]:

@@ -5,6 +5,7 @@ collective that does not compute what it claims) are reported as "does not hold"
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -157,3 +158,22 @@ def test_lossbed_reproduce_writes_the_table_and_refuses_an_unknown_row(tmp_path)
                           "--out", str(tmp_path / "x")], capture_output=True, text=True,
                          timeout=120, stdin=subprocess.DEVNULL)
     assert bad.returncode != 0 and "--rows" in bad.stderr and not (tmp_path / "x").exists()
+
+
+def test_a_mean_of_few_values_gets_students_t_not_the_normal_quantile():
+    # The drift row's stationary value is a mean of batch means: 4 batches at --quick (400
+    # steps), 20 at --full. With the normal quantile its interval was 38% (quick) and 6%
+    # (full) narrower than a 95% interval of so few values is.
+    from harness.bench import report
+    from harness.reproduce import verdict
+
+    values = [1.0, 2.0, 3.0, 4.0]
+    mean, half = verdict.mean_interval(values)
+    sd = statistics.stdev(values)
+    assert mean == 2.5 and half == pytest.approx(3.182 * sd / 2, rel=1e-3)
+    # one table for both: every degree of freedom to 30, then towards the normal's 1.96
+    assert report.t95(12) == pytest.approx(2.201, abs=1e-3)   # 11 degrees
+    assert report.t95(20) == pytest.approx(2.093, abs=1e-3)   # 19 degrees
+    assert report.t95(61) == pytest.approx(2.000, abs=1e-3)
+    assert 1.96 <= report.t95(200_000) < 1.962
+    assert report.mean_interval(values)[1] == pytest.approx(half)
