@@ -34,10 +34,14 @@ class Check:
     predicted: float
     tolerance: float    # the deviation from the prediction that matters
     trials: int         # independent trials (or seeds) behind the interval
+    # why the measurement is not of what the claim is about (e.g. the collectives fell
+    # behind and missed far more than the network lost): no verdict either way
+    disturbed: str | None = None
 
     @property
     def verdict(self) -> str:
-        if not (math.isfinite(self.measured) and math.isfinite(self.half_width)):
+        if self.disturbed or not (math.isfinite(self.measured)
+                                  and math.isfinite(self.half_width)):
             return INCONCLUSIVE
         distance = abs(self.measured - self.predicted)
         if distance + self.half_width <= self.tolerance:

@@ -134,6 +134,18 @@ def test_the_training_rows_hold_the_10_percent_runs_to_the_papers_bound():
     assert claims["4c"]["verdict"] == INCONCLUSIVE  # [-0.5, 1.5]: wider than the band
 
 
+def test_a_row_whose_runs_were_disturbed_is_no_verdict_on_the_algorithm():
+    # reproduce --full's burst bench: at 10% burst loss the collectives missed 16-94% of
+    # their packets (a rank fell behind; late is lost), and Δppl +77 ± 69 would have read
+    # "does not hold" for the algorithm under 10% loss
+    summary = _summary([(0.1, "unbiased_drift", 77.3, 68.9), (0.1, "rps", 35.4, 31.1)])
+    summary["rows"][0]["disturbed"] = [0, 1, 2, 3]
+    claims = {c["row"]: c for c in training.rows({"curve": summary})}
+    assert claims["4a"]["verdict"] == INCONCLUSIVE
+    assert "disturbed" in claims["4a"]["measured"]["quantity"]
+    assert claims["4b"]["verdict"] == FAILS  # the same numbers, undisturbed
+
+
 def test_the_training_benches_are_valid_specs():
     for quick in (True, False):
         for spec in training.plans(quick).values():
