@@ -146,9 +146,16 @@ def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
                 ref.get("steps") == r.get("steps")]
     exact = all(r["model_sha"] == ref["model_sha"] for r, ref in compared) if compared \
         else None
+    # A lossless reference of a lossy collective is lossless only if nothing came late: a
+    # rank that falls behind (shared cores) loses packets at 0% too, and its model is then
+    # one perturbed run, not the reference (SGD here: 16% apart between two of one seed)
+    incomplete = [{"variant": r["variant"], "seed": r["seed"],
+                   "packets_lost": r["packets_lost"], "packets_sent": r.get("packets_sent")}
+                  for r in records if r["role"] == "reference" and r.get("packets_lost")]
     return {"config": spec_dict, "backend": backend, "noise_floor_pct": noise_floor,
             "lossless_ppl": lossless, "rows": rows,
-            "checks": {"reliable_exact_under_loss": exact}}
+            "checks": {"reliable_exact_under_loss": exact,
+                       "references_missing_packets": incomplete}}
 
 
 def finding(row: dict) -> str:
@@ -200,6 +207,11 @@ def table(summary: dict) -> str:
                          f"{r['wire_warnings']} got datagrams their peers did not send "
                          "(foreign, unauthenticated, malformed or not finite: none applied; "
                          "see wire_warning in results.jsonl)")
+    incomplete = summary["checks"].get("references_missing_packets")
+    if incomplete:
+        lines.append("! lossless references that missed packets (late): " + ", ".join(
+            f"{r['variant']} seed {r['seed']} ({r['packets_lost']} of {r['packets_sent']})"
+            for r in incomplete))
     if any(r.get("p99_vs_reliable") is None and r.get("max_vs_reliable") for r in
            summary["rows"]):
         lines.append("p99 vs rel: '-' where fewer than 100 steady steps back a p99 "

@@ -153,3 +153,21 @@ def test_reliable_under_loss_shows_no_perplexity_from_its_short_speed_runs():
     line = next(x for x in text.splitlines() if x.lstrip().startswith("10% reliable"))
     assert "946" not in line
     assert "speed runs of 10 steps" in text
+
+
+def test_a_lossless_reference_whose_collective_missed_packets_is_named():
+    # rps's references in reproduce --full missed 42-7368 packets at 0% loss (late on 2
+    # shared cores): two references of one seed then differed by 16% in perplexity
+    # (278.25 and 324.47, SGD), so a Δppl against one is partly that
+    records = [dict(_record("reliable", 0.0, 0, "r0"), role="reference", packets_lost=0),
+               dict(_record("rps", 0.0, 0, "p0"), role="reference", packets_lost=42,
+                    packets_sent=4737600),
+               dict(_record("rps", 0.1, 0, "p1"), role="lossy", packets_lost=473000)]
+    summary = report.summarise(records, {}, "bpf")
+    assert summary["checks"]["references_missing_packets"] == [
+        {"variant": "rps", "seed": 0, "packets_lost": 42, "packets_sent": 4737600}]
+    assert "! lossless references that missed packets (late): rps seed 0 (42 of 4737600)" \
+        in report.table(summary)
+    clean = report.summarise(records[:1] + [dict(records[1], packets_lost=0)], {}, "bpf")
+    assert clean["checks"]["references_missing_packets"] == []
+    assert "missed packets" not in report.table(clean)
