@@ -123,6 +123,11 @@ def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
             "step_max_ms": steps["max"], "step_samples": steps["count"],
             "slow_steps": sum(len(r.get("slow_steps") or []) for r in runs),
             "disturbed": [r["seed"] for r in runs if r.get("disturbed")],
+            # seeds whose lossless reference (of this variant) missed packets: late, so not
+            # the lossless model (checks.references_missing_packets)
+            "reference_missed_packets": [] if runs[0]["role"] == "reference" else sorted(
+                r["seed"] for r in runs
+                if refs.get((_reference_variant(variant), r["seed"]), {}).get("packets_lost")),
             "wire_warnings": [r["seed"] for r in runs if r.get("wire_warning")],
             "measured_loss": statistics.fmean(r["measured_loss"] for r in runs),
             "drift": statistics.fmean(r["drift"] for r in runs),

@@ -67,11 +67,16 @@ def run(make_cluster, quick: bool, out: Path, echo=print) -> list[dict]:
 def _check(row: dict, what: str) -> Check:
     """A bench row against the band. A row with disturbed runs (harness.train.run: the
     collectives missed far more than the network lost, a rank having fallen behind) measured
-    the testbed's lateness as much as the loss: it gets no verdict."""
+    the testbed's lateness as much as the loss, and one paired with references that missed
+    packets compares with perturbed runs whose own spread the interval does not hold: either
+    gets no verdict."""
     half = row.get("ppl_delta_ci95")
     disturbed = row.get("disturbed") or []
+    unsure = row.get("reference_missed_packets") or []
     reason = (f"disturbed: in the runs of seeds {disturbed} the collectives missed far more "
-              "than the network lost" if disturbed else None)
+              "than the network lost" if disturbed else
+              f"the lossless references of seeds {unsure} missed packets (late): not the "
+              "lossless model, and not reproducible" if unsure else None)
     return Check(f"Δppl % of {row['variant']} at {row['loss']:.0%} ({what})"
                  + (f" [{reason}]" if reason else ""),
                  row["ppl_delta_pct"], half if half is not None else float("inf"), 0.0,

@@ -168,6 +168,8 @@ def test_a_lossless_reference_whose_collective_missed_packets_is_named():
         {"variant": "rps", "seed": 0, "packets_lost": 42, "packets_sent": 4737600}]
     assert "! lossless references that missed packets (late): rps seed 0 (42 of 4737600)" \
         in report.table(summary)
+    rps_row = next(r for r in summary["rows"] if r["variant"] == "rps" and r["loss"] == 0.1)
+    assert rps_row["reference_missed_packets"] == [0]
     clean = report.summarise(records[:1] + [dict(records[1], packets_lost=0)], {}, "bpf")
     assert clean["checks"]["references_missing_packets"] == []
     assert "missed packets" not in report.table(clean)
