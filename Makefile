@@ -55,7 +55,7 @@ bench-full: BENCH_EXTRA = --variants reliable zero_fill unbiased unbiased_drift 
 bench-full: setup
 	$(VENV)/bin/lossbed bench $(BENCH_ARGS)
 
-# Both papers' claims measured here, with verdicts (harness/reproduce/): ~10 min, or hours
+# Both papers' claims measured here, with verdicts (harness/reproduce/): ~7 min, or ~100 min (--full)
 reproduce: setup
 	$(VENV)/bin/lossbed reproduce --quick
 

@@ -18,7 +18,9 @@ as the bench scores it (held-out token perplexity).
     both         the variant as it runs
 
 Printed: per seed and case the perplexity and Δppl against `none` of the same seed, and
-the mean Δ per case.
+the mean Δ per case. Measured here (2026-12-01, 2 seeds, 300 steps, SGD 0.1, 10%, 11 min):
+reduce +1.56% (+2.66, +0.46), broadcast +15.53% (+14.25, +16.82), both +19.31% (+27.11,
++11.52); the bench's unbiased_drift at 10% was +17.4% over 8 runs of the same seeds.
 """
 
 from __future__ import annotations
