@@ -49,8 +49,9 @@ def check(cfg: TrainConfig, cluster=None) -> None:
 def impair_the_control_path(profile):
     """The profile a training run uses: the rendezvous store's port is impaired too, so the
     lossy variants' per-step control (their step alignment) crosses the same lossy links as
-    gloo's data does. One-time setup stays clean because the profile is applied only at the
-    first run boundary, after the ranks met. Returns (profile, what stays exempt)."""
+    gloo's data does. Setup stays clean because each run's profile is applied only when its
+    model is built and wrapped (the ranks met, DDP broadcast the parameters). Returns
+    (profile, what stays exempt)."""
     from testbed import ports
     from testbed.profiles.model import Flow, Match, PortRange
 
@@ -68,8 +69,8 @@ def impair_the_control_path(profile):
         if kept or not flow.ports:
             exclude.append(Flow(protocol=flow.protocol, ports=kept))
     match = Match(include=profile.match.include, exclude=exclude)
-    exempt = ["setup before the first run (rendezvous, gloo's connections): the profile is "
-              "applied at the first run boundary",
+    exempt = ["setup (rendezvous, gloo's connections, DDP's parameter broadcast): the "
+              "profile is applied when the run's model is built and wrapped",
               "the evaluation after training (gathering the ranks' models): the profile is "
               "cleared when training ends"]
     exempt += [f"{f.protocol} ports {', '.join(map(str, f.ports)) or 'all'}" for f in exclude]
@@ -99,7 +100,9 @@ def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
 
 class _Boundaries:
     """The controller's side of the run boundaries (harness.train.worker.wait_at_boundary).
-    Before a run: apply its profile and read the kernel's counters (its window starts).
+    Before a run: nothing (the previous run's profile is already cleared). When its model
+    is built and wrapped (DDP's parameter broadcast done): apply its profile and read the
+    kernel's counters (its window starts).
     When its training ends: read them again (the window ends) and clear the profile, so the
     evaluation (the ranks' models gathered over gloo) crosses a clean network: under 30%
     loss TCP took over 300 s for it, and its packets were no part of the experiment."""
@@ -123,7 +126,7 @@ class _Boundaries:
                 self.windows[index] = (verify.report(self.cluster, end, self.start), profile)
                 engine.clear(self.cluster)
                 self.applied = None
-            elif index < len(self.runs):
+            elif phase == "ready":
                 key = (self.runs[index].profile, self.runs[index].sets)
                 engine.apply(self.cluster, *self.plans[key])
                 self.applied = key
@@ -131,7 +134,7 @@ class _Boundaries:
         except BaseException as err:  # rank 0 is told to stop; the launch reports this
             self.error = err
             return "stop"
-        return f"go {index}" + (" trained" if phase == "trained" else "")
+        return f"go {index}" + ("" if phase == "start" else f" {phase}")
 
 
 def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,

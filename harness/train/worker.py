@@ -113,11 +113,12 @@ def _lossy_totals(timing) -> dict:
     return dict(getattr(collective, "totals", None) or {})
 
 
-def train_one(r, cfg: TrainConfig, out_dir: Path, label: str,
+def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None,
               trained=lambda: None) -> dict | None:
-    """One run on an already started rank; rank 0 returns the run's result. trained() is
-    called when training ends, before the models are gathered and scored (the run boundary
-    where the controller clears the profile)."""
+    """One run on an already started rank; rank 0 returns the run's result. ready() is
+    called when the model is built and wrapped, before the first step (the run boundary
+    where the controller applies the run's profile); trained() when training ends, before
+    the models are gathered and scored (where it clears the profile)."""
     documents, source = load_documents(cfg.corpus, cfg.hf_dataset,
                                        hf_text_field=cfg.hf_text_field)
     tok, corpus = prepare(documents, source, cfg.tokenizer, cfg.seq_len)
@@ -133,6 +134,11 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str,
         torch.cuda.set_device(device)
     model.to(device)
     module, optimizer, timing = wrap(cfg, model, r)
+    # DDP's construction broadcast rank 0's parameters over gloo (TCP). A real job does that
+    # once, before training; here every run of a launch does it again, and under a run's
+    # 30% profile TCP's backoff held ranks in it for over 60 s (CI). So the profile comes
+    # after it: the run's impairment starts with its training.
+    ready()
     step_us, warmup_us, per_step = Histogram(), [], []
     losses = []
     transport = r.transport_for(cfg.transport)
@@ -228,14 +234,15 @@ BOUNDARY_TIMEOUT_S = 1800.0
 
 
 def wait_at_boundary(r, index: int, phase: str = "start") -> None:
-    """Before run `index` (phase "start", and after the last run) and when its training
-    ends (phase "trained"): rank 0 tells the controller, which applies the run's profile and
-    reads the kernel's counters at the start, and reads them again and clears the profile
-    when training ends; rank 0 waits for its answer ("go INDEX", "go INDEX trained"), every
-    rank waits for rank 0. So each run's measured loss is its own training's. A rank 0 whose
+    """Before run `index` (phase "start", and after the last run), when its model is built
+    and wrapped (phase "ready") and when its training ends (phase "trained"): rank 0 tells
+    the controller, which applies the run's profile and reads the kernel's counters when
+    the run is ready, and reads them again and clears the profile when training ends; rank
+    0 waits for its answer ("go INDEX", "go INDEX ready", "go INDEX trained"), every rank
+    waits for rank 0. So each run's measured loss is its own training's. A rank 0 whose
     stdin is at its end (started without lossbed's controller, e.g. by hand with
     </dev/null) does not wait."""
-    expected = f"go {index}" + (" trained" if phase == "trained" else "")
+    expected = f"go {index}" + ("" if phase == "start" else f" {phase}")
     if r.rank == 0:
         print(json.dumps({"boundary": index, "phase": phase}), flush=True)
         answer = sys.stdin.readline() if sys.stdin is not None else ""
@@ -259,6 +266,7 @@ def main(argv=None) -> int:
             wait_at_boundary(r, i)
             label = f"run {i + 1}/{len(configs)} {cfg.variant} seed {cfg.seed}"
             result = train_one(r, cfg, out_dir / f"run{i}", label,
+                               ready=lambda i=i: wait_at_boundary(r, i, "ready"),
                                trained=lambda i=i: wait_at_boundary(r, i, "trained"))
             if result is not None:
                 print(json.dumps({"index": i, **result}), flush=True)

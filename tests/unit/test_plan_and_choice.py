@@ -155,7 +155,7 @@ def test_training_impairs_the_rendezvous_port_and_lists_what_stays_exempt():
     training, exempt = impair_the_control_path(profile)
     assert not any(r.first <= ports.RENDEZVOUS <= r.last
                    for f in training.match.exclude for r in f.ports)
-    assert exempt[0].startswith("setup before the first run")
+    assert exempt[0].startswith("setup (rendezvous, gloo's connections, DDP's")
     assert exempt[1].startswith("the evaluation after training")
     assert exempt[2:] == ["tcp ports 22, 29499"]
     # a range around the port is cut in two, nothing else changes

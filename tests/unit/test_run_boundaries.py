@@ -1,0 +1,34 @@
+"""The controller's side of the run boundaries: a run's profile is applied when its model is
+built and wrapped, not before. DDP's construction broadcasts rank 0's parameters over gloo
+(TCP); when the profile came before it, a run at 30% loss held ranks in that broadcast for
+over 60 s (TCP's backoff) and the first step's alignment named them lost (CI, twice)."""
+
+from __future__ import annotations
+
+from harness.train import run
+
+
+def test_the_profile_is_applied_when_the_run_is_ready_and_cleared_when_it_has_trained(
+        monkeypatch):
+    events = []
+    monkeypatch.setattr(run.engine, "apply", lambda cluster, *plan: events.append(
+        ("apply", plan[0])))
+    monkeypatch.setattr(run.engine, "clear", lambda cluster: events.append(("clear",)))
+    monkeypatch.setattr(run.verify, "read", lambda cluster: {"read": len(events)})
+    monkeypatch.setattr(run.verify, "report", lambda cluster, end, start: (start, end))
+
+    class Plan:
+        profile = "lossy"
+
+    runs = [run.Run(None, "random-loss", ("loss_pct=30",))]
+    boundaries = run._Boundaries(object(), runs, {("random-loss", ("loss_pct=30",)):
+                                                  (Plan(),)})
+    assert boundaries.answer('{"boundary": 0, "phase": "start"}') == "go 0"
+    assert events == []  # setup (DDP's broadcast) runs on a clean network
+    assert boundaries.answer('{"boundary": 0, "phase": "ready"}') == "go 0 ready"
+    assert events[0][0] == "apply"
+    assert boundaries.answer('{"boundary": 0, "phase": "trained"}') == "go 0 trained"
+    assert events[-1] == ("clear",) and boundaries.windows[0] is not None
+    assert boundaries.answer('{"boundary": 1, "phase": "start"}') == "go 1"  # after the last
+    assert len(events) == 2
+    assert boundaries.error is None
