@@ -11,7 +11,6 @@ from pathlib import Path
 
 from harness.metrics.hdr import Histogram
 
-# Student's t, two-sided 95%, by degrees of freedom (n - 1)
 # Student's t, two-sided 95%, by degrees of freedom: every one to 30, then a few on the way
 # to the normal's 1.960; between two, the smaller df's (the wider, on the safe side)
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -72,6 +71,10 @@ def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
         r.setdefault("role", "reference" if r["variant"] == "reliable" and r["loss"] == 0
                      else "lossy")
     refs = {(r["variant"], r["seed"]): r for r in records if r["role"] == "reference"}
+    # A lossless reference of a lossy collective is lossless only if nothing came late: a
+    # rank that falls behind (shared cores) loses packets at 0% too, and its model is then
+    # one perturbed run, not the reference (SGD here: 16% apart between two of one seed)
+    late_refs = {key: r for key, r in refs.items() if r.get("packets_lost")}
     for r in records:
         ref = refs.get((_reference_variant(r["variant"]), r["seed"]))
         quality = r["role"] in ("lossy", "realisation", "reference")
@@ -126,8 +129,7 @@ def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
             # seeds whose lossless reference (of this variant) missed packets: late, so not
             # the lossless model (checks.references_missing_packets)
             "reference_missed_packets": [] if runs[0]["role"] == "reference" else sorted(
-                r["seed"] for r in runs
-                if refs.get((_reference_variant(variant), r["seed"]), {}).get("packets_lost")),
+                r["seed"] for r in runs if (_reference_variant(variant), r["seed"]) in late_refs),
             "wire_warnings": [r["seed"] for r in runs if r.get("wire_warning")],
             "measured_loss": statistics.fmean(r["measured_loss"] for r in runs),
             "drift": statistics.fmean(r["drift"] for r in runs),
@@ -151,12 +153,9 @@ def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
                 ref.get("steps") == r.get("steps")]
     exact = all(r["model_sha"] == ref["model_sha"] for r, ref in compared) if compared \
         else None
-    # A lossless reference of a lossy collective is lossless only if nothing came late: a
-    # rank that falls behind (shared cores) loses packets at 0% too, and its model is then
-    # one perturbed run, not the reference (SGD here: 16% apart between two of one seed)
     incomplete = [{"variant": r["variant"], "seed": r["seed"],
                    "packets_lost": r["packets_lost"], "packets_sent": r.get("packets_sent")}
-                  for r in records if r["role"] == "reference" and r.get("packets_lost")]
+                  for r in late_refs.values()]
     return {"config": spec_dict, "backend": backend, "noise_floor_pct": noise_floor,
             "lossless_ppl": lossless, "rows": rows,
             "checks": {"reliable_exact_under_loss": exact,

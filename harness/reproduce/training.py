@@ -71,12 +71,13 @@ def _check(row: dict, what: str) -> Check:
     packets compares with perturbed runs whose own spread the interval does not hold: either
     gets no verdict."""
     half = row.get("ppl_delta_ci95")
-    disturbed = row.get("disturbed") or []
-    unsure = row.get("reference_missed_packets") or []
-    reason = (f"disturbed: in the runs of seeds {disturbed} the collectives missed far more "
-              "than the network lost" if disturbed else
-              f"the lossless references of seeds {unsure} missed packets (late): not the "
-              "lossless model, and not reproducible" if unsure else None)
+    reason = None
+    if row.get("disturbed"):
+        reason = (f"disturbed: in the runs of seeds {row['disturbed']} the collectives "
+                  "missed far more than the network lost")
+    elif row.get("reference_missed_packets"):
+        reason = (f"the lossless references of seeds {row['reference_missed_packets']} "
+                  "missed packets (late): not the lossless model, and not reproducible")
     return Check(f"Δppl % of {row['variant']} at {row['loss']:.0%} ({what})"
                  + (f" [{reason}]" if reason else ""),
                  row["ppl_delta_pct"], half if half is not None else float("inf"), 0.0,
