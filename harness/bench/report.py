@@ -28,7 +28,11 @@ RESULT_FIELDS = ("variant", "role", "profile", "loss", "loss_seed", "seed", "ste
                  "measured_loss", "measured_loss_interval", "measured_packets", "rcvbuf_drops",
                  "measured_window", "drift", "backend",
                  "packets_sent", "packets_lost", "bytes_sent", "losses", "model_sha",
-                 "authenticated", "wire_warning", "rank_max_rss_mb", "exempt")
+                 "authenticated", "wire_warning", "rank_max_rss_mb", "exempt", "run_s")
+# The half-width of a paired Δppl (points) the bench is asked to reach (#17): the budget
+# section says how many seeds, and minutes, each variant needs for it
+TARGET_CI95 = 1.0
+CURVE_SEEDS = (2, 3, 4, 5, 6, 8, 12, 16, 32)
 
 
 def t95(n: int) -> float:
@@ -62,7 +66,83 @@ def _reference_variant(variant: str) -> str:
     return "rps" if variant.partition("@")[0] == "rps" else "reliable"
 
 
-def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
+def seeds_for(sd: float, target: float, most: int = 10_000) -> int | None:
+    """The fewest seeds (2 or more) whose 95% half-width t95(k)·sd/√k is at most `target`,
+    for a per-seed spread `sd`; None beyond `most`."""
+    for k in range(2, most + 1):
+        if t95(k) * sd / math.sqrt(k) <= target:
+            return k
+    return None
+
+
+def budget(records: list[dict], rows: list[dict], wall_s: float | None,
+           target: float = TARGET_CI95) -> dict | None:
+    """What more seeds would buy, priced from this bench's own runs: a seed costs the wall
+    time of its runs (references, lossy and speed runs; set-up and evaluation included),
+    the realisation runs and the launch's start-up do not grow with seeds. Per lossy row,
+    the half-width at k seeds projected from the seed-to-seed sd of its Δppl (itself rough
+    with few seeds), and the seeds and minutes it needs for ±target. None when the runs
+    were not timed (records without run_s)."""
+    timed = [r for r in records if r.get("run_s") is not None]
+    if not timed or len(timed) < len(records):
+        return None
+    seeds = sorted({r["seed"] for r in records})
+    per_seed = [sum(r["run_s"] for r in records if r["seed"] == s
+                    and r["role"] != "realisation") for s in seeds]
+    seed_s = statistics.fmean(per_seed)
+    realisation_s = sum(r["run_s"] for r in records if r["role"] == "realisation")
+    runs_s = sum(r["run_s"] for r in records)
+    start_up_s = max(wall_s - runs_s, 0.0) if wall_s is not None else 0.0
+    fixed_s = realisation_s + start_up_s
+
+    def minutes(k: int) -> float:
+        return (fixed_s + k * seed_s) / 60
+
+    projected = []
+    for row in rows:
+        deltas = row.get("ppl_deltas") or []
+        if row.get("reference") is None or len(deltas) < 2:
+            continue
+        sd = statistics.stdev(deltas)
+        need = seeds_for(sd, target)
+        projected.append({
+            "loss": row["loss"], "variant": row["variant"], "seeds_now": len(deltas),
+            "seed_sd": sd, "seeds_for_target": need,
+            "minutes_for_target": minutes(need) if need else None,
+            "curve": [{"seeds": k, "ci95": t95(k) * sd / math.sqrt(k), "minutes": minutes(k)}
+                      for k in CURVE_SEEDS]})
+    return {"target_ci95": target, "seed_min": seed_s / 60,
+            "realisation_min": realisation_s / 60, "start_up_min": start_up_s / 60,
+            "minutes_now": (wall_s if wall_s is not None else runs_s) / 60,
+            "rows": projected}
+
+
+def budget_lines(plan: dict) -> list[str]:
+    """The budget section of the table: what a seed costs, and the width-versus-minutes
+    curve per lossy row."""
+    lines = [f"budget: a seed costs {plan['seed_min']:.1f} min of runs; realisations "
+             f"{plan['realisation_min']:.1f} min and start-up {plan['start_up_min']:.1f} min "
+             f"do not grow with seeds (this bench: {plan['minutes_now']:.1f} min)"]
+    if not plan["rows"]:
+        return lines
+    lines.append(f"±95% of Δppl projected from each row's seed-to-seed sd (rough with few "
+                 f"seeds), and what ±{plan['target_ci95']:.1f} needs:")
+    head = f"  {'seeds':>5} {'min':>6} " + " ".join(
+        f"{r['variant'] + ' @' + format(r['loss'], '.0%'):>20}" for r in plan["rows"])
+    lines.append(head)
+    for i, k in enumerate(CURVE_SEEDS):
+        lines.append(f"  {k:>5} {plan['rows'][0]['curve'][i]['minutes']:>6.1f} " + " ".join(
+            f"{r['curve'][i]['ci95']:>20.2f}" for r in plan["rows"]))
+    for r in plan["rows"]:
+        need = (f"{r['seeds_for_target']} seeds (~{r['minutes_for_target']:.0f} min)"
+                if r["seeds_for_target"] else "more than 10000 seeds")
+        lines.append(f"  {r['variant']} at {r['loss']:.0%}: sd {r['seed_sd']:.2f} over "
+                     f"{r['seeds_now']} seeds; ±{plan['target_ci95']:.1f} needs {need}")
+    return lines
+
+
+def summarise(records: list[dict], spec_dict: dict, backend: str,
+              wall_s: float | None = None) -> dict:
     """Per (loss, variant): the paired Δppl over seeds with its 95% interval, the spread over
     loss realisations at seed 0, speed against reliable at the same loss, which model the
     perplexity is of; and the checks. Records carry `role` (see training_bench); a record
@@ -158,6 +238,7 @@ def summarise(records: list[dict], spec_dict: dict, backend: str) -> dict:
                   for r in late_refs.values()]
     return {"config": spec_dict, "backend": backend, "noise_floor_pct": noise_floor,
             "lossless_ppl": lossless, "rows": rows,
+            "budget": budget(records, rows, wall_s),
             "checks": {"reliable_exact_under_loss": exact,
                        "references_missing_packets": incomplete}}
 
@@ -226,6 +307,8 @@ def table(summary: dict) -> str:
                  f"{f'{floor:.2f}%' if floor is not None else 'n/a (one seed)'}; backend "
                  f"{summary['backend']}; reliable under loss == lossless model: "
                  f"{'not run' if exact is None else exact}")
+    if summary.get("budget"):
+        lines += budget_lines(summary["budget"])
     return "\n".join(lines)
 
 

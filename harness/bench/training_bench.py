@@ -43,8 +43,10 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
     for rec, case in zip(records, cases, strict=True):
         rec.update(loss=case.loss, role=case.role, loss_seed=case.loss_seed,
                    variant=case.variant)
-    echo(f"[bench] {total} runs done in {(time.monotonic() - started) / 60:.1f} min")
-    summary = report.summarise(records, spec_dict=asdict(spec), backend=records[-1]["backend"])
+    wall_s = time.monotonic() - started
+    echo(f"[bench] {total} runs done in {wall_s / 60:.1f} min")
+    summary = report.summarise(records, spec_dict=asdict(spec), backend=records[-1]["backend"],
+                               wall_s=wall_s)
     report.write_outputs(out, records, summary)
     if summary["checks"]["reliable_exact_under_loss"] is False:
         raise LossbedError("reliable training under loss did not produce the lossless model: "

@@ -112,7 +112,15 @@ class _Boundaries:
         self.applied = None      # the (profile, sets) applied now
         self.start = None        # the counters at the start of the current run
         self.windows: list = [None] * len(runs)   # per run: (report, profile) of its window
+        # when each run's "start" boundary came, and the one after the last run: a run's
+        # wall time, setup and evaluation included, is the gap to the next one
+        self.started_at: list = [None] * (len(runs) + 1)
         self.error: BaseException | None = None
+
+    def run_s(self, index: int) -> float | None:
+        """Run `index`'s wall time (s): from its start boundary to the next one."""
+        begun, ended = self.started_at[index], self.started_at[index + 1]
+        return ended - begun if begun is not None and ended is not None else None
 
     def answer(self, line: str) -> str | None:
         if not line.startswith('{"boundary"'):
@@ -120,7 +128,9 @@ class _Boundaries:
         message = json.loads(line)
         index, phase = message["boundary"], message.get("phase", "start")
         try:
-            if phase == "trained":
+            if phase == "start":
+                self.started_at[index] = time.monotonic()
+            elif phase == "trained":
                 end = verify.read(self.cluster)
                 profile = self.plans[self.applied][0].profile
                 self.windows[index] = (verify.report(self.cluster, end, self.start), profile)
@@ -194,6 +204,7 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
         rec = record(r.cfg, cluster, profile, window, backend, lines[i],
                      [m[i] for m in metrics], work / f"run{i}", wall / len(runs))
         rec["exempt"] = exempt[(r.profile, r.sets)]
+        rec["run_s"] = boundaries.run_s(i)
         records.append(rec)
     return records
 

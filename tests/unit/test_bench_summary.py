@@ -173,3 +173,48 @@ def test_a_lossless_reference_whose_collective_missed_packets_is_named():
     clean = report.summarise(records[:1] + [dict(records[1], packets_lost=0)], {}, "bpf")
     assert clean["checks"]["references_missing_packets"] == []
     assert "missed packets" not in report.table(clean)
+
+
+def _timed_bench(drift_ppls: list[float]) -> list[dict]:
+    """Per seed: reliable's reference (60 s) and unbiased_drift at 10% (90 s); one
+    realisation run at seed 0 (90 s)."""
+    records = []
+    for seed, ppl in enumerate(drift_ppls):
+        ref = _record("reliable", 0.0, seed, f"ref{seed}") | {"ppl": 100.0, "run_s": 60.0,
+                                                              "role": "reference"}
+        lossy = _record("unbiased_drift", 0.1, seed, f"d{seed}") | {"ppl": ppl, "run_s": 90.0,
+                                                                   "role": "lossy"}
+        records += [ref, lossy]
+    records.append(_record("unbiased_drift", 0.1, 0, "r") | {"ppl": 104.0, "run_s": 90.0,
+                                                            "role": "realisation"})
+    return records
+
+
+def test_the_budget_prices_a_seed_from_its_runs_and_projects_the_seeds_a_target_needs():
+    # Δppl per seed +1, +2, +3 (sd 1.0): ±1.0 needs k with t95(k)/√k <= 1, i.e. 7 seeds
+    summary = report.summarise(_timed_bench([101.0, 102.0, 103.0]), {}, "bpf", wall_s=570.0)
+    plan = summary["budget"]
+    assert plan["seed_min"] == 2.5              # 60 s + 90 s per seed
+    assert plan["realisation_min"] == 1.5       # does not grow with seeds
+    assert plan["start_up_min"] == 0.5          # 570 s in all, 540 s of runs
+    (row,) = plan["rows"]
+    assert row["variant"] == "unbiased_drift" and row["seeds_now"] == 3
+    assert abs(row["seed_sd"] - 1.0) < 1e-9
+    assert row["seeds_for_target"] == 7
+    assert report.t95(7) / 7 ** 0.5 <= 1.0 < report.t95(6) / 6 ** 0.5
+    assert abs(row["minutes_for_target"] - (2.0 + 7 * 2.5)) < 1e-9
+    at3 = next(c for c in row["curve"] if c["seeds"] == 3)
+    assert abs(at3["ci95"] - summary["rows"][-1]["ppl_delta_ci95"]) < 1e-9  # the row's own
+    text = report.table(summary)
+    assert "a seed costs 2.5 min" in text and "±1.0 needs 7 seeds (~20 min)" in text
+
+
+def test_a_wider_spread_needs_more_seeds_and_untimed_runs_have_no_budget():
+    narrow = report.summarise(_timed_bench([101.0, 102.0, 103.0]), {}, "bpf", wall_s=570.0)
+    wide = report.summarise(_timed_bench([101.0, 104.0, 107.0]), {}, "bpf", wall_s=570.0)
+    assert wide["budget"]["rows"][0]["seeds_for_target"] > \
+        narrow["budget"]["rows"][0]["seeds_for_target"]
+    untimed = _timed_bench([101.0, 102.0, 103.0])
+    del untimed[0]["run_s"]
+    summary = report.summarise(untimed, {}, "bpf", wall_s=570.0)
+    assert summary["budget"] is None and "budget:" not in report.table(summary)

@@ -32,3 +32,26 @@ def test_the_profile_is_applied_when_the_run_is_ready_and_cleared_when_it_has_tr
     assert boundaries.answer('{"boundary": 1, "phase": "start"}') == "go 1"  # after the last
     assert len(events) == 2
     assert boundaries.error is None
+
+
+def test_a_runs_wall_time_is_the_gap_between_its_start_boundary_and_the_next(monkeypatch):
+    """The bench prices a seed from its runs' wall times (setup and evaluation included)."""
+    monkeypatch.setattr(run.engine, "apply", lambda cluster, *plan: None)
+    monkeypatch.setattr(run.engine, "clear", lambda cluster: None)
+    monkeypatch.setattr(run.verify, "read", lambda cluster: {})
+    monkeypatch.setattr(run.verify, "report", lambda cluster, end, start: None)
+    clock = iter([100.0, 130.5, 172.0])
+    monkeypatch.setattr(run.time, "monotonic", lambda: next(clock))
+
+    class Plan:
+        profile = "clean"
+
+    runs = [run.Run(None), run.Run(None)]
+    boundaries = run._Boundaries(object(), runs, {("clean", ()): (Plan(),)})
+    for index in range(2):
+        for phase in ("start", "ready", "trained"):
+            boundaries.answer(f'{{"boundary": {index}, "phase": "{phase}"}}')
+    assert boundaries.run_s(0) == 30.5
+    assert boundaries.run_s(1) is None  # its end has not come yet
+    boundaries.answer('{"boundary": 2, "phase": "start"}')
+    assert boundaries.run_s(1) == 41.5
