@@ -28,7 +28,8 @@ RESULT_FIELDS = ("variant", "role", "profile", "loss", "loss_seed", "seed", "ste
                  "measured_loss", "measured_loss_interval", "measured_packets", "rcvbuf_drops",
                  "measured_window", "drift", "backend",
                  "packets_sent", "packets_lost", "bytes_sent", "losses", "model_sha",
-                 "authenticated", "wire_warning", "rank_max_rss_mb", "exempt", "run_s")
+                 "authenticated", "wire_warning", "rank_max_rss_mb", "exempt", "run_s",
+                 "wait_for_all")
 # The half-width of a paired Δppl (points) the bench is asked to reach (#17): the budget
 # section says how many seeds, and minutes, each variant needs for it
 TARGET_CI95 = 1.0

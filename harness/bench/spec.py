@@ -7,7 +7,8 @@ The runs of one bench, all in one launch of the ranks (the profile changes betwe
     reference     per seed, `reliable` without loss: the reference of zero_fill, unbiased
                   and unbiased_drift (which train the same model as it at 0% loss); and
                   `rps` without loss, the reference of rps (model averaging is another
-                  algorithm: compared with itself, Δppl is the loss's effect alone)
+                  algorithm: compared with itself, Δppl is the loss's effect alone), its
+                  collective waiting for every packet (no deadline: nothing comes late)
     lossy         per seed and loss, every variant but reliable, the full run; the profile
                   is seeded (a loss realisation of its own per run, replayable)
     realisation   seed 0 again, with other loss seeds, for the variants the question is
@@ -87,9 +88,11 @@ class BenchSpec:
         self.config(variant="reliable", seed=0, steps=self.speed_steps).validate()
         launch.check_environment()
 
-    def config(self, variant: str, seed: int, steps: int | None = None) -> TrainConfig:
+    def config(self, variant: str, seed: int, steps: int | None = None,
+               wait_for_all: bool = False) -> TrainConfig:
         name, _, transport = variant.partition("@")
         return TrainConfig(variant=name, transport=transport or "udp", preset=self.preset,
+                           wait_for_all=wait_for_all,
                            steps=steps or self.steps, seed=seed, batch=self.batch,
                            seq_len=self.seq_len, lr=self.lr, optimizer=self.optimizer,
                            device=self.device, schedule=self.schedule,
@@ -108,7 +111,10 @@ class BenchSpec:
         for s in seeds:
             runs.append(BenchRun(self.config("reliable", s), 0.0, "reference"))
             if any(v.partition("@")[0] == "rps" for v in others):
-                runs.append(BenchRun(self.config("rps", s), 0.0, "reference"))
+                # waiting for every packet: a rank that falls behind would make its packets
+                # late, late is lost, and the reference would be a perturbed run
+                runs.append(BenchRun(self.config("rps", s, wait_for_all=True), 0.0,
+                                     "reference"))
         if lossy and "reliable" in self.variants:
             runs += [BenchRun(self.config("reliable", s, self.speed_steps), 0.0,
                               "speed_reference") for s in seeds]

@@ -49,6 +49,10 @@ class TrainConfig:
     # harness/collectives/lossy.py), and a run whose collective missed far more than the
     # network lost is flagged `disturbed` in its record.
     align_every: int = 0
+    # Lossy variants: every stage waits for all its packets instead of a deadline (a bench's
+    # lossless reference of rps, whose packets a rank that falls behind would make late,
+    # and late is lost): harness/collectives/lossy.py
+    wait_for_all: bool = False
     warmup_steps: int | None = None  # None: 5% of the steps
     log_every: int = 10
 

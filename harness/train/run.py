@@ -228,6 +228,8 @@ def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) 
         "transport": cfg.transport, "profile": profile.name,
         "loss": loss.stationary_loss() if loss else 0.0, "seed": cfg.seed, "steps": cfg.steps,
         "hosts": len(cluster.hosts), "config": cfg.to_dict(), "backend": backend,
+        # the lossy collectives waited for every packet (a lossless reference), no deadline
+        "wait_for_all": cfg.wait_for_all,
         "tokens_per_s": tokens / train_s,
         # steady state: the first TIMING_WARMUP_STEPS steps of each rank are apart
         "step_ms": _ms(step_us), "collective_ms": _ms(collective_us),

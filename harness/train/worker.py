@@ -60,7 +60,8 @@ def wrap(cfg: TrainConfig, model, r):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     transport = r.transport_for(cfg.transport)
-    align = dict(align_every=cfg.align_every)  # the lossy collectives' step alignment
+    # the lossy collectives' step alignment, and whether they wait for every packet
+    collective_options = dict(align_every=cfg.align_every, wait_for_all=cfg.wait_for_all)
     if cfg.optimizer == "sgd":
         optimizer_class, options = torch.optim.SGD, dict(lr=cfg.lr, momentum=0.9)
     else:
@@ -83,17 +84,17 @@ def wrap(cfg: TrainConfig, model, r):
         estimator = ESTIMATOR_OF[cfg.variant]
         ddp = DDP(model, device_ids=device_ids, **buffers)
         state = LossyHookState(LossyCollective(transport, r.store, estimator=estimator,
-                                               **align))
+                                               **collective_options))
         ddp.register_comm_hook(state, lossy_allreduce_hook)
         return ddp, optimizer_class(ddp.parameters(), **options), state
     if cfg.variant == "unbiased_drift":
         collective = LossyCollective(transport, r.store,
-                                     estimator=ESTIMATOR_OF["unbiased_drift"], **align)
+                                     estimator=ESTIMATOR_OF["unbiased_drift"], **collective_options)
         optimizer = ShardedOptimizer(model, optimizer_class, collective,
                                      resync_every=cfg.resync_every, **options)
         return model, optimizer, optimizer
     optimizer = RPSOptimizer(model, optimizer_class(model.parameters(), **options),
-                             RPS(transport, r.store, **align))
+                             RPS(transport, r.store, **collective_options))
     return model, optimizer, optimizer
 
 

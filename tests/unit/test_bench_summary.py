@@ -63,6 +63,10 @@ def test_the_bench_plan_has_references_realisations_and_short_reliable_runs():
         by_role.setdefault(r.role, []).append(r)
     assert sorted((r.variant, r.cfg.seed) for r in by_role["reference"]) == [
         ("reliable", 0), ("reliable", 1), ("rps", 0), ("rps", 1)]
+    # rps's lossless reference waits for every packet (late is not lost); its runs under
+    # loss keep their deadlines
+    assert all(r.cfg.wait_for_all == (r.role == "reference") for r in runs
+               if r.variant == "rps")
     assert {r.variant for r in by_role["lossy"]} == {"zero_fill", "unbiased",
                                                      "unbiased_drift", "rps"}
     # reliable under loss: short, with as short a lossless twin per seed
