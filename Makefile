@@ -17,7 +17,7 @@ LOSS ?= 0.1
 PROFILE ?= random-loss
 HOSTS ?= 4
 STEPS ?= 300
-SEEDS ?= 3
+SEEDS ?= 4
 BENCH_ARGS = --loss $(LOSS) --profile $(PROFILE) --hosts $(HOSTS) --steps $(STEPS) --seeds $(SEEDS) \
 	$(BENCH_EXTRA)
 
