@@ -120,7 +120,7 @@ def test_the_inventory_is_read_as_ansible_inventory_reads_it(tmp_path):
 
     listed = subprocess.run([str(ansible), "-i", str(tmp_path / "inv.yml"), "--list"],
                             capture_output=True, text=True, timeout=120, check=True,
-                            env=ansible_env(tmp_path))
+                            env=ansible_env(tmp_path), stdin=subprocess.DEVNULL)
     reference = json.loads(listed.stdout)["_meta"]["hostvars"]
     hosts = inventory.load(tmp_path / "inv.yml")
     assert sorted(hosts) == sorted(reference) == ["gpu1", "gpu2", "gpu3"]
