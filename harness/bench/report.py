@@ -67,7 +67,10 @@ def _reference_variant(variant: str) -> str:
     return "rps" if variant.partition("@")[0] == "rps" else "reliable"
 
 
-def seeds_for(sd: float, target: float, most: int = 10_000) -> int | None:
+MOST_SEEDS = 10_000  # seeds_for looks no further
+
+
+def seeds_for(sd: float, target: float, most: int = MOST_SEEDS) -> int | None:
     """The fewest seeds (2 or more) whose 95% half-width t95(k)·sd/√k is at most `target`,
     for a per-seed spread `sd`; None beyond `most`."""
     for k in range(2, most + 1):
@@ -84,8 +87,7 @@ def budget(records: list[dict], rows: list[dict], wall_s: float | None,
     the half-width at k seeds projected from the seed-to-seed sd of its Δppl (itself rough
     with few seeds), and the seeds and minutes it needs for ±target. None when the runs
     were not timed (records without run_s)."""
-    timed = [r for r in records if r.get("run_s") is not None]
-    if not timed or len(timed) < len(records):
+    if not records or any(r.get("run_s") is None for r in records):
         return None
     seeds = sorted({r["seed"] for r in records})
     per_seed = [sum(r["run_s"] for r in records if r["seed"] == s
@@ -136,7 +138,7 @@ def budget_lines(plan: dict) -> list[str]:
             f"{r['curve'][i]['ci95']:>20.2f}" for r in plan["rows"]))
     for r in plan["rows"]:
         need = (f"{r['seeds_for_target']} seeds (~{r['minutes_for_target']:.0f} min)"
-                if r["seeds_for_target"] else "more than 10000 seeds")
+                if r["seeds_for_target"] else f"more than {MOST_SEEDS} seeds")
         lines.append(f"  {r['variant']} at {r['loss']:.0%}: sd {r['seed_sd']:.2f} over "
                      f"{r['seeds_now']} seeds; ±{plan['target_ci95']:.1f} needs {need}")
     return lines
