@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lossbed-installed
 
 # VM hosts need qemu, a distribution kernel and busybox; Soft-RoCE needs rdma-core.
-SYSTEM_PACKAGES := iproute2 nftables ethtool openssh-server iputils-ping procps kmod \
+# The data plane's C core builds with gcc against Python's headers and OpenSSL's libcrypto.
+SYSTEM_PACKAGES := gcc python3-dev libssl-dev iproute2 nftables ethtool openssh-server iputils-ping procps kmod \
 	qemu-system-x86 linux-image-amd64 busybox-static \
 	rdma-core ibverbs-utils python3-pyverbs perftest python3-apt python3-venv
 
@@ -37,7 +38,7 @@ system-packages:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing \
 	  || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; }
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml harness/transport/_wire.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)

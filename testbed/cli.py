@@ -168,7 +168,7 @@ def _cmd_collective_bench(args) -> int:
     from testbed.clusters import netns as netns_cluster
 
     spec = cb.BenchSpec(sizes_mib=args.sizes, losses=args.loss, profiles=args.profiles,
-                        algorithms=args.algorithms, iters=args.iters)
+                        algorithms=args.algorithms, iters=args.iters, unsealed=args.unsealed)
     spec.validate()
     if args.cluster is None and args.hosts < 2:
         raise UsageError("--hosts", f"{args.hosts} host cannot run a collective",
@@ -209,7 +209,8 @@ def _cmd_train(args) -> int:
     launch.check_environment()
     cluster = _cluster(args)
     run.check(cfg, cluster)  # bad input is refused before any process starts
-    rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
+    sets = [*(args.set or []), *(["isolated=true"] if args.unsealed else [])]
+    rec = run.train(cluster, cfg, args.profile, sets, args.out,
                     echo=lambda line: print(line, file=sys.stderr, flush=True))
     summary = {k: rec[k] for k in ("variant", "profile", "loss", "seed", "steps", "ppl",
                                    "ppl_rank0", "drift", "tokens_per_s", "measured_loss")}
@@ -225,12 +226,11 @@ def _cmd_train(args) -> int:
 @contextlib.contextmanager
 def _bench_cluster(prefix: str, spec):
     """A local cluster made for one bench alone (spec.hosts, spec.mtu), removed after, also
-    on Ctrl-C and on failure. Nothing else sends on its namespaces: the bench's profiles
-    say isolated (spec.isolated)."""
+    on Ctrl-C and on failure. Its datagrams are sealed like any others unless the bench
+    was asked for --unsealed (spec.isolated: then its profiles say isolated)."""
     name = f"{prefix}{os.getpid() % 100000}"
     cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=spec.hosts, name=name,
                                                          mtu=spec.mtu))
-    spec.isolated = True
     try:
         yield cluster
     finally:
@@ -248,7 +248,8 @@ def _cmd_bench(args) -> int:
     spec = BenchSpec(losses=args.loss, profile=args.profile, hosts=args.hosts, steps=args.steps,
                      seeds=args.seeds, variants=args.variants or list(DEFAULT_VARIANTS),
                      mtu=args.mtu, realisations=args.realisations,
-                     speed_steps=args.speed_steps, **_training_options(args))
+                     speed_steps=args.speed_steps, isolated=args.unsealed,
+                     **_training_options(args))
     spec.validate()  # bad input is refused before anything is built
     # absolute: ranks on remote hosts write under it from their own working folder
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -450,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the HF dataset's column with the text (default: text)")
     p.add_argument("--out", help="folder for the ranks' metrics (default: a temporary one)")
     p.add_argument("--json", metavar="FILE", help="append the run's record to this file")
+    _add_unsealed(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("bench", help="every variant at LOSS vs the lossless reference")
@@ -471,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="results folder (default: results/bench-TIME)")
     p.add_argument("--cluster", help="reuse this cluster instead of building one")
     _add_inventory(p)
+    _add_unsealed(p)
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("renew", help="renew the impairment lease on remote hosts")
@@ -516,8 +519,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "rescale (1/(1-p)), rps; each optionally @TRANSPORT")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--json", metavar="FILE", help="also write one JSON object per line")
+    _add_unsealed(p)
     p.set_defaults(func=_cmd_collective_bench)
     return parser
+
+
+def _add_unsealed(p) -> None:
+    p.add_argument("--unsealed", action="store_true",
+                   help="send the datagrams without their MAC (default: every datagram "
+                        "sealed with a key drawn for the launch); to price the MAC, on a "
+                        "network only the experiment uses")
 
 
 _MAIN_PID = os.getpid()

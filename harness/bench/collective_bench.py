@@ -36,6 +36,7 @@ class BenchSpec:
     algorithms: list[str] = field(default_factory=lambda: list(ALGORITHMS))
     iters: int = 10
     warmup: int = 2
+    unsealed: bool = False  # datagrams without their MAC (to price it): --unsealed
 
     def validate(self) -> None:
         unknown = [a for a in self.algorithms if a.partition("@")[0] not in ALGORITHMS]
@@ -112,7 +113,8 @@ def run(cluster, spec: BenchSpec, progress=print) -> list[dict]:
             results = launch.run(cluster, "harness.bench.collective_worker", [
                 "--sizes", *map(str, sizes), "--algorithms", *spec.algorithms,
                 "--iters", str(spec.iters), "--warmup", str(spec.warmup)],
-                timeout_s=3600, extra_env=launch.transport_env(profile))
+                timeout_s=3600, extra_env=launch.transport_env(profile),
+                authenticate=not spec.unsealed)
             report = verify.verify(cluster)
         finally:
             engine.clear(cluster)
@@ -125,6 +127,7 @@ def run(cluster, spec: BenchSpec, progress=print) -> list[dict]:
             row = json.loads(line)
             row.update(profile=profile_name, loss=loss, measured_loss=measured,
                        backend=report.backend, hosts=len(cluster.hosts), mtu=cluster.mtu,
+                       sealed=not spec.unsealed,
                        raw_udp_pps=raw_pps,
                        raw_rate_fraction=(row["packets_per_s"] / raw_pps
                                           if row.get("packets_per_s") and raw_pps else None))

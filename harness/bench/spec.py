@@ -50,7 +50,7 @@ class BenchSpec:
     losses: list[float] = field(default_factory=lambda: [0.1])
     profile: str = "random-loss"
     hosts: int = 4
-    # the bench built its cluster for itself: nothing else sends on it (Profile.isolated)
+    # --unsealed: the profiles say isolated, and the datagrams go without their MAC
     isolated: bool = False
     steps: int = DEFAULT_STEPS
     seeds: int = DEFAULT_SEEDS

@@ -44,8 +44,18 @@ from harness.collectives.deadline import Deadline
 from harness.collectives.layout import Layout
 from harness.collectives.rebuild import ESTIMATORS, rebuild
 from harness.transport import header as hdr
+from harness.transport import native
 from harness.transport.early import EarlyStash
-from harness.transport.udp import APPLIED, DUPLICATE, END, FUTURE, MALFORMED, NONFINITE, STALE
+from harness.transport.udp import (
+    APPLIED,
+    DUPLICATE,
+    END,
+    FUTURE,
+    MALFORMED,
+    NONFINITE,
+    STALE,
+    count_verdict,
+)
 
 if TYPE_CHECKING:
     # torch is imported only where tensors come in: the collective itself is numpy's, and a
@@ -182,25 +192,34 @@ class _Step:
                                np.zeros(1, dtype=np.int64), 0)
         return next(iter(verdicts))
 
-    def handle_batch(self, heads: np.ndarray, data: np.ndarray, rows: np.ndarray,
-                     stash: EarlyStash) -> Counter:
-        """handle() for a batch of plain data packets (see UdpTransport.receive_until),
-        with the header fields read as arrays once. Packet i's payload is
-        data[rows[i], HEADER_BYTES:HEADER_BYTES + length]."""
+    def handle_batch(self, data: np.ndarray, rows: np.ndarray, stash: EarlyStash) -> Counter:
+        """handle() for a batch of plain data packets (see UdpTransport.receive_until): each
+        stage's packets of this step checked and applied by the compiled core (native.apply,
+        the same rules as _apply), the rare others (early, late, another bucket) one at a
+        time. Packet i is the datagram in data[rows[i]]."""
         verdicts: Counter = Counter()
-        this_step = (heads["step"] == self.step) & (heads["bucket"] == self.bucket)
-        for i in np.flatnonzero(~this_step).tolist():  # rare: early, late or foreign bucket
-            head = hdr.Header._make(heads[i].item())
-            first = hdr.HEADER_BYTES
-            payload = memoryview(data[rows[i], first:first + head.length])
-            verdicts[self.handle(head, payload, stash)] += 1
-        for stage in self.stages:
-            sel = np.flatnonzero(this_step & (heads["stage"] == stage))
-            if len(sel):
-                h = heads[sel]
-                verdicts.update(self._apply(stage, h["source"], h["shard"], h["index"],
-                                            h["count"], h["length"], data, rows[sel],
-                                            hdr.HEADER_BYTES))
+        leftover = np.empty(len(rows), dtype=np.int64)
+        for stage, st in self.stages.items():
+            reduce = stage == hdr.STAGE_REDUCE
+            applied, duplicates, malformed, nonfinite, stale, others = native.apply(
+                data, data.shape[1], rows, self.step, self.bucket & 0xFFFF, stage,
+                self.rank if reduce else -1, st.expected, st.last_floats, st.base,
+                st.per_packet, st.target, st.got, st.got.shape[1], st.pending,
+                self.reduce.ended if not reduce and self.infer_ends else None, reduce,
+                self.accept_reduce or not reduce, leftover)
+            for verdict, count in ((APPLIED, applied), (DUPLICATE, duplicates),
+                                   (MALFORMED, malformed), (NONFINITE, nonfinite),
+                                   (STALE, stale)):
+                _tally(verdicts, verdict, count)
+            if applied:
+                st.left -= applied
+                st.last_at = time.monotonic()
+            if stale:
+                self.late_stages.add(stage)
+            for row in leftover[:others].tolist():
+                head = hdr.unpack(data[row])
+                payload = memoryview(data[row, hdr.HEADER_BYTES:hdr.HEADER_BYTES + head.length])
+                verdicts[self.handle(head, payload, stash)] += 1
         return verdicts
 
     def _apply(self, stage: int, source, shard, index, count, length, data: np.ndarray,
@@ -394,8 +413,8 @@ class LossyCollective:
         def handle(head, payload):
             return state.handle(head, payload, self.transport.stash)
 
-        def handle_batch(heads, data, rows):
-            return state.handle_batch(heads, data, rows, self.transport.stash)
+        def handle_batch(data, rows):
+            return state.handle_batch(data, rows, self.transport.stash)
 
         self.transport.receive_until(deadline, until, handle, handle_batch)
         for stage in state.late_stages:
@@ -421,11 +440,11 @@ class LossyCollective:
                       infer_ends=self.end_copies > 0)
         stash, self.transport.stash = self.transport.stash, EarlyStash()
         for head, payload in stash:  # packets of this step that came during the last one
+            # (every verdict counted: a kept packet can still be malformed or not finite;
+            # one kept again, for a later step, was counted early when it came)
             verdict = state.handle(head, memoryview(payload), self.transport.stash)
-            if verdict == APPLIED:
-                self.transport.counters.packets_received += 1
-            elif verdict == END:
-                self.transport.counters.ends_received += 1
+            if verdict != EARLY:
+                count_verdict(self.transport.counters, verdict)
 
         # Reduce: our contribution to every other owner, then wait for ours.
         for shard in range(self.world):

@@ -7,33 +7,36 @@ collective would apply: poisoned values, NaN, end markers that turn delivered da
 
 The key: 32 random bytes the controller draws per launch and hands to every rank in its
 launch environment (LOSSBED_KEY, hex; over SSH for remote hosts), never through the
-rendezvous store or any other path lossbed does not authenticate. Each transport derives
-its own AES-128 key from it (keyed BLAKE2b, personalised with the transport's name), so
-two transports of one rank never share a (key, nonce) pair.
+rendezvous store or any other path lossbed does not authenticate.
 
-The MAC: GMAC (AES-GCM with nothing to encrypt) of the whole datagram with its tag field
-zero; the values travel readable (confidentiality is not a goal). The nonce is the source
-rank and seq, the count of datagrams that sender sealed, which the header carries and the
-tag covers: no nonce ever signs two different datagrams. Chosen by measurement, per
-1444-byte packet on the 2-core development machine: AES-GCM 1.35 µs, ChaCha20-Poly1305
-2.66 µs, keyed BLAKE2b 4.27 µs, HMAC-SHA256 4.84 µs (the primitives alone; with Python's
-share, sealing takes 2.8 µs and checking 4.5: tests/benchmarks/bench_auth.py).
+Each transport seals with a key of its own: keyed BLAKE2b (the job key) of the transport's
+name and a random salt it draws at start and publishes with its endpoint. Its receivers
+derive the same key from the salt. The nonce is the source rank and seq, the count of
+datagrams that transport sealed, which the header carries and the tag covers. So no
+(key, nonce) pair ever signs two datagrams: not within a transport (seq only grows), not
+across two transports of one rank (their names differ), and not across launches or reruns
+that reuse a job key (their salts differ; a reused key with seq restarting at 0 would give
+GHASH's key away).
 
-A replayed datagram (a copy of one the sender sent) passes the check; the collective takes
-it as the duplicate, late or early packet it is, and the drop mask gives it the verdict of
-the original (dropmask.py).
+The MAC: GMAC (AES-128-GCM with nothing to encrypt, OpenSSL's EVP, in _wire.c) of the
+whole datagram with its tag field zero, destination rank included: a genuine datagram
+copied to another rank is refused there. The values travel readable (confidentiality is
+not a goal). Chosen by measurement, per 1444-byte packet on the 2-core development machine,
+the primitives alone: AES-GCM 1.35 µs, ChaCha20-Poly1305 2.66 µs, keyed BLAKE2b 4.27 µs,
+HMAC-SHA256 4.84 µs.
+
+A replayed datagram (a copy of one the sender sent to this rank) passes the check; the
+collective takes it as the duplicate, late or early packet it is, and the drop mask gives
+it the verdict of the original (dropmask.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 
-import numpy as np
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from harness.transport import header as hdr
+from harness.transport import native
 
 KEY_ENV = "LOSSBED_KEY"
 KEY_BYTES = 32
@@ -68,51 +71,62 @@ def key_from_environment() -> bytes | None:
                          "it for every launch, do not set it by hand") from None
 
 
-class PacketAuth:
-    """Seals the datagrams of one transport and checks those it receives."""
+SALT_BYTES = 16
 
-    def __init__(self, key: bytes, rank: int, purpose: str):
-        # this transport's own key: BLAKE2b keyed with the job key, of the transport's name
-        self._gcm = AESGCM(hashlib.blake2b(purpose.encode(), key=key, digest_size=16).digest())
-        self.rank = rank
+
+def transport_key(job_key: bytes, purpose: str, salt: bytes) -> bytes:
+    """The AES-128 key a transport seals with: keyed BLAKE2b (the job key) of its name and
+    salt."""
+    return hashlib.blake2b(purpose.encode() + b"\0" + salt, key=job_key,
+                           digest_size=16).digest()
+
+
+def parse_salt(text: str, who: str) -> bytes:
+    """A peer's published salt (hex); ValueError naming the peer otherwise."""
+    try:
+        salt = bytes.fromhex(text)
+    except ValueError:
+        salt = b""
+    if len(salt) != SALT_BYTES:
+        raise ValueError(f"{who} published no valid salt ({text!r}): it runs without the "
+                         "job key, or another lossbed version")
+    return salt
+
+
+class PacketAuth:
+    """Seals the datagrams of one transport (its own key: `mac`) and checks those it
+    receives (each source's key: `macs`, once know_peers has the peers' salts)."""
+
+    def __init__(self, key: bytes, rank: int, purpose: str, salt: bytes | None = None):
+        self._job_key, self.purpose, self.rank = key, purpose, rank
+        self.salt = os.urandom(SALT_BYTES) if salt is None else salt
+        self.mac = native.Mac(transport_key(key, purpose, self.salt))
+        self.macs: list = []  # per source rank (None: itself)
         self.seq = 0  # the next datagram's nonce
 
-    @staticmethod
-    def _nonce(source: int, seq: int) -> bytes:
-        return source.to_bytes(4, "big") + seq.to_bytes(8, "big")
+    def know_peers(self, salts: list[bytes | None]) -> None:
+        """The salt each rank published (index: rank; this rank's own entry is ignored)."""
+        self.macs = [None if r == self.rank or salt is None
+                     else native.Mac(transport_key(self._job_key, self.purpose, salt))
+                     for r, salt in enumerate(salts)]
 
-    def _mac(self, source: int, seq: int, unsealed) -> bytes:
-        """The tag of a datagram whose tag field is zero: GMAC (AES-GCM with nothing to
-        encrypt) of all of it. One contiguous buffer costs half what a header and a
-        payload apart cost (measured: 0.9 µs against 2.3 µs per 1472-byte datagram)."""
-        return self._gcm.encrypt(self._nonce(source, seq), b"", unsealed)
+    def reserve(self, n: int) -> int:
+        """The first of n consecutive seqs for datagrams about to be sealed."""
+        first, self.seq = self.seq, self.seq + n
+        return first
 
     def seal(self, head: bytes, payload) -> bytes:
         """`head` (header.pack: tag zero) with this datagram's seq and tag filled in."""
-        seq, self.seq = self.seq, self.seq + 1
-        signed = head[:hdr.SEQ_OFFSET] + seq.to_bytes(8, "big")
-        return signed + self._mac(self.rank, seq, signed + hdr.NO_TAG + bytes(payload))
-
-    def seal_batch(self, heads: np.ndarray, payloads: list) -> None:
-        """Fill in seq and tag of a batch of headers (batch.HEADER_DTYPE, tags zero) in
-        place; packet i's payload is payloads[i] (bytes-like)."""
-        n = len(heads)
-        first, self.seq = self.seq, self.seq + n
-        heads["seq"] = np.arange(first, first + n, dtype=np.uint64)
-        raw = heads.view(np.uint8).reshape(n, hdr.HEADER_BYTES)
-        tags = b"".join(self._mac(self.rank, first + i, raw[i].tobytes() + bytes(payloads[i]))
-                        for i in range(n))
-        raw[:, hdr.TAG_OFFSET:] = np.frombuffer(tags, np.uint8).reshape(n, hdr.TAG_BYTES)
+        signed = head[:hdr.SEQ_OFFSET] + self.reserve(1).to_bytes(8, "big") + hdr.NO_TAG
+        return signed[:hdr.TAG_OFFSET] + self.mac.tag(signed + bytes(payload))
 
     def check(self, datagram, size: int) -> bool:
-        """True if this datagram (`size` bytes: header, then payload) was sealed with the
-        job's key by the rank its header names. `datagram`: any bytes-like object (a
+        """True if this datagram (`size` bytes: header, then payload) was sealed by the
+        transport of the rank its header names. `datagram`: any bytes-like object (a
         receive buffer's row)."""
         if size < hdr.HEADER_BYTES:
             return False
-        unsealed = bytearray(memoryview(datagram).cast("B")[:size])
-        tag = bytes(unsealed[hdr.TAG_OFFSET:hdr.HEADER_BYTES])
-        unsealed[hdr.TAG_OFFSET:hdr.HEADER_BYTES] = hdr.NO_TAG
-        source = int.from_bytes(unsealed[_SOURCE], "big")
-        seq = int.from_bytes(unsealed[hdr.SEQ_OFFSET:hdr.TAG_OFFSET], "big")
-        return hmac.compare_digest(self._mac(source, seq, unsealed), tag)
+        view = memoryview(datagram).cast("B")
+        source = int.from_bytes(view[6:8], "big")
+        mac = self.macs[source] if source < len(self.macs) else None
+        return mac is not None and mac.check(view, size)

@@ -31,6 +31,11 @@ class SendFlow:
     def sent(self, psn: int, head: bytes, payload: memoryview) -> None:
         self.unacked[psn] = (head, payload)
 
+    def in_window(self, psn: int) -> bool:
+        """Could a receiver say this psn? Only one this sender has sent up to (an ACK or
+        NAK beyond next_psn acknowledges what was never sent: forged or broken)."""
+        return 0 <= psn <= self.next_psn
+
     def ack(self, upto: int) -> bool:
         """Everything before `upto` arrived. True if that was news."""
         progressed = False

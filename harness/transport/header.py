@@ -2,7 +2,7 @@
 
     magic u32 "LBED" | version u8 | stage u8 | source rank u16 | job nonce u64 | step u32 |
     bucket u16 | shard u16 | fragment u16 | fragments u16 | packet index u32 |
-    packet count u32 | payload length u32 | psn u32 | copy u16 | reserved u16 |
+    packet count u32 | payload length u32 | psn u32 | copy u16 | destination rank u16 |
     seq u64 | tag 16 B
 
 A "packet" here is what the collective rebuilds as a unit: one datagram, or for RoCE UC/RC
@@ -12,12 +12,14 @@ apart the transmissions of one packet: the copies of an end marker, an RC retran
 
 seq and tag authenticate the datagram (auth.py): seq counts the datagrams its sender sealed
 (the MAC's nonce) and tag is the MAC over the header up to the tag and the payload. Without
-a job key both are 0.
+a job key both are 0. The destination rank is signed with the rest: a genuine datagram
+copied to another rank is refused there (counted misdirected).
 
 A receiver applies a packet only if every field agrees with what it expects: the job's
-nonce, a source inside the job, a tag made with the job's key, the step it is working on, a
-shard and packet index that exist, and a payload length that matches the packet's slot
-exactly.
+nonce, a source inside the job, a tag made with that source's key, itself as the
+destination, the step it is working on, a shard and packet index that exist, and a payload
+length that matches the packet's slot exactly. _wire.c reads and writes this same layout;
+native.py checks at import that its constants are these.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import struct
 from typing import NamedTuple
 
 MAGIC = 0x4C424544  # "LBED"
-VERSION = 4  # 3: end markers (stages 4 and 5); 4: copy, seq and tag (authentication)
+VERSION = 5  # 3: end markers (stages 4 and 5); 4: copy, seq and tag; 5: destination rank
 HEADER = struct.Struct("!IBBHQIHHHHIIIIHHQ16s")
 HEADER_BYTES = HEADER.size
 TAG_BYTES = 16
+DEST_OFFSET = HEADER_BYTES - TAG_BYTES - 8 - 2  # where the destination rank is
 SEQ_OFFSET = HEADER_BYTES - TAG_BYTES - 8  # where seq starts: the fields before it are ...
 TAG_OFFSET = HEADER_BYTES - TAG_BYTES      # ... signed, with seq, by the tag
 NO_TAG = bytes(TAG_BYTES)
@@ -66,17 +69,18 @@ class Header(NamedTuple):
     length: int
     psn: int
     copy: int
-    reserved: int
+    dest: int
     seq: int
     tag: bytes
 
 
 def pack(stage: int, source: int, nonce: int, step: int, bucket: int, shard: int, index: int,
          count: int, length: int, fragment: int = 0, fragments: int = 1, psn: int = 0,
-         copy: int = 0) -> bytes:
-    """A header, not sealed yet (seq and tag 0: auth.PacketAuth.seal fills them)."""
+         copy: int = 0, dest: int = 0) -> bytes:
+    """A header for rank `dest`, not sealed yet (seq and tag 0: auth.PacketAuth.seal fills
+    them)."""
     return HEADER.pack(MAGIC, VERSION, stage, source, nonce, step, bucket & 0xFFFF, shard,
-                       fragment, fragments, index, count, length, psn, copy, 0, 0, NO_TAG)
+                       fragment, fragments, index, count, length, psn, copy, dest, 0, NO_TAG)
 
 
 def unpack(data) -> Header | None:

@@ -31,6 +31,7 @@ ROCE_PACKET_BYTES = 4096  # RoCE's largest path MTU
 NAMES = ("udp", "roce-ud", "roce-uc", "roce-rc", "verbs-ud", "verbs-uc", "verbs-rc")
 SIZED = ("roce-uc", "roce-rc", "verbs-uc", "verbs-rc")  # the names that take :BYTES
 DEFAULT_MESSAGE_BYTES = 64 * 1024
+MAX_MESSAGE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,12 @@ class Semantics:
             if message < 4 or message % 4:
                 raise UsageError("--transport", f"message size {message} is not a positive "
                                  "multiple of 4 bytes", "e.g. roce-uc:65536")
+            if message > MAX_MESSAGE_BYTES:
+                # a receiver reassembles whole messages: their size bounds its memory
+                raise UsageError("--transport", f"message size {message} is over the "
+                                 f"{MAX_MESSAGE_BYTES} bytes a message may have",
+                                 f"Give at most {MAX_MESSAGE_BYTES} (RDMA's UC/RC messages "
+                                 "in training buckets are 64 KiB to a few MiB)")
             return cls(name, message)
         return cls(name)
 

@@ -10,11 +10,14 @@ or its deadline passed, and the collective rebuilds what is missing. Sending is 
 receiving goes into one preallocated buffer. A link's rate is the profile's (netem
 `rate_mbit`), not the sender's.
 
-Endpoints and the job's nonce are exchanged through torch.distributed's TCPStore. Every
-datagram that is not for this job (wrong magic, nonce, source), that is not sealed with the
-job's key (auth.py: given to the ranks at launch, never over the network), or that does not
-fit what is expected (bad length, stage, shard, index, fragments; stale or future step;
-values that are not finite), is dropped and counted, never applied. An optional seeded drop
+Endpoints (with each transport's salt: auth.py) and the job's nonce are exchanged through
+torch.distributed's TCPStore. Every datagram that is not for this job (wrong magic, nonce,
+source), that is not sealed with its source's key (auth.py: derived from the job key given
+to the ranks at launch, never over the network), that was addressed to another rank, or
+that does not fit what is expected (bad length, stage, shard, index, fragments; stale or
+future step; values that are not finite), is dropped and counted under its reason, never
+applied. The per-datagram work of the udp and roce-ud semantics (one datagram a unit) is
+compiled code (native.py, _wire.c), called once per batch. An optional seeded drop
 mask (dropmask.py) loses datagrams at the receiver, replayably, where the kernel cannot
 (hardware RoCE).
 """
@@ -33,11 +36,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from harness.transport import batch
 from harness.transport import header as hdr
-from harness.transport.auth import PacketAuth
+from harness.transport import native
+from harness.transport.auth import PacketAuth, parse_salt
 from harness.transport.dropmask import DropMask
-from harness.transport.early import EarlyStash
+from harness.transport.early import EARLY_WINDOW_STEPS, EarlyStash
 from harness.transport.gobackn import ACK_EVERY, ReceiveFlow, SendFlow
 from harness.transport.semantics import Semantics
 
@@ -59,6 +62,7 @@ QUEUED = "queued"  # RC: handed to the collective through the queue
 END = "end"        # an end marker (header.STAGE_*_END), taken note of
 FOREIGN, MASKED = "foreign", "masked"  # what the transport itself drops, before any handler
 UNAUTHENTICATED = "unauthenticated"    # ... as does a tag that the job's key did not make
+MISDIRECTED = "misdirected"            # ... and a genuine datagram for another rank
 NONFINITE = "nonfinite"                # values NaN or infinite: never applied
 
 
@@ -75,6 +79,8 @@ class Counters:
     duplicates: int = 0
     foreign: int = 0              # not lossbed's, wrong nonce, unknown source
     unauthenticated: int = 0      # right nonce and source, but a tag not made with the key
+    misdirected: int = 0          # genuine, but addressed to another rank (a redirected copy)
+    truncated: int = 0            # longer than any datagram of the job: cut by the receiver
     malformed: int = 0            # bad length, stage, shard, index or fragment count
     nonfinite: int = 0            # a payload with NaN or infinite values
     messages_incomplete: int = 0  # UC: messages started but lost whole (partial data dropped)
@@ -94,11 +100,16 @@ class TransportError(RuntimeError):
     pass
 
 
+_NO_VALUES = np.zeros(0, np.float32)  # what end markers alone carry (send_end)
+_NO_PACKETS = np.zeros(0, np.int64)
+
+
 # The counter each handler verdict adds to (anything else: malformed)
 COUNTER_OF_VERDICT = {APPLIED: "packets_received", DUPLICATE: "duplicates", STALE: "late",
                       FUTURE: "future", "early": "early", END: "ends_received",
                       FOREIGN: "foreign", MASKED: "masked",
-                      UNAUTHENTICATED: "unauthenticated", NONFINITE: "nonfinite"}
+                      UNAUTHENTICATED: "unauthenticated", NONFINITE: "nonfinite",
+                      MISDIRECTED: "misdirected"}
 
 
 def count_verdict(c: Counters, verdict: str, count: int = 1) -> None:
@@ -148,35 +159,50 @@ class UdpTransport:
         self._step = 0
         self.stash = EarlyStash()  # packets of coming steps that came early, kept for them
         self._partial: dict[tuple, list] = {}  # UC/RC messages being reassembled
+        self._partial_of = [0] * world  # ... of them per source
         self._send_flows = [SendFlow() for _ in range(world)]
         self._recv_flows = [ReceiveFlow() for _ in range(world)]
-        # Exchange endpoints and the nonce through the rendezvous store.
+        # Exchange endpoints, salts and the nonce through the rendezvous store.
         host, bound_port = self.sock.getsockname()
-        store.set(f"{key_prefix}/ep/{rank}", f"{host}:{bound_port}")
+        salt = self.auth.salt.hex() if self.auth is not None else ""
+        store.set(f"{key_prefix}/ep/{rank}", f"{host}:{bound_port}:{salt}")
         if rank == 0:
             store.set(f"{key_prefix}/nonce", str(int.from_bytes(os.urandom(8), "big")))
         self.nonce = int(store.get(f"{key_prefix}/nonce"))
         self.endpoints: list[tuple[str, int]] = []
+        salts: list[bytes | None] = []
         for peer in range(world):
             text = store.get(f"{key_prefix}/ep/{peer}").decode()
-            peer_host, peer_port = text.rsplit(":", 1)
+            peer_host, peer_port, peer_salt = text.split(":")
             self.endpoints.append((peer_host, int(peer_port)))
+            if self.auth is not None:
+                try:
+                    salts.append(parse_salt(peer_salt, f"rank {peer}") if peer != rank
+                                 else None)
+                except ValueError as err:
+                    raise TransportError(f"rank {rank}: {err}") from None
+        if self.auth is not None:
+            self.auth.know_peers(salts)
         self.sources = {ep: r for r, ep in enumerate(self.endpoints)}
-        # One datagram per unit and no retransmission: packets can go and come in batches
-        # (batch.py); the other semantics take the datagram-at-a-time path below.
-        self.batched = (batch.supported() and not self.semantics.reliable
-                        and self.fragment_floats >= self.per_packet)
+        # One datagram per unit and no retransmission: packets go and come in batches
+        # through the compiled core; the other semantics take the datagram-at-a-time path.
+        self.batched = not self.semantics.reliable and self.fragment_floats >= self.per_packet
+        self.segments = 1
         if self.batched:
-            self._rx = batch.BatchReceiver(self.sock, slot_bytes=max(mtu, 2048))
+            self._rx = native.BatchReceiver(self.sock, slot_bytes=max(mtu, 2048))
             # Segmentation: the kernel cuts one send into many datagrams (UDP GSO), which
             # saves most of the sender's per-datagram work. Only where the impairment sees
             # the cut datagrams (at the receiver's ingress): see UdpTransport's docstring.
+            # Chosen once, here, and logged below.
             segment = hdr.HEADER_BYTES + 4 * self.per_packet
-            segments = batch.enable_segmentation(self.sock, segment) if segmentation else 1
-            self._tx = batch.BatchSender(self.sock, segment, segments)
-            self._peer_address = np.array([int.from_bytes(socket.inet_aton(h), "big")
-                                           for h, _ in self.endpoints], dtype=np.uint64)
-            self._peer_port = np.array([p for _, p in self.endpoints], dtype=np.uint64)
+            self.segments = (native.enable_segmentation(self.sock, segment) if segmentation
+                             else 1)
+            self._tx = native.Sender(self.sock.fileno(), rank, self.nonce, segment,
+                                     self.segments)
+            self._sockaddrs = [native.sockaddr_in(h, p) for h, p in self.endpoints]
+            self._peer_address = np.array([native.ipv4(h) for h, _ in self.endpoints],
+                                          dtype=np.uint32)
+            self._peer_port = np.array([p for _, p in self.endpoints], dtype=np.uint16)
         if self.semantics.reliable:
             # RC: acknowledgements and retransmissions must go on while the rank computes or
             # waits elsewhere, as a NIC does them: a thread owns the socket and hands the
@@ -187,8 +213,12 @@ class UdpTransport:
             self._service = threading.Thread(target=self._service_loop, daemon=True,
                                              name=f"rc-rank{rank}")
             self._service.start()
+        sending = ("not batched (datagram at a time)" if not self.batched
+                   else f"UDP GSO, {self.segments} datagrams a send" if self.segments > 1
+                   else "sendmmsg")
         log.info("rank %d: UDP transport on %s:%d, MTU %d, %s (%d floats per unit), nonce %x, "
-                 "%s", rank, host, bound_port, mtu, self.semantics, self.per_packet, self.nonce,
+                 "%s, %s", rank, host, bound_port, mtu, self.semantics, self.per_packet,
+                 self.nonce, sending,
                  "authenticated" if self.auth else "NOT authenticated (no job key)")
 
     @property
@@ -206,11 +236,12 @@ class UdpTransport:
         order, so the numbers agree across ranks."""
         step = self._step
         self._step += 1
-        # Messages of steps two behind can never complete any more: count and forget them.
-        stale = [k for k in self._partial if k[1] < step - 1]
+        # Messages of steps two behind can never complete any more, and none beyond the
+        # early window is kept for later (see _reassemble): count and forget them.
+        stale = [k for k in self._partial if not step - 1 <= k[1] <= step + EARLY_WINDOW_STEPS]
         self.counters.messages_incomplete += len(stale)
         for key in stale:
-            del self._partial[key]
+            self._forget_partial(key)
         return step
 
     # ---- sending ------------------------------------------------------------------------
@@ -228,13 +259,13 @@ class UdpTransport:
                 with self._lock:
                     psn = flow.next_psn
                     flow.next_psn += 1
-                    head = self._pack(stage, step, bucket, shard, fragment, fragments, index,
-                                      count, len(part), psn)
+                    head = self._pack(dest, stage, step, bucket, shard, fragment, fragments,
+                                      index, count, len(part), psn)
                     flow.sent(psn, head, part)
                     head = self._seal(head, part)
             else:
-                head = self._seal(self._pack(stage, step, bucket, shard, fragment, fragments,
-                                             index, count, len(part), psn), part)
+                head = self._seal(self._pack(dest, stage, step, bucket, shard, fragment,
+                                             fragments, index, count, len(part), psn), part)
             self._transmit(dest, head, part)
 
     def send_packets(self, dest: int, stage: int, step: int, bucket: int, shard: int,
@@ -252,61 +283,47 @@ class UdpTransport:
             if n and end_copies:
                 self.send_end(dest, stage, step, bucket, shard, n, end_copies)
             return
-        copies = end_copies if n else 0
-        heads = self._batch_heads(n + copies, stage, step, bucket, shard)
-        lengths = np.zeros(n + copies, np.int64)
-        lengths[:n] = 4 * (ends - starts)
-        addresses = np.zeros(n + copies, np.uint64)
-        addresses[:n] = x.ctypes.data + 4 * starts
-        heads["index"][:n], heads["count"], heads["length"] = np.arange(n), n, lengths
-        heads["stage"][n:], heads["index"][n:] = hdr.END_OF[stage], n  # the end markers
-        heads["copy"][n:] = np.arange(copies)
-        if self.auth is not None:
-            data = x.view(np.uint8)
-            self.auth.seal_batch(heads, [data[4 * a:4 * b] for a, b in
-                                         zip(starts.tolist(), ends.tolist(), strict=True)]
-                                 + [b""] * copies)
-        sent, segmented = self._tx.send(self.endpoints[dest], heads, addresses, lengths)
-        self.counters.segmented_sends += segmented
-        # (a datagram that could not go at all, e.g. no route, is taken as a marker here)
-        self.counters.packets_sent += min(sent, n)
-        self.counters.ends_sent += max(0, sent - n)
-        self.counters.bytes_sent += int(lengths[:min(sent, n)].sum())
+        self._send_batch(dest, stage, step, bucket, shard, x, starts, ends, n,
+                         end_copies if n else 0, 0)
+
+    def _send_batch(self, dest, stage, step, bucket, shard, x, starts, ends, count, copies,
+                    first_copy) -> None:
+        """Packets x[starts[i]:ends[i]] and `copies` end markers, built, sealed and sent by
+        the compiled core in one call."""
+        total = len(starts) + copies
+        auth = self.auth
+        data, ends_went, nbytes, segmented, refused = self._tx.send(
+            self._sockaddrs[dest], dest, auth.mac if auth else None,
+            auth.reserve(total) if auth else 0, stage, step, bucket & 0xFFFF, shard, x,
+            starts, ends, count, hdr.END_OF[stage], copies, first_copy)
+        if refused:
+            log.warning("rank %d: UDP segmentation refused by the route: sending datagram "
+                        "by datagram from now on", self.rank)
+            self.segments = 1
+        c = self.counters
+        c.segmented_sends += segmented
+        c.packets_sent += data
+        c.ends_sent += ends_went
+        c.bytes_sent += nbytes
 
     def send_end(self, dest: int, stage: int, step: int, bucket: int, shard: int, count: int,
                  copies: int, first_copy: int = 0) -> None:
         """Tell `dest` that all `count` packets of `shard` for `stage` went out: `copies`
         end markers (header only), after the data on the same path, numbered from
         first_copy (markers sent again later are new transmissions, not replays)."""
-        numbers = np.arange(first_copy, first_copy + copies)
         if self.batched:  # all copies in one system call
-            heads = self._batch_heads(copies, hdr.END_OF[stage], step, bucket, shard)
-            heads["index"], heads["count"], heads["copy"] = count, count, numbers
-            if self.auth is not None:
-                self.auth.seal_batch(heads, [b""] * copies)
-            self.counters.ends_sent += self._tx.send(
-                self.endpoints[dest], heads, np.zeros(copies, np.uint64),
-                np.zeros(copies, np.uint64))[0]
+            self._send_batch(dest, stage, step, bucket, shard, _NO_VALUES, _NO_PACKETS,
+                             _NO_PACKETS, count, copies, first_copy)
             return
-        for copy in numbers.tolist():
-            head = self._pack(hdr.END_OF[stage], step, bucket, shard, 0, 1, count, count, 0, 0,
-                              copy)
+        for copy in range(first_copy, first_copy + copies):
+            head = self._pack(dest, hdr.END_OF[stage], step, bucket, shard, 0, 1, count, count,
+                              0, 0, copy)
             self._transmit(dest, self._seal(head, b""), b"", end_marker=True)
 
-    def _batch_heads(self, n: int, stage: int, step: int, bucket: int,
-                     shard: int) -> np.ndarray:
-        """n headers of single-datagram units of this rank, as a batch.HEADER_DTYPE array;
-        index, count and length are the caller's to fill (0 until then)."""
-        heads = np.zeros(n, batch.HEADER_DTYPE)
-        heads["magic"], heads["version"], heads["stage"] = hdr.MAGIC, hdr.VERSION, stage
-        heads["source"], heads["nonce"], heads["step"] = self.rank, self.nonce, step
-        heads["bucket"], heads["shard"], heads["fragments"] = bucket & 0xFFFF, shard, 1
-        return heads
-
-    def _pack(self, stage, step, bucket, shard, fragment, fragments, index, count, length,
-              psn, copy=0) -> bytes:
+    def _pack(self, dest, stage, step, bucket, shard, fragment, fragments, index, count,
+              length, psn, copy=0) -> bytes:
         return hdr.pack(stage, self.rank, self.nonce, step, bucket, shard, index, count, length,
-                        fragment, fragments, psn, copy)
+                        fragment, fragments, psn, copy, dest)
 
     def _seal(self, head: bytes, payload) -> bytes:
         """The header with its seq and tag (unchanged without a job key)."""
@@ -341,7 +358,7 @@ class UdpTransport:
         self.counters.bytes_sent += len(payload)
 
     def _control(self, dest: int, stage: int, psn: int) -> None:
-        head = hdr.pack(stage, self.rank, self.nonce, 0, 0, 0, 0, 0, 0, psn=psn)
+        head = hdr.pack(stage, self.rank, self.nonce, 0, 0, 0, 0, 0, 0, psn=psn, dest=dest)
         self._transmit(dest, self._seal(head, b""), b"")
 
     # ---- receiving ----------------------------------------------------------------------
@@ -351,9 +368,10 @@ class UdpTransport:
                       handle_batch: Callable | None = None) -> None:
         """Feed valid units of this job to `handle` until `done()` or the deadline
         (time.monotonic()). `handle` says what it did with each one, for the counters.
-        handle_batch(heads, data, rows), where the transport batches, takes many plain data
-        packets at once: heads (batch.HEADER_DTYPE array), the receive buffer `data` and
-        the row of each packet in it; it returns how many packets got each verdict."""
+        handle_batch(data, rows), where the transport batches, takes many plain data
+        packets at once, screened (this job's, sealed by their source, addressed here): the
+        receive buffer `data` (one datagram a row) and the row of each packet in it; it
+        returns how many packets got each verdict."""
         if self.semantics.reliable:
             self._receive_delivered(deadline, done, handle)
             return
@@ -385,50 +403,42 @@ class UdpTransport:
             self._batch(n, handle, handle_batch)
 
     def _batch(self, n: int, handle, handle_batch) -> None:
-        """Check a batch's headers all at once; plain data packets of this job go to
-        handle_batch, everything else (foreign, malformed, control) through _datagram, one
-        at a time, which counts it exactly as the datagram path does."""
-        rx = self._rx
-        heads, sizes = rx.headers(n), rx.sizes(n)
-        address, port = rx.senders(n)
-        source = heads["source"].astype(np.int64)
-        known = source < self.world
-        peer = np.where(known, source, 0)
-        ours = ((sizes >= hdr.HEADER_BYTES) & (heads["magic"] == hdr.MAGIC)
-                & (heads["version"] == hdr.VERSION) & (heads["nonce"] == self.nonce)
-                & known & (source != self.rank)
-                & (self._peer_address[peer] == address) & (self._peer_port[peer] == port))
-        if self.auth is not None:  # the tag of each: before anything else looks further
-            forged = [row for row in np.flatnonzero(ours).tolist()
-                      if not self.auth.check(rx.data[row], int(sizes[row]))]
-            if forged:
-                self.counters.unauthenticated += len(forged)
-                ours[forged] = False
-                sizes[forged] = -1  # (so that nothing below takes them either)
-        plain = (ours & (heads["length"] == sizes - hdr.HEADER_BYTES)
-                 & (heads["length"] % 4 == 0)
-                 & (heads["stage"] <= hdr.STAGE_BROADCAST) & (heads["fragments"] == 1)
-                 & (heads["fragment"] == 0))
-        rows = np.flatnonzero(plain)
+        """Screen a batch in the compiled core (this job's, its source's tag, addressed
+        here); plain data packets go to handle_batch, everything else valid (end markers,
+        control, bad lengths) through _datagram, one at a time, which counts it exactly as
+        the datagram path does."""
+        rx, c = self._rx, self.counters
+        foreign, forged, misdirected, truncated = native.screen(
+            rx.data, rx.slot_bytes, rx.sizes, rx.addrs, rx.ports, n, self.rank, self.world,
+            self.nonce, self.auth.macs if self.auth is not None else None,
+            self._peer_address, self._peer_port, rx.classes)
+        c.foreign += foreign
+        c.unauthenticated += forged
+        c.misdirected += misdirected
+        c.truncated += truncated
+        classes = rx.classes[:n]
+        rows = np.flatnonzero(classes == native.DATA)
         if len(rows):
-            for verdict, count in handle_batch(heads[rows], rx.data, rows).items():
+            for verdict, count in handle_batch(rx.data, rows).items():
                 self._count(verdict, count)
+        others = np.flatnonzero(classes == native.OTHER).tolist()
+        if not others:
+            return
         # End markers come in identical copies (several usually in one batch): the first of
         # each goes through _datagram, the others get the verdict it got.
-        marker = (~plain & (sizes == hdr.HEADER_BYTES) & (heads["stage"] >= hdr.STAGE_REDUCE_END)
-                  & (heads["fragments"] == 1))
-        first = np.flatnonzero(~plain & ~marker & (sizes >= 0)).tolist()
-        copies: dict[tuple, list[int]] = {}  # (marker, sender): [its first row, copies]
-        for row in np.flatnonzero(marker).tolist():
-            # (what a marker says: its header up to the copy number, seq and tag)
-            key = (rx.data[row, :hdr.SEQ_OFFSET - 4].tobytes(), address[row], port[row])
-            seen = copies.setdefault(key, [row, 0])
-            seen[1] += 1
+        first, copies = [], {}  # (what a marker says: its header up to the copy number)
+        for row in others:
+            head = rx.data[row]
+            if (rx.sizes[row] == hdr.HEADER_BYTES and head[5] >= hdr.STAGE_REDUCE_END
+                    and head[26:28].tobytes() == b"\0\1"):
+                seen = copies.setdefault(head[:hdr.DEST_OFFSET - 2].tobytes(), [row, 0])
+                seen[1] += 1
+            else:
+                first.append(row)
         extra = {row: times - 1 for row, times in copies.values()}
         for row in sorted(first + list(extra)):
-            sender = (socket.inet_ntoa(int(address[row]).to_bytes(4, "big")), int(port[row]))
-            verdict = self._datagram(int(sizes[row]), sender, handle, memoryview(rx.data[row]),
-                                     checked=bool(ours[row]))
+            verdict = self._datagram(int(rx.sizes[row]), rx.sender(row), handle,
+                                     memoryview(rx.data[row]), checked=True)
             if extra.get(row) and verdict is not None:
                 self._count(verdict, extra[row])
 
@@ -490,15 +500,22 @@ class UdpTransport:
         if self.auth is not None and not checked and not self.auth.check(view, size):
             c.unauthenticated += 1
             return UNAUTHENTICATED
+        if head.dest != self.rank:  # genuine, but another rank's: a redirected copy
+            c.misdirected += 1
+            return MISDIRECTED
         if head.length != size - hdr.HEADER_BYTES or head.length % 4:
             c.malformed += 1
             return MALFORMED
-        if head.stage in (hdr.STAGE_ACK, hdr.STAGE_NAK):
-            self._on_control(head)
-            return None
+        # (the drop mask loses control datagrams too: an ACK crosses the network like data)
         if self.drop_mask is not None and self.drop_mask.drops(head):
             c.masked += 1
             return MASKED
+        if head.stage in (hdr.STAGE_ACK, hdr.STAGE_NAK):
+            if not self._send_flows[head.source].in_window(head.psn):
+                c.malformed += 1
+                return MALFORMED
+            self._on_control(head)
+            return None
         if self.semantics.reliable:
             flow = self._recv_flows[head.source]
             verdict = flow.accept(head.psn)
@@ -540,9 +557,16 @@ class UdpTransport:
         key = (head.source, head.step, head.stage, head.shard, head.index)
         entry = self._partial.get(key)
         if entry is None:
-            if len(self._partial) >= MAX_PARTIAL_MESSAGES:
+            # Only steps that can still be used start a message (the current one, the one
+            # before, the early window), and each source has its share of the room: a peer
+            # (or a replay) cannot fill it for the others.
+            if not self._step - 2 <= head.step < self._step + EARLY_WINDOW_STEPS:
                 self.counters.future += 1
                 return None
+            if self._partial_of[head.source] >= MAX_PARTIAL_MESSAGES // self.world:
+                self.counters.future += 1
+                return None
+            self._partial_of[head.source] += 1
             entry = self._partial[key] = [bytearray(4 * self.fragment_floats * head.fragments),
                                           set(), 0, head.fragments]
         if entry[3] != head.fragments:  # fragments of one message disagree on their number
@@ -557,9 +581,13 @@ class UdpTransport:
         entry[2] += head.length
         if len(entry[1]) < head.fragments:
             return None
-        del self._partial[key]
+        self._forget_partial(key)
         whole = head._replace(length=entry[2], fragment=0)
         return whole, memoryview(entry[0])[:entry[2]]
+
+    def _forget_partial(self, key: tuple) -> None:
+        del self._partial[key]
+        self._partial_of[key[0]] -= 1
 
     def _on_control(self, head: hdr.Header) -> None:
         flow = self._send_flows[head.source]

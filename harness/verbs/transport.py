@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.transport import header as hdr
-from harness.transport.auth import PacketAuth
+from harness.transport.auth import PacketAuth, parse_salt
 from harness.transport.dropmask import DropMask
 from harness.transport.early import EarlyStash
 from harness.transport.semantics import Semantics
@@ -45,6 +45,7 @@ from harness.transport.udp import (
     FOREIGN,
     MALFORMED,
     MASKED,
+    MISDIRECTED,
     UNAUTHENTICATED,
     Counters,
     TransportError,
@@ -88,8 +89,10 @@ class VerbsTransport:
         self.rank, self.world, self.semantics = rank, world, semantics
         # this rank's own verdicts (one mask may be handed to every rank of a process)
         self.drop_mask = drop_mask.for_receiver(rank) if drop_mask is not None else None
-        # the job key (harness.transport.auth): every message sealed and checked with it
-        self.auth = PacketAuth(key, rank, f"verbs/{semantics}") if key is not None else None
+        # the job key (harness.transport.auth): every message sealed and checked with it,
+        # under a key of this transport's own (its store prefix, its salt)
+        prefix = key_prefix or f"lossbed/verbs/{semantics}"
+        self.auth = PacketAuth(key, rank, prefix) if key is not None else None
         self.counters = Counters()
         self.stash = EarlyStash()  # packets of coming steps that came early, kept for them
         self._step = 0
@@ -159,7 +162,7 @@ class VerbsTransport:
         self._free = deque(range(SEND_SLOTS))
         self._posted = 0
         self._pending: deque = deque()  # (peer, message) taken off the queue while sending
-        self._exchange(store, key_prefix or f"lossbed/verbs/{semantics}")
+        self._exchange(store, prefix)
         self._counters_at_start = self._read_device_counters()
         log.info("rank %d: verbs transport on %s (GID %s), %s, messages of %d B (%d floats), "
                  "%d receives posted per queue pair", rank, self.device, self.gid, semantics,
@@ -173,12 +176,20 @@ class VerbsTransport:
         v = self.v
         mine = {str(p): qp.qp_num for (qp, _), peers in zip(self.qps, self._qp_peers,
                                                              strict=True) for p in peers}
-        store.set(f"{prefix}/ep/{self.rank}", json.dumps({"gid": self.gid, "qpn": mine}))
+        salt = self.auth.salt.hex() if self.auth is not None else ""
+        store.set(f"{prefix}/ep/{self.rank}", json.dumps({"gid": self.gid, "qpn": mine,
+                                                          "salt": salt}))
         if self.rank == 0:
             store.set(f"{prefix}/nonce", str(int.from_bytes(os.urandom(8), "big")))
         self.nonce = int(store.get(f"{prefix}/nonce"))
         remote = {p: json.loads(store.get(f"{prefix}/ep/{p}")) for p in range(self.world)
                   if p != self.rank}
+        if self.auth is not None:
+            try:
+                self.auth.know_peers([parse_salt(remote[p].get("salt", ""), f"rank {p}")
+                                      if p != self.rank else None for p in range(self.world)])
+            except ValueError as err:
+                raise TransportError(f"rank {self.rank}: {err}") from None
         # Which peer a completion came from: by our queue pair (UC/RC) or, for UD, by the
         # sender's queue pair number.
         self._peer_of_qp, self._peer_of_src = {}, {}
@@ -233,7 +244,7 @@ class VerbsTransport:
              count: int, payload, copy: int = 0) -> None:
         """One message to `dest`: the header, then `payload` (bytes of float32 values)."""
         head = hdr.pack(stage, self.rank, self.nonce, step, bucket, shard, index, count,
-                        len(payload), copy=copy)
+                        len(payload), copy=copy, dest=dest)
         if self.auth is not None:
             head = self.auth.seal(head, payload)
         self._post(dest, head, payload)
@@ -371,6 +382,9 @@ class VerbsTransport:
         if self.auth is not None and not self.auth.check(data, size):
             c.unauthenticated += 1
             return UNAUTHENTICATED
+        if head.dest != self.rank:  # genuine, but another rank's
+            c.misdirected += 1
+            return MISDIRECTED
         if head.length != size - hdr.HEADER_BYTES or head.length % 4 or head.fragments != 1:
             c.malformed += 1
             return MALFORMED

@@ -450,10 +450,10 @@ class Profile(_Strict):
     match: Match = Field(default_factory=Match)
     hosts: dict[str, Impairment] = Field(default_factory=dict)
     links: list[LinkOverride] = Field(default_factory=list)
-    # Only the experiment's hosts can send on the emulated network (a cluster lossbed built
-    # for this run alone): then training's datagrams go unauthenticated, which halves the
-    # lossless all-reduce's time at MTU 1500 (harness/transport/auth.py). Otherwise every
-    # datagram carries a MAC with a key drawn for the launch. Records say which.
+    # Only the experiment's hosts can send on the emulated network, and the run was asked
+    # to price the MAC (--unsealed): then training's datagrams go unauthenticated.
+    # Otherwise every datagram carries a MAC with a key drawn for the launch (the default,
+    # a bench's own cluster included). Records say which.
     isolated: bool = False
 
     @model_validator(mode="after")

@@ -48,8 +48,8 @@ def test_bench_writes_every_field_the_table_and_plots_and_leaves_nothing(tmp_pat
         assert row["headline"] == {"reliable": "rank0", "unbiased_drift": "owners"}.get(
             row["variant"], "rank_mean")
         assert (row["ppl_owners"] is not None) == (row["variant"] == "unbiased_drift")
-        # the bench's own cluster: its profiles say isolated, datagrams go without a MAC
-        assert row["authenticated"] is False and row["wire_warning"] is None
+        # the bench's own cluster too: every datagram sealed unless --unsealed
+        assert row["authenticated"] is True and row["wire_warning"] is None
     lossy_seeds = {(r["seed"], r["loss_seed"]) for r in rows if r["loss"] > 0
                    and r["variant"] == "rps"}
     assert len(lossy_seeds) == 3  # two seeds, and one more realisation at seed 0

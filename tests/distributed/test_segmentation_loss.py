@@ -70,3 +70,4 @@ def test_segmented_sends_lose_single_datagrams_at_the_receivers_ingress(pair):
     # ~300 lost datagrams with a neighbour in their send: P=0.05 gives ~15 of them, with a
     # standard deviation of ~4; 0.2 is more than 10 deviations above and far below 1
     assert neighbour_lost < 0.2, neighbour_lost
+

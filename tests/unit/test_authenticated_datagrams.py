@@ -193,6 +193,19 @@ def test_every_launch_gives_its_ranks_a_fresh_key(monkeypatch):
     assert seen[-1] is None
 
 
+class SendsTwice:
+    """A transport's sender that sends every batch twice: the same sealed datagrams (one
+    seq), as a network that duplicates would deliver them."""
+
+    def __init__(self, sender):
+        self.sender = sender
+
+    def send(self, *args):
+        first = self.sender.send(*args)
+        self.sender.send(*args)
+        return first
+
+
 def replayed_mask_run(seed: int, copies_in_flight: bool):
     """(dropped count, digest) per rank over 3 all-reduces under a seeded drop mask
     (test_dropmask.run_variant); with copies_in_flight every datagram goes out twice and
@@ -202,8 +215,7 @@ def replayed_mask_run(seed: int, copies_in_flight: bool):
     def copies(transports, step):
         if step == 0:  # every send twice, from now on
             for t in transports:
-                send = t._tx.send
-                t._tx.send = lambda *a, _send=send: (_send(*a), _send(*a))[0]
+                t._tx = SendsTwice(t._tx)
         for kind in ("poison", "end"):
             transports[1].sock.sendto(forged(kind, transports[0].nonce, step),
                                       transports[0].endpoints[0])

@@ -41,7 +41,7 @@ def test_with_three_steps_a_row_has_no_p99_but_its_maximum():
     assert abs(row["step_max_ms"] - 1.2) < 0.001
 
 
-def test_a_bench_on_its_own_cluster_says_every_profile_is_isolated():
+def test_an_unsealed_bench_says_every_profile_is_isolated_and_the_default_does_not():
     from harness.bench.spec import BenchSpec
     from testbed import profiles
 

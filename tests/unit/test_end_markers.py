@@ -106,7 +106,7 @@ def test_copies_of_an_end_marker_in_one_batch_get_the_verdict_of_the_first():
             return END if head.count == 5 else MALFORMED
 
         rx.receive_until(time.monotonic() + 0.5, lambda: False, handle,
-                         lambda heads, data, rows: Counter())
+                         lambda data, rows: Counter())
         assert sorted(judged) == [5, 6]  # one look at each distinct marker
         c = rx.counters
         assert (c.ends_received, c.malformed, c.foreign) == (3, 2, 2)

@@ -6,8 +6,6 @@ real kernel loss in tests/distributed/test_segmentation_loss.py."""
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import socket
 import threading
 import time
@@ -18,18 +16,18 @@ import torch
 
 from harness import launch
 from harness.collectives.lossy import LossyCollective
-from harness.transport import batch
 from harness.transport import header as hdr
+from harness.transport import native
 from harness.transport.udp import APPLIED, END
 from testbed import profiles
 from tests.unit.test_transport_hostile import make_pair
 
 
 def grouping(payloads: list[int], segments: int = 7, segment_bytes: int = 144):
-    sender = batch.BatchSender.__new__(batch.BatchSender)
-    sender.segments, sender.segment_bytes, sender._plans = segments, segment_bytes, {}
-    first, packets = sender._messages(np.array(payloads))
-    return first.tolist(), packets.tolist()
+    """(first packet of each send, packets in it) as the compiled sender groups them."""
+    sender = native.Sender(-1, 0, 0, segment_bytes, segments)
+    packets = sender.plan(np.array(payloads, dtype=np.int64))
+    return np.cumsum([0, *packets[:-1]]).tolist(), packets
 
 
 def test_full_packets_go_in_sends_of_up_to_segments_and_a_short_one_ends_its_send():
@@ -49,12 +47,12 @@ def test_segments_per_send_fit_one_ipv4_datagram():
         segment = hdr.HEADER_BYTES + 4 * hdr.payload_floats(mtu)
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            segments = batch.enable_segmentation(sock, segment)
+            segments = native.enable_segmentation(sock, segment)
         finally:
             sock.close()
-        assert 1 < segments <= batch.MAX_GSO_SEGMENTS
-        assert segments * segment <= batch.MAX_UDP_PAYLOAD < (segments + 1) * segment \
-            or segments == batch.MAX_GSO_SEGMENTS
+        assert 1 < segments <= native.MAX_GSO_SEGMENTS
+        assert segments * segment <= native.MAX_UDP_PAYLOAD < (segments + 1) * segment \
+            or segments == native.MAX_GSO_SEGMENTS
 
 
 def send_and_receive(packets: int, **options):
@@ -104,23 +102,42 @@ def test_without_segmentation_nothing_is_cut():
     assert sent.segmented_sends == 0
 
 
-def test_a_route_that_refuses_segmentation_falls_back_to_single_datagrams(monkeypatch):
-    real = batch._sendmmsg
-    refused = []
+SO_NO_CHECK = 11  # socket(7): no UDP checksums, with which the kernel refuses UDP GSO
 
-    def no_segmentation(fd, msgs, count, flags):
-        iovlen = ctypes.c_uint64.from_address(msgs + 8 * 3).value  # the first msg_iovlen
-        if iovlen > 2:
-            refused.append(iovlen // 2)
-            ctypes.set_errno(errno.EIO)
-            return -1
-        return real(fd, msgs, count, flags)
 
-    monkeypatch.setattr(batch, "_sendmmsg", no_segmentation)
-    got, intact, sent, _ = send_and_receive(100, segmentation=True)
-    assert refused == [44]  # the first cut send was refused, and no other was tried
-    assert got == set(range(100)) and intact == 100
-    assert sent.segmented_sends == 0 and sent.packets_sent == 100
+def test_a_route_that_refuses_segmentation_falls_back_to_single_datagrams(caplog):
+    """A socket that sends without UDP checksums cannot segment (the kernel answers a cut
+    send with EINVAL, as it answers EIO on a route whose device cannot checksum): the
+    compiled sender sends that send and everything after it one datagram at a time, says so
+    once, and loses nothing to the refusal."""
+    store, (rx, tx) = make_pair(segmentation=True)
+    try:
+        assert tx.segments > 1
+        tx.sock.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
+        per = tx.per_packet
+        x = np.repeat(np.arange(100, dtype=np.float32), per)
+        starts = np.arange(100) * per
+        with caplog.at_level("WARNING", logger="harness.transport.udp"):
+            tx.send_packets(0, hdr.STAGE_REDUCE, 0, 0, 0, x, starts, starts + per, 2)
+            tx.send_packets(0, hdr.STAGE_REDUCE, 0, 0, 0, x, starts, starts + per, 2)
+        got = []
+
+        def handle(head, payload):
+            if head.stage == hdr.STAGE_REDUCE_END:
+                return END
+            got.append(head.index)
+            return APPLIED
+
+        rx.receive_until(time.monotonic() + 5, lambda: len(got) >= 200, handle)
+        assert sorted(got) == sorted(list(range(100)) * 2)
+        assert tx.counters.segmented_sends == 0 and tx.counters.packets_sent == 200
+        assert tx.segments == 1 and tx._tx.segments == 1
+        assert [r.message for r in caplog.records].count(
+            "rank 1: UDP segmentation refused by the route: sending datagram by datagram "
+            "from now on") == 1
+    finally:
+        rx.close()
+        tx.close()
 
 
 def test_the_lossy_allreduce_with_segmentation_equals_the_exact_mean():

@@ -1,0 +1,1062 @@
+/* The per-datagram work of lossbed's UDP data plane, one call per batch.
+ *
+ * Python keeps the policy (layouts, deadlines, estimators, counters, the drop mask); this
+ * file only moves and checks bytes: it builds and seals the headers of a batch of packets
+ * and sends them (UDP GSO where the socket has it, sendmmsg otherwise), receives a batch
+ * with recvmmsg, screens it (is it this job's, from the peer it names, sealed with that
+ * peer's key, addressed to this rank), and applies the data packets of one stage: checks
+ * each against what the receiver itself expects, refuses non-finite values and duplicates,
+ * and adds or copies the payload into the destination tensor.
+ *
+ * Everything from the wire is hostile: every length and index read from a datagram is
+ * checked against the receiver's own arrays before it indexes anything, and nothing a
+ * datagram says sizes an allocation. harness/transport/header.py is the definition of the
+ * header; native.py checks at import that the constants below agree with it.
+ *
+ * The MAC is GMAC: AES-128-GCM (OpenSSL's EVP) with the whole datagram as additional data
+ * and nothing to encrypt, the tag field taken as zero. Nonce: source rank (4 bytes, big
+ * endian) then seq (8 bytes): auth.py says why it never repeats.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#define HEADER_BYTES 72
+#define SEQ_OFFSET 48
+#define TAG_OFFSET 56
+#define TAG_BYTES 16
+#define MAGIC 0x4C424544u
+#define VERSION 5
+#define STAGE_REDUCE 0
+#define STAGE_BROADCAST 1
+#define MAX_UDP_PAYLOAD 65507
+#define MAX_SENDMMSG 1024
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103 /* linux/udp.h */
+#endif
+
+/* header field offsets (header.py) */
+enum { O_MAGIC = 0, O_VERSION = 4, O_STAGE = 5, O_SOURCE = 6, O_NONCE = 8, O_STEP = 16,
+       O_BUCKET = 20, O_SHARD = 22, O_FRAGMENT = 24, O_FRAGMENTS = 26, O_INDEX = 28,
+       O_COUNT = 32, O_LENGTH = 36, O_PSN = 40, O_COPY = 44, O_DEST = 46 };
+
+/* what screen() says of a received datagram */
+enum { CLS_FOREIGN = 0, CLS_UNAUTHENTICATED = 1, CLS_MISDIRECTED = 2, CLS_TRUNCATED = 3,
+       CLS_DATA = 4, CLS_OTHER = 5 };
+
+static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint32_t rd32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline uint64_t rd64(const uint8_t *p) {
+    return ((uint64_t)rd32(p) << 32) | rd32(p + 4);
+}
+static inline void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+static inline void wr32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+static inline void wr64(uint8_t *p, uint64_t v) { wr32(p, (uint32_t)(v >> 32)); wr32(p + 4, (uint32_t)v); }
+
+/* ---- the MAC ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    EVP_CIPHER_CTX *ctx;
+} MacObject;
+
+static PyTypeObject MacType;
+
+/* GMAC of head (HEADER_BYTES, its tag field taken as zero) followed by payload. 0 on
+ * success. */
+static int gmac(EVP_CIPHER_CTX *ctx, uint32_t source, uint64_t seq, const uint8_t *head,
+                const uint8_t *payload, size_t payload_len, uint8_t tag[TAG_BYTES]) {
+    static const uint8_t zeros[TAG_BYTES];
+    uint8_t iv[12], none[16];
+    int outl;
+    wr32(iv, source);
+    wr64(iv + 4, seq);
+    if (EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, iv) != 1) return -1;
+    if (EVP_EncryptUpdate(ctx, NULL, &outl, head, TAG_OFFSET) != 1) return -1;
+    if (EVP_EncryptUpdate(ctx, NULL, &outl, zeros, TAG_BYTES) != 1) return -1;
+    if (payload_len > 0 && payload_len <= INT32_MAX
+        && EVP_EncryptUpdate(ctx, NULL, &outl, payload, (int)payload_len) != 1) return -1;
+    if (EVP_EncryptFinal_ex(ctx, none, &outl) != 1) return -1;
+    if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, TAG_BYTES, tag) != 1) return -1;
+    return 0;
+}
+
+/* 1: the datagram's tag is the one `ctx` makes for it (source and seq from its header). */
+static int tag_checks(EVP_CIPHER_CTX *ctx, const uint8_t *datagram, size_t size) {
+    uint8_t tag[TAG_BYTES];
+    if (size < HEADER_BYTES) return 0;
+    if (gmac(ctx, rd16(datagram + O_SOURCE), rd64(datagram + SEQ_OFFSET), datagram,
+             datagram + HEADER_BYTES, size - HEADER_BYTES, tag) != 0) return 0;
+    return CRYPTO_memcmp(tag, datagram + TAG_OFFSET, TAG_BYTES) == 0;
+}
+
+static int Mac_init(MacObject *self, PyObject *args, PyObject *kwds) {
+    Py_buffer key;
+    if (!PyArg_ParseTuple(args, "y*", &key)) return -1;
+    if (key.len != 16) {
+        PyBuffer_Release(&key);
+        PyErr_SetString(PyExc_ValueError, "a Mac takes a 16-byte AES-128 key");
+        return -1;
+    }
+    if (self->ctx == NULL) self->ctx = EVP_CIPHER_CTX_new();
+    int ok = self->ctx != NULL
+             && EVP_EncryptInit_ex(self->ctx, EVP_aes_128_gcm(), NULL, key.buf, NULL) == 1;
+    PyBuffer_Release(&key);
+    if (!ok) {
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL could not set up AES-128-GCM");
+        return -1;
+    }
+    return 0;
+}
+
+static void Mac_dealloc(MacObject *self) {
+    if (self->ctx) EVP_CIPHER_CTX_free(self->ctx);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Mac.tag(datagram) -> the 16-byte tag of a datagram (its own tag field ignored) */
+static PyObject *Mac_tag(MacObject *self, PyObject *args) {
+    Py_buffer d;
+    uint8_t tag[TAG_BYTES];
+    if (!PyArg_ParseTuple(args, "y*", &d)) return NULL;
+    if (d.len < HEADER_BYTES) {
+        PyBuffer_Release(&d);
+        PyErr_SetString(PyExc_ValueError, "a datagram is at least a header long");
+        return NULL;
+    }
+    const uint8_t *p = d.buf;
+    int rc = gmac(self->ctx, rd16(p + O_SOURCE), rd64(p + SEQ_OFFSET), p, p + HEADER_BYTES,
+                  (size_t)d.len - HEADER_BYTES, tag);
+    PyBuffer_Release(&d);
+    if (rc != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL failed to compute a GMAC");
+        return NULL;
+    }
+    return PyBytes_FromStringAndSize((const char *)tag, TAG_BYTES);
+}
+
+/* Mac.check(datagram, size) -> True if its first `size` bytes carry the tag this key makes */
+static PyObject *Mac_check(MacObject *self, PyObject *args) {
+    Py_buffer d;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "y*n", &d, &size)) return NULL;
+    int ok = size >= HEADER_BYTES && size <= d.len && tag_checks(self->ctx, d.buf, (size_t)size);
+    PyBuffer_Release(&d);
+    return PyBool_FromLong(ok);
+}
+
+static PyMethodDef Mac_methods[] = {
+    {"tag", (PyCFunction)Mac_tag, METH_VARARGS, "The GMAC tag of a datagram."},
+    {"check", (PyCFunction)Mac_check, METH_VARARGS, "Whether a datagram's tag checks."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject MacType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "harness.transport._wire.Mac",
+    .tp_basicsize = sizeof(MacObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "AES-128-GMAC of lossbed datagrams under one key (OpenSSL EVP).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Mac_init,
+    .tp_dealloc = (destructor)Mac_dealloc,
+    .tp_methods = Mac_methods,
+};
+
+/* The EVP context of a Mac argument, NULL for None; -1 if it is neither. */
+static int mac_arg(PyObject *o, EVP_CIPHER_CTX **ctx) {
+    if (o == Py_None) {
+        *ctx = NULL;
+        return 0;
+    }
+    if (!PyObject_TypeCheck(o, &MacType)) {
+        PyErr_SetString(PyExc_TypeError, "expected a Mac or None");
+        return -1;
+    }
+    *ctx = ((MacObject *)o)->ctx;
+    return 0;
+}
+
+/* ---- sending ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    int fd;
+    uint16_t rank;
+    uint64_t nonce;
+    Py_ssize_t segment_bytes; /* datagram size the kernel cuts at (UDP_SEGMENT) */
+    int segments;             /* datagrams one send may carry: 1 without GSO */
+    uint8_t *heads;
+    struct iovec *iov;
+    struct mmsghdr *msgs;
+    Py_ssize_t *msg_first, *msg_count;
+    Py_ssize_t capacity; /* packets the scratch holds */
+    int busy;
+} SenderObject;
+
+static int Sender_init(SenderObject *self, PyObject *args, PyObject *kwds) {
+    int fd, rank, segments;
+    unsigned long long nonce;
+    Py_ssize_t segment_bytes;
+    if (!PyArg_ParseTuple(args, "iiKni", &fd, &rank, &nonce, &segment_bytes, &segments))
+        return -1;
+    if (rank < 0 || rank > 0xFFFF || segments < 1 || segment_bytes < HEADER_BYTES
+        || (segments > 1 && (Py_ssize_t)segments * segment_bytes > MAX_UDP_PAYLOAD)) {
+        PyErr_SetString(PyExc_ValueError, "Sender(fd, rank, nonce, segment_bytes, segments): "
+                        "rank in 0..65535, segment_bytes >= a header, segments >= 1 and "
+                        "segments x segment_bytes within one UDP datagram");
+        return -1;
+    }
+    self->fd = fd;
+    self->rank = (uint16_t)rank;
+    self->nonce = nonce;
+    self->segment_bytes = segment_bytes;
+    self->segments = segments;
+    return 0;
+}
+
+static void Sender_dealloc(SenderObject *self) {
+    free(self->heads);
+    free(self->iov);
+    free(self->msgs);
+    free(self->msg_first);
+    free(self->msg_count);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int sender_reserve(SenderObject *s, Py_ssize_t n) {
+    if (n <= s->capacity) return 0;
+    Py_ssize_t cap = n < 256 ? 256 : n;
+    uint8_t *heads = realloc(s->heads, (size_t)cap * HEADER_BYTES);
+    if (heads) s->heads = heads;
+    struct iovec *iov = realloc(s->iov, (size_t)cap * 2 * sizeof(struct iovec));
+    if (iov) s->iov = iov;
+    struct mmsghdr *msgs = realloc(s->msgs, (size_t)cap * sizeof(struct mmsghdr));
+    if (msgs) s->msgs = msgs;
+    Py_ssize_t *first = realloc(s->msg_first, (size_t)cap * sizeof(Py_ssize_t));
+    if (first) s->msg_first = first;
+    Py_ssize_t *count = realloc(s->msg_count, (size_t)cap * sizeof(Py_ssize_t));
+    if (count) s->msg_count = count;
+    if (!heads || !iov || !msgs || !first || !count) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->capacity = cap;
+    return 0;
+}
+
+/* Messages from packet `from` on: each holds up to `segments` packets, all but its last
+ * exactly one segment long (the kernel cuts at every segment_bytes), none longer. Returns
+ * how many messages were laid out from message slot `m`. */
+static Py_ssize_t group(SenderObject *s, const struct sockaddr_in *to, Py_ssize_t from,
+                        Py_ssize_t total, Py_ssize_t m) {
+    Py_ssize_t k = from, start = m;
+    while (k < total) {
+        Py_ssize_t pk = 1;
+        while (pk < s->segments && k + pk < total
+               && (Py_ssize_t)(HEADER_BYTES + s->iov[2 * (k + pk - 1) + 1].iov_len)
+                      == s->segment_bytes
+               && (Py_ssize_t)(HEADER_BYTES + s->iov[2 * (k + pk) + 1].iov_len)
+                      <= s->segment_bytes)
+            pk++;
+        struct msghdr *h = &s->msgs[m].msg_hdr;
+        memset(&s->msgs[m], 0, sizeof(struct mmsghdr));
+        h->msg_name = (void *)to;
+        h->msg_namelen = sizeof(struct sockaddr_in);
+        h->msg_iov = &s->iov[2 * k];
+        h->msg_iovlen = (size_t)(2 * pk);
+        s->msg_first[m] = k;
+        s->msg_count[m] = pk;
+        m++;
+        k += pk;
+    }
+    return m - start;
+}
+
+static int wait_writable(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    return poll(&p, 1, 10);
+}
+
+/* Sender.send(sockaddr, dest, mac, seq_first, stage, step, bucket, shard, x, starts, ends,
+ *             count, end_stage, copies, first_copy)
+ *   -> (data_sent, ends_sent, payload_bytes_sent, segmented_sends, gso_refused)
+ *
+ * Packet i carries x's float32 values [starts[i], ends[i]) and says index i of `count`;
+ * then `copies` end markers (stage end_stage, index == count, no payload, copy numbers
+ * from first_copy). With a mac, datagram k gets seq seq_first + k and its tag. */
+static PyObject *Sender_send(SenderObject *self, PyObject *args) {
+    Py_buffer addr, x, starts, ends;
+    PyObject *mac_obj;
+    int dest, stage, bucket, shard, end_stage, copies, first_copy;
+    unsigned long long seq_first;
+    unsigned int step, count;
+    EVP_CIPHER_CTX *mac;
+    if (!PyArg_ParseTuple(args, "y*iOKiIiiy*y*y*Iiii", &addr, &dest, &mac_obj, &seq_first,
+                          &stage, &step, &bucket, &shard, &x, &starts, &ends, &count,
+                          &end_stage, &copies, &first_copy))
+        return NULL;
+    PyObject *result = NULL;
+    const char *bad = NULL;
+    if (mac_arg(mac_obj, &mac) < 0) goto done;
+    if (addr.len != sizeof(struct sockaddr_in)) bad = "sockaddr must be a 16-byte sockaddr_in";
+    else if (starts.len != ends.len || starts.len % 8) bad = "starts and ends: int64 arrays of one length";
+    else if (copies < 0 || first_copy < 0 || first_copy + copies > 0xFFFF) bad = "copies out of range";
+    else if (dest < 0 || dest > 0xFFFF || stage < 0 || stage > 255 || end_stage < 0
+             || end_stage > 255 || bucket < 0 || bucket > 0xFFFF || shard < 0 || shard > 0xFFFF)
+        bad = "a header field is out of its range";
+    else if (self->busy) bad = "this Sender is already sending (one thread at a time)";
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, bad);
+        goto done;
+    }
+    Py_ssize_t n = starts.len / 8, total = n + copies;
+    const int64_t *st = starts.buf, *en = ends.buf;
+    Py_ssize_t floats = x.len / 4;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (st[i] < 0 || en[i] < st[i] || en[i] > floats
+            || HEADER_BYTES + 4 * (en[i] - st[i]) > MAX_UDP_PAYLOAD) {
+            PyErr_Format(PyExc_ValueError, "packet %zd: [%lld, %lld) is not a packet of x "
+                         "(%zd floats)", i, (long long)st[i], (long long)en[i], floats);
+            goto done;
+        }
+    }
+    if (sender_reserve(self, total) < 0) goto done;
+
+    const uint8_t *xb = x.buf;
+    for (Py_ssize_t k = 0; k < total; k++) {
+        uint8_t *h = self->heads + k * HEADER_BYTES;
+        int data = k < n;
+        size_t len = data ? (size_t)(4 * (en[k] - st[k])) : 0;
+        memset(h, 0, HEADER_BYTES);
+        wr32(h + O_MAGIC, MAGIC);
+        h[O_VERSION] = VERSION;
+        h[O_STAGE] = (uint8_t)(data ? stage : end_stage);
+        wr16(h + O_SOURCE, self->rank);
+        wr64(h + O_NONCE, self->nonce);
+        wr32(h + O_STEP, step);
+        wr16(h + O_BUCKET, (uint16_t)bucket);
+        wr16(h + O_SHARD, (uint16_t)shard);
+        wr16(h + O_FRAGMENTS, 1);
+        wr32(h + O_INDEX, data ? (uint32_t)k : count);
+        wr32(h + O_COUNT, count);
+        wr32(h + O_LENGTH, (uint32_t)len);
+        wr16(h + O_COPY, (uint16_t)(data ? 0 : first_copy + (k - n)));
+        wr16(h + O_DEST, (uint16_t)dest);
+        self->iov[2 * k].iov_base = h;
+        self->iov[2 * k].iov_len = HEADER_BYTES;
+        self->iov[2 * k + 1].iov_base = data ? (void *)(xb + 4 * st[k]) : (void *)h;
+        self->iov[2 * k + 1].iov_len = len;
+        if (mac) {
+            wr64(h + SEQ_OFFSET, seq_first + (uint64_t)k);
+            if (gmac(mac, self->rank, seq_first + (uint64_t)k, h, self->iov[2 * k + 1].iov_base,
+                     len, h + TAG_OFFSET) != 0) {
+                PyErr_SetString(PyExc_RuntimeError, "OpenSSL failed to compute a GMAC");
+                goto done;
+            }
+        }
+    }
+    const struct sockaddr_in *to = addr.buf;
+    Py_ssize_t m = group(self, to, 0, total, 0);
+    Py_ssize_t done_msgs = 0, failed_data = 0, failed_ends = 0, segmented = 0;
+    long long bytes = 0;
+    for (Py_ssize_t k = 0; k < n; k++) bytes += 4 * (en[k] - st[k]);
+    int refused = 0;
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    while (done_msgs < m) {
+        Py_ssize_t batch = m - done_msgs < MAX_SENDMMSG ? m - done_msgs : MAX_SENDMMSG;
+        int r = sendmmsg(self->fd, self->msgs + done_msgs, (unsigned int)batch, 0);
+        if (r > 0) {
+            for (Py_ssize_t j = done_msgs; j < done_msgs + r; j++)
+                segmented += self->msg_count[j] > 1;
+            done_msgs += r;
+            continue;
+        }
+        int err = errno;
+        if (err == EAGAIN || err == EWOULDBLOCK || err == ENOBUFS) {
+            wait_writable(self->fd); /* the send buffer is full: wait for room */
+        } else if (err == EINTR) {
+            continue;
+        } else if ((err == EIO || err == EINVAL) && self->msg_count[done_msgs] > 1) {
+            /* the route cannot segment: this and everything after, one datagram a send,
+             * with the socket's segmentation off too (so that no send is cut) */
+            int off = 0;
+            refused = 1;
+            self->segments = 1;
+            setsockopt(self->fd, IPPROTO_UDP, UDP_SEGMENT, &off, sizeof(off));
+            Py_ssize_t from = self->msg_first[done_msgs];
+            m = done_msgs + group(self, to, from, total, done_msgs);
+        } else {
+            /* this message cannot go (e.g. no route): skip it, like a drop */
+            for (Py_ssize_t k = self->msg_first[done_msgs];
+                 k < self->msg_first[done_msgs] + self->msg_count[done_msgs]; k++) {
+                if (k < n) {
+                    failed_data++;
+                    bytes -= (long long)self->iov[2 * k + 1].iov_len;
+                } else {
+                    failed_ends++;
+                }
+            }
+            done_msgs++;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    result = Py_BuildValue("nnLni", n - failed_data, (Py_ssize_t)copies - failed_ends, bytes,
+                           segmented, refused);
+done:
+    PyBuffer_Release(&addr);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&ends);
+    return result;
+}
+
+/* Sender.plan(payload_lengths) -> [datagrams in each send]: how send() would group
+ * packets whose payloads have these lengths (int64) into sends (for the tests). */
+static PyObject *Sender_plan(SenderObject *self, PyObject *args) {
+    Py_buffer lengths;
+    if (!PyArg_ParseTuple(args, "y*", &lengths)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = lengths.len / 8;
+    const int64_t *len = lengths.buf;
+    if (lengths.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "payload lengths: an int64 array");
+        goto done;
+    }
+    if (sender_reserve(self, n) < 0) goto done;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (len[k] < 0 || len[k] > MAX_UDP_PAYLOAD) {
+            PyErr_SetString(PyExc_ValueError, "a payload length is out of range");
+            goto done;
+        }
+        self->iov[2 * k + 1].iov_len = (size_t)len[k];
+    }
+    struct sockaddr_in nowhere = {0};
+    Py_ssize_t m = group(self, &nowhere, 0, n, 0);
+    result = PyList_New(m);
+    for (Py_ssize_t j = 0; result && j < m; j++)
+        PyList_SET_ITEM(result, j, PyLong_FromSsize_t(self->msg_count[j]));
+done:
+    PyBuffer_Release(&lengths);
+    return result;
+}
+
+static PyObject *Sender_get_segments(SenderObject *self, void *closure) {
+    return PyLong_FromLong(self->segments);
+}
+
+static PyMethodDef Sender_methods[] = {
+    {"send", (PyCFunction)Sender_send, METH_VARARGS,
+     "Build, seal and send one shard's packets and its end markers."},
+    {"plan", (PyCFunction)Sender_plan, METH_VARARGS,
+     "How packets of these payload lengths would be grouped into sends."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Sender_getset[] = {
+    {"segments", (getter)Sender_get_segments, NULL, "datagrams one send may carry", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject SenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "harness.transport._wire.Sender",
+    .tp_basicsize = sizeof(SenderObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Sends batches of lossbed packets from one socket.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Sender_init,
+    .tp_dealloc = (destructor)Sender_dealloc,
+    .tp_methods = Sender_methods,
+    .tp_getset = Sender_getset,
+};
+
+/* ---- receiving ---------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    int fd;
+    Py_ssize_t rows, slot_bytes;
+    Py_buffer data, sizes, addrs, ports; /* held for the receiver's life */
+    int held;
+    struct mmsghdr *msgs;
+    struct iovec *iov;
+    struct sockaddr_in *names;
+} ReceiverObject;
+
+static void Receiver_release(ReceiverObject *self) {
+    if (self->held) {
+        PyBuffer_Release(&self->data);
+        PyBuffer_Release(&self->sizes);
+        PyBuffer_Release(&self->addrs);
+        PyBuffer_Release(&self->ports);
+        self->held = 0;
+    }
+}
+
+/* Receiver(fd, data, slot_bytes, sizes, addrs, ports): datagram i of a batch lands in
+ * data[i * slot_bytes:], its size in sizes[i] (int64; -1 if it was longer than a slot), its
+ * sender's IPv4 address and port (host order) in addrs[i] (uint32) and ports[i] (uint16). */
+static int Receiver_init(ReceiverObject *self, PyObject *args, PyObject *kwds) {
+    int fd;
+    Py_ssize_t slot;
+    Receiver_release(self);
+    if (!PyArg_ParseTuple(args, "iw*nw*w*w*", &fd, &self->data, &slot, &self->sizes,
+                          &self->addrs, &self->ports))
+        return -1;
+    self->held = 1;
+    Py_ssize_t rows = slot > 0 ? self->data.len / slot : 0;
+    if (slot < HEADER_BYTES || rows < 1 || self->sizes.len < rows * 8
+        || self->addrs.len < rows * 4 || self->ports.len < rows * 2) {
+        Receiver_release(self);
+        PyErr_SetString(PyExc_ValueError, "Receiver: data holds rows of slot_bytes, sizes "
+                        "(int64), addrs (uint32) and ports (uint16) one entry per row");
+        return -1;
+    }
+    self->fd = fd;
+    self->rows = rows;
+    self->slot_bytes = slot;
+    free(self->msgs);
+    free(self->iov);
+    free(self->names);
+    self->msgs = calloc((size_t)rows, sizeof(struct mmsghdr));
+    self->iov = calloc((size_t)rows, sizeof(struct iovec));
+    self->names = calloc((size_t)rows, sizeof(struct sockaddr_in));
+    if (!self->msgs || !self->iov || !self->names) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        self->iov[i].iov_base = (uint8_t *)self->data.buf + i * slot;
+        self->iov[i].iov_len = (size_t)slot;
+    }
+    return 0;
+}
+
+static void Receiver_dealloc(ReceiverObject *self) {
+    Receiver_release(self);
+    free(self->msgs);
+    free(self->iov);
+    free(self->names);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Receiver.receive() -> how many datagrams arrived (0: none queued) */
+static PyObject *Receiver_receive(ReceiverObject *self, PyObject *unused) {
+    for (Py_ssize_t i = 0; i < self->rows; i++) {
+        struct msghdr *h = &self->msgs[i].msg_hdr;
+        memset(h, 0, sizeof(*h));
+        h->msg_name = &self->names[i];
+        h->msg_namelen = sizeof(struct sockaddr_in);
+        h->msg_iov = &self->iov[i];
+        h->msg_iovlen = 1;
+    }
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    do {
+        r = recvmmsg(self->fd, self->msgs, (unsigned int)self->rows, MSG_DONTWAIT, NULL);
+    } while (r < 0 && errno == EINTR);
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return PyLong_FromLong(0);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    int64_t *sizes = self->sizes.buf;
+    uint32_t *addrs = self->addrs.buf;
+    uint16_t *ports = self->ports.buf;
+    for (int i = 0; i < r; i++) {
+        int truncated = (self->msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0;
+        sizes[i] = truncated ? -1 : (int64_t)self->msgs[i].msg_len;
+        addrs[i] = ntohl(self->names[i].sin_addr.s_addr);
+        ports[i] = ntohs(self->names[i].sin_port);
+    }
+    return PyLong_FromLong(r);
+}
+
+static PyMethodDef Receiver_methods[] = {
+    {"receive", (PyCFunction)Receiver_receive, METH_NOARGS, "recvmmsg one batch."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject ReceiverType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "harness.transport._wire.Receiver",
+    .tp_basicsize = sizeof(ReceiverObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Receives batches of datagrams into rows of one buffer.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Receiver_init,
+    .tp_dealloc = (destructor)Receiver_dealloc,
+    .tp_methods = Receiver_methods,
+};
+
+/* screen(data, slot_bytes, sizes, addrs, ports, n, rank, world, nonce, macs, peer_addrs,
+ *        peer_ports, classes) -> (foreign, unauthenticated, misdirected, truncated)
+ *
+ * What each of the first n rows is (classes[i], int8): not this job's (magic, version,
+ * nonce, a source outside the job or this rank itself, or a sender address that is not the
+ * source's endpoint), not sealed with its source's key (macs: one Mac per source, or None
+ * for a job without a key), addressed to another rank, cut short by the receive buffer, a
+ * plain data packet (stage reduce or broadcast, one fragment, a length that fits the
+ * datagram), or anything else for the caller's slow path (end markers, control, fragments,
+ * bad lengths). */
+static PyObject *screen(PyObject *mod, PyObject *args) {
+    Py_buffer data, sizes_b, addrs_b, ports_b, paddrs_b, pports_b, cls_b;
+    Py_ssize_t slot, n;
+    int rank, world;
+    unsigned long long nonce;
+    PyObject *macs;
+    if (!PyArg_ParseTuple(args, "y*ny*y*y*niiKOy*y*w*", &data, &slot, &sizes_b, &addrs_b,
+                          &ports_b, &n, &rank, &world, &nonce, &macs, &paddrs_b, &pports_b,
+                          &cls_b))
+        return NULL;
+    PyObject *result = NULL;
+    EVP_CIPHER_CTX **ctx = NULL;
+    if (slot < HEADER_BYTES || n < 0 || world < 1 || rank < 0 || rank >= world
+        || data.len < n * slot || sizes_b.len < n * 8 || addrs_b.len < n * 4
+        || ports_b.len < n * 2 || cls_b.len < n || paddrs_b.len < world * 4
+        || pports_b.len < world * 2) {
+        PyErr_SetString(PyExc_ValueError, "screen: buffers too small for n rows / world peers");
+        goto done;
+    }
+    if (macs != Py_None) {
+        if (!PySequence_Check(macs) || PySequence_Size(macs) != world) {
+            PyErr_SetString(PyExc_ValueError, "macs: one Mac (or None) per rank, or None");
+            goto done;
+        }
+        ctx = calloc((size_t)world, sizeof(*ctx));
+        if (!ctx) { PyErr_NoMemory(); goto done; }
+        for (int r = 0; r < world; r++) {
+            PyObject *m = PySequence_GetItem(macs, r);
+            if (!m) goto done;
+            int bad = mac_arg(m, &ctx[r]);
+            Py_DECREF(m);
+            if (bad < 0) goto done;
+        }
+    }
+    const int64_t *sizes = sizes_b.buf;
+    const uint32_t *addrs = addrs_b.buf, *paddrs = paddrs_b.buf;
+    const uint16_t *ports = ports_b.buf, *pports = pports_b.buf;
+    int8_t *cls = cls_b.buf;
+    Py_ssize_t foreign = 0, unauth = 0, misdirected = 0, truncated = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *p = (const uint8_t *)data.buf + i * slot;
+        int64_t size = sizes[i];
+        if (size < 0) { /* longer than a slot: its tag cannot be checked */
+            cls[i] = CLS_TRUNCATED;
+            truncated++;
+            continue;
+        }
+        if (size > slot) size = slot;
+        uint16_t source = size >= HEADER_BYTES ? rd16(p + O_SOURCE) : 0;
+        if (size < HEADER_BYTES || rd32(p + O_MAGIC) != MAGIC || p[O_VERSION] != VERSION
+            || rd64(p + O_NONCE) != nonce || source >= world || source == rank
+            || paddrs[source] != addrs[i] || pports[source] != ports[i]) {
+            cls[i] = CLS_FOREIGN;
+            foreign++;
+            continue;
+        }
+        if (ctx && (!ctx[source] || !tag_checks(ctx[source], p, (size_t)size))) {
+            cls[i] = CLS_UNAUTHENTICATED;
+            unauth++;
+            continue;
+        }
+        if (rd16(p + O_DEST) != rank) { /* genuine, but another rank's */
+            cls[i] = CLS_MISDIRECTED;
+            misdirected++;
+            continue;
+        }
+        uint32_t length = rd32(p + O_LENGTH);
+        int plain = (int64_t)length == size - HEADER_BYTES && length % 4 == 0
+                    && p[O_STAGE] <= STAGE_BROADCAST && rd16(p + O_FRAGMENTS) == 1
+                    && rd16(p + O_FRAGMENT) == 0;
+        cls[i] = plain ? CLS_DATA : CLS_OTHER;
+    }
+    result = Py_BuildValue("nnnn", foreign, unauth, misdirected, truncated);
+done:
+    free(ctx);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&sizes_b);
+    PyBuffer_Release(&addrs_b);
+    PyBuffer_Release(&ports_b);
+    PyBuffer_Release(&paddrs_b);
+    PyBuffer_Release(&pports_b);
+    PyBuffer_Release(&cls_b);
+    return result;
+}
+
+/* ---- applying ----------------------------------------------------------------------- */
+
+static inline int all_finite(const uint8_t *p, Py_ssize_t floats) {
+    for (Py_ssize_t j = 0; j < floats; j++) {
+        uint32_t bits;
+        memcpy(&bits, p + 4 * j, 4);
+        if ((bits & 0x7F800000u) == 0x7F800000u) return 0;
+    }
+    return 1;
+}
+
+/* apply(data, slot_bytes, rows, step, bucket, stage, owner, expected, last_floats, base,
+ *       per_packet, target, got, got_stride, pending, ended, add, accept, leftover)
+ *   -> (applied, duplicates, malformed, nonfinite, stale, leftovers)
+ *
+ * The data packets of one stage of one step, from the given rows of `data` (screened:
+ * plain, addressed here). Per source s (int64 arrays of world entries): expected[s] packets,
+ * the last holding last_floats[s] values and the others per_packet, packet i landing at
+ * target[base[s] + i * per_packet] (float32). owner: the shard every packet must name (-1:
+ * its source's). got (uint8, world x got_stride) says which have come; pending counts
+ * down. ended (uint8 per source, or None): set for a source whose packet fits (its
+ * broadcast tells that its reduce packets all went out). add: sum into target, else copy.
+ * accept: 0 once the stage was rebuilt (packets then count stale). Rows of this stage for
+ * another step or bucket are written to `leftover` (int64) for the caller; rows of the
+ * other stage are skipped. */
+static PyObject *apply(PyObject *mod, PyObject *args) {
+    Py_buffer data, rows_b, exp_b, last_b, base_b, target_b, got_b, pend_b, left_b, ended_b;
+    Py_ssize_t slot, per_packet, stride;
+    unsigned int step;
+    int bucket, stage, owner, add, accept;
+    PyObject *ended_obj;
+    if (!PyArg_ParseTuple(args, "y*ny*Iiiiy*y*y*nw*w*nw*Oppw*", &data, &slot, &rows_b, &step,
+                          &bucket, &stage, &owner, &exp_b, &last_b, &base_b, &per_packet,
+                          &target_b, &got_b, &stride, &pend_b, &ended_obj, &add, &accept,
+                          &left_b))
+        return NULL;
+    PyObject *result = NULL;
+    int have_ended = 0;
+    const char *bad = NULL;
+    Py_ssize_t world = exp_b.len / 8, nrows = rows_b.len / 8, target_len = target_b.len / 4;
+    if (ended_obj != Py_None) {
+        if (PyObject_GetBuffer(ended_obj, &ended_b, PyBUF_WRITABLE) < 0) goto done;
+        have_ended = 1;
+        if (ended_b.len < world) bad = "ended: one entry per source";
+    }
+    const int64_t *expected = exp_b.buf, *last = last_b.buf, *base = base_b.buf;
+    if (!bad && (slot < HEADER_BYTES || per_packet < 1 || stride < 1 || world < 1
+                 || exp_b.len % 8 || last_b.len != exp_b.len || base_b.len != exp_b.len
+                 || pend_b.len != exp_b.len || rows_b.len % 8 || left_b.len < rows_b.len
+                 || got_b.len < world * stride || owner < -1 || owner >= world))
+        bad = "apply: arrays of the wrong size";
+    /* the receiver's own layout must fit its own buffers: then no packet that fits the
+     * layout can index outside them */
+    for (Py_ssize_t s = 0; !bad && s < world; s++) {
+        if (expected[s] < 0 || expected[s] > stride) bad = "expected > got_stride";
+        else if (expected[s] > 0
+                 && (last[s] < 0 || last[s] > per_packet || base[s] < 0
+                     || base[s] + (expected[s] - 1) * per_packet + last[s] > target_len))
+            bad = "the layout does not fit the target";
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, bad);
+        goto done;
+    }
+    const int64_t *rows = rows_b.buf;
+    const uint8_t *db = data.buf;
+    float *target = target_b.buf;
+    uint8_t *got = got_b.buf, *ended = have_ended ? ended_b.buf : NULL;
+    int64_t *pending = pend_b.buf, *leftover = left_b.buf;
+    Py_ssize_t applied = 0, dup = 0, malformed = 0, nonfinite = 0, stale = 0, nleft = 0;
+    for (Py_ssize_t r = 0; r < nrows; r++) {
+        int64_t row = rows[r];
+        if (row < 0 || (row + 1) * slot > data.len) {
+            PyErr_Format(PyExc_IndexError, "row %lld is not in data", (long long)row);
+            goto done;
+        }
+        const uint8_t *p = db + row * slot;
+        if (p[O_STAGE] != stage) continue;
+        if (rd32(p + O_STEP) != step || rd16(p + O_BUCKET) != bucket) {
+            leftover[nleft++] = row;
+            continue;
+        }
+        uint16_t src = rd16(p + O_SOURCE);
+        uint32_t index = rd32(p + O_INDEX), length = rd32(p + O_LENGTH);
+        if (src >= world) {
+            malformed++;
+            continue;
+        }
+        int64_t exp = expected[src];
+        int64_t floats = (int64_t)index == exp - 1 ? last[src] : per_packet;
+        int64_t own = owner >= 0 ? owner : src;
+        if (rd16(p + O_SHARD) != own || (int64_t)rd32(p + O_COUNT) != exp
+            || (int64_t)index >= exp || (int64_t)length != 4 * floats
+            || HEADER_BYTES + (Py_ssize_t)length > slot) {
+            malformed++;
+            continue;
+        }
+        if (ended) ended[src] = 1;
+        const uint8_t *payload = p + HEADER_BYTES;
+        if (!all_finite(payload, floats)) {
+            nonfinite++;
+            continue;
+        }
+        uint8_t *seen = &got[src * stride + index];
+        if (*seen) {
+            dup++;
+            continue;
+        }
+        if (!accept) {
+            /* too late to be used: not applied and not marked received; but claimed for
+             * this call, so that a second copy in this batch is a duplicate (as the
+             * reference counts it). The claims are undone below; their rows are kept at
+             * the far end of `leftover`, which the leftovers fill from the front. */
+            *seen = 2;
+            leftover[nrows - 1 - stale] = (int64_t)(src * stride + index);
+            stale++;
+            continue;
+        }
+        float *t = target + base[src] + (int64_t)index * per_packet;
+        if (add) {
+            for (int64_t j = 0; j < floats; j++) {
+                float v;
+                memcpy(&v, payload + 4 * j, 4);
+                t[j] += v;
+            }
+        } else {
+            memcpy(t, payload, (size_t)(4 * floats));
+        }
+        *seen = 1;
+        pending[src]--;
+        applied++;
+    }
+    for (Py_ssize_t k = 0; k < stale; k++) got[leftover[nrows - 1 - k]] = 0;
+    result = Py_BuildValue("nnnnnn", applied, dup, malformed, nonfinite, stale, nleft);
+done:
+    if (have_ended) PyBuffer_Release(&ended_b);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&rows_b);
+    PyBuffer_Release(&exp_b);
+    PyBuffer_Release(&last_b);
+    PyBuffer_Release(&base_b);
+    PyBuffer_Release(&target_b);
+    PyBuffer_Release(&got_b);
+    PyBuffer_Release(&pend_b);
+    PyBuffer_Release(&left_b);
+    return result;
+}
+
+/* ---- the wire's own limit: a blaster ----------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* blast(fd, peers, rank, datagram_bytes, segments, mac, peer_macs, seconds)
+ *   -> (datagrams_sent, datagrams_received, payload_bytes_received, bad_tags, seconds)
+ *
+ * Nothing but the wire: send datagrams of datagram_bytes (a header, then payload) to every
+ * peer in turn, 64 at a time (segments > 1: messages of that many datagrams, UDP GSO; the
+ * socket must have UDP_SEGMENT set to datagram_bytes), and drain this socket between
+ * batches. With a mac every datagram is sealed, and every one received is checked with its
+ * source's key (peer_macs, by the source rank in its header). Received payload bytes
+ * exclude the header, as a collective's goodput does. */
+static PyObject *blast(PyObject *mod, PyObject *args) {
+    int fd, rank, segments;
+    Py_ssize_t dbytes;
+    PyObject *peers, *mac_obj, *peer_macs;
+    double seconds;
+    if (!PyArg_ParseTuple(args, "iOinOOOd", &fd, &peers, &rank, &dbytes, &segments, &mac_obj,
+                          &peer_macs, &seconds))
+        return NULL;
+    EVP_CIPHER_CTX *mac, *pctx[256] = {0};
+    if (mac_arg(mac_obj, &mac) < 0) return NULL;
+    if (dbytes < HEADER_BYTES || dbytes > 9000 || segments < 1 || segments > 64
+        || !PyList_Check(peers) || PyList_Size(peers) < 1 || PyList_Size(peers) > 255
+        || rank < 0 || rank > 255) {
+        PyErr_SetString(PyExc_ValueError, "blast: datagram_bytes 72..9000, segments 1..64, "
+                        "1..255 peers (a list of 16-byte sockaddr_in), rank 0..255");
+        return NULL;
+    }
+    if (mac) {
+        if (!PyList_Check(peer_macs) || PyList_Size(peer_macs) > 256) {
+            PyErr_SetString(PyExc_ValueError, "peer_macs: a list of Macs by rank");
+            return NULL;
+        }
+        for (Py_ssize_t r = 0; r < PyList_Size(peer_macs); r++)
+            if (mac_arg(PyList_GetItem(peer_macs, r), &pctx[r]) < 0) return NULL;
+    }
+    Py_ssize_t npeers = PyList_Size(peers);
+    struct sockaddr_in to[255];
+    for (Py_ssize_t i = 0; i < npeers; i++) {
+        PyObject *o = PyList_GetItem(peers, i);
+        if (!PyBytes_Check(o) || PyBytes_Size(o) != sizeof(struct sockaddr_in)) {
+            PyErr_SetString(PyExc_ValueError, "a peer is a 16-byte sockaddr_in");
+            return NULL;
+        }
+        memcpy(&to[i], PyBytes_AsString(o), sizeof(struct sockaddr_in));
+    }
+    enum { BATCH = 64, RX = 256, RX_SLOT = 9216 };
+    uint8_t *tx = calloc(BATCH, (size_t)dbytes), *rx = malloc((size_t)RX * RX_SLOT);
+    struct iovec *tiov = calloc(BATCH, sizeof(struct iovec)), *riov = calloc(RX, sizeof(struct iovec));
+    struct mmsghdr *tmsg = calloc(BATCH, sizeof(struct mmsghdr)), *rmsg = calloc(RX, sizeof(struct mmsghdr));
+    long long sent = 0, received = 0, rbytes = 0, bad_tags = 0;
+    double t0 = now_s(), elapsed = 0;
+    uint64_t seq = 0;
+    int failed = !tx || !rx || !tiov || !riov || !tmsg || !rmsg;
+    if (failed) PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    for (int i = 0; !failed && i < RX; i++) {
+        riov[i].iov_base = rx + (size_t)i * RX_SLOT;
+        riov[i].iov_len = RX_SLOT;
+    }
+    for (Py_ssize_t round = 0; !failed; round++) {
+        int sending = (elapsed = now_s() - t0) < seconds;
+        const struct sockaddr_in *dst = &to[round % npeers];
+        if (!sending) goto drain; /* (seconds 0: drain only) */
+        for (int k = 0; k < BATCH; k++) {
+            uint8_t *h = tx + (size_t)k * dbytes;
+            wr32(h + O_MAGIC, MAGIC);
+            h[O_VERSION] = VERSION;
+            wr16(h + O_SOURCE, (uint16_t)rank);
+            wr32(h + O_LENGTH, (uint32_t)(dbytes - HEADER_BYTES));
+            if (mac) {
+                wr64(h + SEQ_OFFSET, seq);
+                gmac(mac, (uint32_t)rank, seq, h, h + HEADER_BYTES,
+                     (size_t)(dbytes - HEADER_BYTES), h + TAG_OFFSET);
+                seq++;
+            }
+            tiov[k].iov_base = h;
+            tiov[k].iov_len = (size_t)dbytes;
+        }
+        int msgs = 0;
+        for (int k = 0; k < BATCH; k += segments, msgs++) {
+            int pk = BATCH - k < segments ? BATCH - k : segments;
+            memset(&tmsg[msgs], 0, sizeof(tmsg[msgs]));
+            tmsg[msgs].msg_hdr.msg_name = (void *)dst;
+            tmsg[msgs].msg_hdr.msg_namelen = sizeof(*dst);
+            tmsg[msgs].msg_hdr.msg_iov = &tiov[k];
+            tmsg[msgs].msg_hdr.msg_iovlen = (size_t)pk;
+        }
+        for (int done = 0; done < msgs;) {
+            int r = sendmmsg(fd, tmsg + done, (unsigned int)(msgs - done), MSG_DONTWAIT);
+            if (r > 0) {
+                for (int j = done; j < done + r; j++) sent += (long long)tmsg[j].msg_hdr.msg_iovlen;
+                done += r;
+            } else if (errno == EAGAIN || errno == ENOBUFS || errno == EINTR) {
+                break; /* full: drain our own socket, then go on */
+            } else {
+                failed = 2;
+                break;
+            }
+        }
+    drain:
+        for (;;) { /* drain */
+            for (int i = 0; i < RX; i++) {
+                memset(&rmsg[i].msg_hdr, 0, sizeof(struct msghdr));
+                rmsg[i].msg_hdr.msg_iov = &riov[i];
+                rmsg[i].msg_hdr.msg_iovlen = 1;
+            }
+            int r = recvmmsg(fd, rmsg, RX, MSG_DONTWAIT, NULL);
+            if (r <= 0) break;
+            for (int i = 0; i < r; i++) {
+                size_t size = rmsg[i].msg_len;
+                const uint8_t *p = riov[i].iov_base;
+                if (size < HEADER_BYTES) { bad_tags++; continue; }
+                if (mac) {
+                    uint16_t src = rd16(p + O_SOURCE);
+                    if (src >= 256 || !pctx[src] || !tag_checks(pctx[src], p, size)) {
+                        bad_tags++;
+                        continue;
+                    }
+                }
+                received++;
+                rbytes += (long long)(size - HEADER_BYTES);
+            }
+        }
+        if (!sending) break;
+    }
+    Py_END_ALLOW_THREADS
+    int err = errno;
+    free(tx); free(rx); free(tiov); free(riov); free(tmsg); free(rmsg);
+    if (failed == 1) return NULL;
+    if (failed == 2) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return Py_BuildValue("LLLLd", sent, received, rbytes, bad_tags, elapsed);
+}
+
+/* mac_cost(mac, datagram_bytes, count) -> (seal_s, check_s): seconds to seal `count`
+ * datagrams of datagram_bytes, and to check them, on this core (no system calls). */
+static PyObject *mac_cost(PyObject *mod, PyObject *args) {
+    PyObject *mac_obj;
+    Py_ssize_t dbytes, count;
+    EVP_CIPHER_CTX *mac;
+    if (!PyArg_ParseTuple(args, "Onn", &mac_obj, &dbytes, &count)) return NULL;
+    if (mac_arg(mac_obj, &mac) < 0) return NULL;
+    if (!mac || dbytes < HEADER_BYTES || dbytes > MAX_UDP_PAYLOAD || count < 1) {
+        PyErr_SetString(PyExc_ValueError, "mac_cost(Mac, datagram_bytes, count)");
+        return NULL;
+    }
+    uint8_t *d = calloc(1, (size_t)dbytes);
+    if (!d) return PyErr_NoMemory();
+    int ok = 1;
+    double t0, seal_s, check_s;
+    Py_BEGIN_ALLOW_THREADS
+    t0 = now_s();
+    for (Py_ssize_t i = 0; i < count; i++) {
+        wr64(d + SEQ_OFFSET, (uint64_t)i);
+        gmac(mac, 1, (uint64_t)i, d, d + HEADER_BYTES, (size_t)(dbytes - HEADER_BYTES),
+             d + TAG_OFFSET);
+    }
+    seal_s = now_s() - t0;
+    t0 = now_s();
+    for (Py_ssize_t i = 0; i < count; i++) ok &= tag_checks(mac, d, (size_t)dbytes);
+    check_s = now_s() - t0;
+    Py_END_ALLOW_THREADS
+    free(d);
+    (void)ok;
+    return Py_BuildValue("dd", seal_s, check_s);
+}
+
+static PyMethodDef module_methods[] = {
+    {"screen", screen, METH_VARARGS, "Classify a received batch (see the C source)."},
+    {"apply", apply, METH_VARARGS, "Apply one stage's data packets of a batch."},
+    {"blast", blast, METH_VARARGS, "Send and drain as fast as the wire goes."},
+    {"mac_cost", mac_cost, METH_VARARGS, "Seconds to seal and to check a number of datagrams."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef wire_module = {
+    PyModuleDef_HEAD_INIT, "_wire",
+    "The compiled per-datagram work of lossbed's data plane (see native.py).", -1,
+    module_methods};
+
+PyMODINIT_FUNC PyInit__wire(void) {
+    if (PyType_Ready(&MacType) < 0 || PyType_Ready(&SenderType) < 0
+        || PyType_Ready(&ReceiverType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&wire_module);
+    if (!m) return NULL;
+    Py_INCREF(&MacType);
+    Py_INCREF(&SenderType);
+    Py_INCREF(&ReceiverType);
+    if (PyModule_AddObject(m, "Mac", (PyObject *)&MacType) < 0
+        || PyModule_AddObject(m, "Sender", (PyObject *)&SenderType) < 0
+        || PyModule_AddObject(m, "Receiver", (PyObject *)&ReceiverType) < 0
+        || PyModule_AddIntConstant(m, "HEADER_BYTES", HEADER_BYTES) < 0
+        || PyModule_AddIntConstant(m, "SEQ_OFFSET", SEQ_OFFSET) < 0
+        || PyModule_AddIntConstant(m, "TAG_OFFSET", TAG_OFFSET) < 0
+        || PyModule_AddIntConstant(m, "MAGIC", (long)MAGIC) < 0
+        || PyModule_AddIntConstant(m, "VERSION", VERSION) < 0
+        || PyModule_AddIntConstant(m, "DEST_OFFSET", O_DEST) < 0
+        || PyModule_AddIntConstant(m, "CLS_FOREIGN", CLS_FOREIGN) < 0
+        || PyModule_AddIntConstant(m, "CLS_UNAUTHENTICATED", CLS_UNAUTHENTICATED) < 0
+        || PyModule_AddIntConstant(m, "CLS_MISDIRECTED", CLS_MISDIRECTED) < 0
+        || PyModule_AddIntConstant(m, "CLS_TRUNCATED", CLS_TRUNCATED) < 0
+        || PyModule_AddIntConstant(m, "CLS_DATA", CLS_DATA) < 0
+        || PyModule_AddIntConstant(m, "CLS_OTHER", CLS_OTHER) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
