@@ -865,7 +865,7 @@ static PyObject *blast(PyObject *mod, PyObject *args) {
     Py_ssize_t dbytes;
     PyObject *peers, *mac_obj, *peer_macs;
     double seconds;
-    if (!PyArg_ParseTuple(args, "iOinOOOd", &fd, &peers, &rank, &dbytes, &segments, &mac_obj,
+    if (!PyArg_ParseTuple(args, "iOiniOOd", &fd, &peers, &rank, &dbytes, &segments, &mac_obj,
                           &peer_macs, &seconds))
         return NULL;
     EVP_CIPHER_CTX *mac, *pctx[256] = {0};

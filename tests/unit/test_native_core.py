@@ -286,3 +286,38 @@ def test_a_peer_that_publishes_no_salt_is_refused_with_a_clear_error():
 def test_every_transport_draws_a_fresh_salt():
     salts = {auth.PacketAuth(KEY, 0, "x").salt for _ in range(50)}
     assert len(salts) == 50 and all(len(s) == auth.SALT_BYTES for s in salts)
+
+
+# ---- the blaster (the wire's own limit in tests/benchmarks/bench_wire.py) ---------------
+
+@pytest.mark.parametrize("segments", [1, 4])
+@pytest.mark.parametrize("sealed", [False, True])
+def test_the_blaster_sends_and_drains_and_checks_what_it_receives(segments, sealed):
+    """On loopback: what one blaster sends to itself arrives and, sealed, checks; a
+    datagram sealed with another key is counted refused."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    datagram = 1472
+    try:
+        if segments > 1:
+            assert native.enable_segmentation(sock, datagram) > 1
+        me = [native.sockaddr_in("127.0.0.1", sock.getsockname()[1])]
+        mac = native.Mac(bytes(16)) if sealed else None
+        sent, received, payload_bytes, refused, seconds = native.blast(
+            sock.fileno(), me, 0, datagram, segments, mac, [mac] if sealed else [], 0.2)
+        assert sent > 0 and 0 < received <= sent and refused == 0
+        assert payload_bytes == received * (datagram - hdr.HEADER_BYTES)
+        assert 0.2 <= seconds < 1.0
+        if sealed:  # one sealed with another key: refused, not counted received
+            other = native.Mac(bytes(range(16)))
+            head = bytearray(hdr.pack(0, 0, 0, 0, 0, 0, 0, 0, 0))
+            sock.sendto(head[:hdr.TAG_OFFSET] + other.tag(bytes(head)),
+                        sock.getsockname())
+            time.sleep(0.05)
+            drained = native.blast(sock.fileno(), me, 0, datagram, 1, mac, [mac], 0.0)
+            assert drained[0] == 0 and drained[3] == 1
+    finally:
+        sock.close()
