@@ -104,11 +104,12 @@ class PacketAuth:
         self.macs: list = []  # per source rank (None: itself)
         self.seq = 0  # the next datagram's nonce
 
-    def know_peers(self, salts: list[bytes | None]) -> None:
-        """The salt each rank published (index: rank; this rank's own entry is ignored)."""
-        self.macs = [None if r == self.rank or salt is None
-                     else native.Mac(transport_key(self._job_key, self.purpose, salt))
-                     for r, salt in enumerate(salts)]
+    def know_peers(self, published: list[str]) -> None:
+        """The salt each rank published, as hex (index: rank; this rank's own is ignored).
+        ValueError naming the rank whose salt is not one (it runs without the key)."""
+        self.macs = [None if r == self.rank else native.Mac(transport_key(
+            self._job_key, self.purpose, parse_salt(text, f"rank {r}")))
+            for r, text in enumerate(published)]
 
     def reserve(self, n: int) -> int:
         """The first of n consecutive seqs for datagrams about to be sealed."""

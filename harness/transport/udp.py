@@ -38,7 +38,7 @@ import numpy as np
 
 from harness.transport import header as hdr
 from harness.transport import native
-from harness.transport.auth import PacketAuth, parse_salt
+from harness.transport.auth import PacketAuth
 from harness.transport.dropmask import DropMask
 from harness.transport.early import EARLY_WINDOW_STEPS, EarlyStash
 from harness.transport.gobackn import ACK_EVERY, ReceiveFlow, SendFlow
@@ -170,24 +170,21 @@ class UdpTransport:
             store.set(f"{key_prefix}/nonce", str(int.from_bytes(os.urandom(8), "big")))
         self.nonce = int(store.get(f"{key_prefix}/nonce"))
         self.endpoints: list[tuple[str, int]] = []
-        salts: list[bytes | None] = []
+        salts: list[str] = []
         for peer in range(world):
             text = store.get(f"{key_prefix}/ep/{peer}").decode()
             peer_host, peer_port, peer_salt = text.split(":")
             self.endpoints.append((peer_host, int(peer_port)))
-            if self.auth is not None:
-                try:
-                    salts.append(parse_salt(peer_salt, f"rank {peer}") if peer != rank
-                                 else None)
-                except ValueError as err:
-                    raise TransportError(f"rank {rank}: {err}") from None
+            salts.append(peer_salt)
         if self.auth is not None:
-            self.auth.know_peers(salts)
+            try:
+                self.auth.know_peers(salts)
+            except ValueError as err:
+                raise TransportError(f"rank {rank}: {err}") from None
         self.sources = {ep: r for r, ep in enumerate(self.endpoints)}
         # One datagram per unit and no retransmission: packets go and come in batches
         # through the compiled core; the other semantics take the datagram-at-a-time path.
         self.batched = not self.semantics.reliable and self.fragment_floats >= self.per_packet
-        self.segments = 1
         if self.batched:
             self._rx = native.BatchReceiver(self.sock, slot_bytes=max(mtu, 2048))
             # Segmentation: the kernel cuts one send into many datagrams (UDP GSO), which
@@ -195,10 +192,8 @@ class UdpTransport:
             # the cut datagrams (at the receiver's ingress): see UdpTransport's docstring.
             # Chosen once, here, and logged below.
             segment = hdr.HEADER_BYTES + 4 * self.per_packet
-            self.segments = (native.enable_segmentation(self.sock, segment) if segmentation
-                             else 1)
-            self._tx = native.Sender(self.sock.fileno(), rank, self.nonce, segment,
-                                     self.segments)
+            segments = native.enable_segmentation(self.sock, segment) if segmentation else 1
+            self._tx = native.Sender(self.sock.fileno(), rank, self.nonce, segment, segments)
             self._sockaddrs = [native.sockaddr_in(h, p) for h, p in self.endpoints]
             self._peer_address = np.array([native.ipv4(h) for h, _ in self.endpoints],
                                           dtype=np.uint32)
@@ -220,6 +215,12 @@ class UdpTransport:
                  "%s, %s", rank, host, bound_port, mtu, self.semantics, self.per_packet,
                  self.nonce, sending,
                  "authenticated" if self.auth else "NOT authenticated (no job key)")
+
+    @property
+    def segments(self) -> int:
+        """Datagrams one send may carry (1: no UDP GSO); the sender's own count, which
+        falls to 1 if the route refuses segmentation."""
+        return self._tx.segments if self.batched else 1
 
     @property
     def authenticated(self) -> bool:
@@ -299,7 +300,6 @@ class UdpTransport:
         if refused:
             log.warning("rank %d: UDP segmentation refused by the route: sending datagram "
                         "by datagram from now on", self.rank)
-            self.segments = 1
         c = self.counters
         c.segmented_sends += segmented
         c.packets_sent += data

@@ -36,7 +36,7 @@ def per_packet_cost(repeats: int = 4000, mtu: int = 1500) -> dict:
     key = os.urandom(32)
     a = PacketAuth(key, 1, "bench")
     receiver = PacketAuth(key, 0, "bench")
-    receiver.know_peers([None, a.salt])
+    receiver.know_peers(["", a.salt.hex()])
     payload = os.urandom(4 * hdr.payload_floats(mtu))
     head = hdr.pack(hdr.STAGE_REDUCE, 1, 7, 0, 0, 0, 0, 1, len(payload))
     t0 = time.perf_counter()

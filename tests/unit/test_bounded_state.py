@@ -6,7 +6,6 @@ Each test fails on the code before these bounds (named in its docstring)."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from harness.collectives.lossy import LossyCollective
+from harness.reproduce.loopback import on_every_rank
 from harness.transport import header as hdr
 from harness.transport.dropmask import DropMask
 from harness.transport.semantics import MAX_MESSAGE_BYTES, Semantics
@@ -113,12 +113,7 @@ def test_a_kept_packet_that_is_not_finite_is_counted_when_its_step_comes():
         t1.send_packets(0, hdr.STAGE_REDUCE, 1, 0, 0, poisoned, starts, ends)
         xs = [torch.ones(numel), torch.ones(numel)]
         for _ in range(2):
-            threads = [threading.Thread(target=c.allreduce, args=(x,))
-                       for c, x in zip((c0, c1), xs, strict=True)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            on_every_rank(2, lambda rank: (c0, c1)[rank].allreduce(xs[rank]))
         assert t0.counters.early == len(starts) == t0.counters.nonfinite
         assert torch.equal(xs[0], torch.ones(numel)) and t0.counters.missing == 0
     finally:
