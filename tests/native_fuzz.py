@@ -87,7 +87,8 @@ def mutate(datagram: bytes, kind, a, b, reseal, rng) -> bytes:
     elif kind == "grow":
         d[36:40] = (a % 2**32).to_bytes(4, "big")  # a length beyond what came
     elif kind == "tag":
-        d[hdr.TAG_OFFSET + a] ^= b
+        if len(d) > hdr.TAG_OFFSET + a:  # (an earlier mutation may have cut it short)
+            d[hdr.TAG_OFFSET + a] ^= b
     elif kind == "redirect":
         d[hdr.DEST_OFFSET:hdr.DEST_OFFSET + 2] = a.to_bytes(2, "big")
     else:
