@@ -202,7 +202,9 @@ def _cmd_train(args) -> int:
                       transport=args.transport, resync_every=args.resync_every,
                       eval_tokens=args.eval_tokens, corpus=args.corpus,
                       hf_dataset=args.hf_dataset, hf_text_field=args.hf_text_field,
-                      warmup_steps=args.warmup_steps, **_training_options(args))
+                      warmup_steps=args.warmup_steps, lossy_stage=args.lossy_stage,
+                      save_model=_new_folder(args.save_model, "--save-model"),
+                      **_training_options(args))
     cfg.validate()  # the options and LOSSBED_* settings first, before any cluster is touched
     from harness import launch
 
@@ -221,6 +223,18 @@ def _cmd_train(args) -> int:
         with open(args.json, "a") as f:
             f.write(json.dumps(rec) + "\n")
     return 0
+
+
+def _new_folder(path: str | None, option: str) -> str | None:
+    """An absolute path for a folder a run writes, refused if it holds anything already (a
+    run never overwrites what another left)."""
+    if path is None:
+        return None
+    folder = Path(path).resolve()
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise UsageError(option, f"{folder} exists and is not an empty folder",
+                         "Give a new folder (nothing is overwritten)")
+    return str(folder)
 
 
 @contextlib.contextmanager
@@ -249,7 +263,7 @@ def _cmd_bench(args) -> int:
                      seeds=args.seeds, variants=args.variants or list(DEFAULT_VARIANTS),
                      mtu=args.mtu, realisations=args.realisations,
                      speed_steps=args.speed_steps, isolated=args.unsealed,
-                     **_training_options(args))
+                     **_regime_options(args), **_training_options(args))
     spec.validate()  # bad input is refused before anything is built
     # absolute: ranks on remote hosts write under it from their own working folder
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -283,7 +297,8 @@ def _cmd_reproduce(args) -> int:
     # the training rows' benches each on a cluster of their own
     result = report.run(quick=not args.full, out=out, rows=rows,
                         make_cluster=lambda spec: _bench_cluster("repro", spec),
-                        echo=lambda line: print(line, file=sys.stderr, flush=True))
+                        echo=lambda line: print(line, file=sys.stderr, flush=True),
+                        regime=_regime_options(args))
     print(report.markdown(result))
     print(f"results in {out}/ (reproduction.md, reproduction.json)")
     return 0
@@ -351,6 +366,26 @@ def _add_training_options(p, defaults) -> None:
     p.add_argument("--tokenizer", default=defaults.tokenizer,
                    help="bpe (subword, trained on the training split), bpe:N, bytes, or a "
                         "local HF tokenizer folder")
+
+
+def _add_regime_options(p) -> None:
+    """Where the runs start from (bench and reproduce)."""
+    from harness.bench.spec import DEFAULT_STEPS, FINETUNE_LR, REGIMES
+
+    p.add_argument("--regime", choices=REGIMES, default="scratch",
+                   help="scratch: every run from its seed's initialisation at --lr; "
+                        "finetune: from its seed's lossless checkpoint (--pretrain-steps at "
+                        "--lr, trained once and cached in .cache/checkpoints/) at "
+                        "--finetune-lr")
+    p.add_argument("--finetune-lr", type=float, default=FINETUNE_LR,
+                   help=f"finetune: the runs' peak rate (default {FINETUNE_LR:g})")
+    p.add_argument("--pretrain-steps", type=int, default=DEFAULT_STEPS,
+                   help=f"finetune: the checkpoints' steps (default {DEFAULT_STEPS})")
+
+
+def _regime_options(args) -> dict:
+    return dict(regime=args.regime, finetune_lr=args.finetune_lr,
+                pretrain_steps=args.pretrain_steps)
 
 
 def _training_options(args) -> dict:
@@ -444,6 +479,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "verbs-rc[:BYTES] (verbs = verbs-uc)")
     p.add_argument("--resync-every", type=int, default=0,
                    help="unbiased_drift: reliable parameter resync every K steps (0: never)")
+    p.add_argument("--save-model", metavar="DIR",
+                   help="write rank 0's trained model and its tokenizer to DIR (on rank 0's "
+                        "host), for a later --preset DIR --tokenizer DIR")
+    p.add_argument("--lossy-stage", default="both", choices=["both", "reduce", "broadcast"],
+                   help="lossy variants: the stage that crosses the lossy transport; the "
+                        "other goes over gloo, delivered in full (default: both)")
     p.add_argument("--eval-tokens", type=int, default=0, help="0: the whole held-out split")
     p.add_argument("--corpus", help="a text file (default: pydoc_data.topics)")
     p.add_argument("--hf-dataset", help="an HF dataset in the local cache, or a saved folder")
@@ -464,12 +505,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=BenchSpec.seeds)
     p.add_argument("--variants", nargs="+",
                    help="default: reliable unbiased_drift rps; the ablations zero_fill and "
-                        "unbiased on request (or all five: make bench-full)")
+                        "unbiased on request (or all five: make bench-full); each "
+                        "NAME[/reduce|/broadcast][/resync=K][@TRANSPORT]")
     p.add_argument("--realisations", type=int, default=BenchSpec.realisations,
                    help="loss seeds at seed 0 for unbiased_drift and rps (1: no more)")
     p.add_argument("--speed-steps", type=int, default=BenchSpec.speed_steps,
                    help="steps of reliable under loss (its speed; its model is checked)")
     _add_training_options(p, BenchSpec)
+    _add_regime_options(p)
     p.add_argument("--out", help="results folder (default: results/bench-TIME)")
     p.add_argument("--cluster", help="reuse this cluster instead of building one")
     _add_inventory(p)
@@ -501,6 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", nargs="+", metavar="ROW",
                    help="only these rows: 1 aggregation, 2 drift, 3 RPS scaling, "
                         "4 training (rows 4 and 5); default all")
+    _add_regime_options(p)
     p.add_argument("--out", help="results folder (default: results/reproduce-TIME)")
     p.set_defaults(func=_cmd_reproduce)
 

@@ -9,6 +9,7 @@ import math
 import statistics
 from pathlib import Path
 
+from harness.bench.spec import base_variant
 from harness.metrics.hdr import Histogram
 
 # Student's t, two-sided 95%, by degrees of freedom: every one to 30, then a few on the way
@@ -18,7 +19,8 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
        16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074,
        23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045,
        30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980, 1000: 1.962, 100_000: 1.960}
-RESULT_FIELDS = ("variant", "role", "profile", "loss", "loss_seed", "seed", "steps", "hosts",
+RESULT_FIELDS = ("variant", "regime", "tokens_seen", "role", "profile", "loss", "loss_seed",
+                 "seed", "steps", "hosts",
                  "tokens_per_s", "step_ms", "collective_ms", "warmup_step_ms", "slow_steps",
                  "ppl", "headline", "ppl_rank0", "ppl_ranks", "ppl_rank_mean",
                  "ppl_rank_worst", "ppl_average_model", "ppl_owners", "ce_per_token",
@@ -64,7 +66,7 @@ def _step_ms(runs: list[dict]) -> dict:
 def _reference_variant(variant: str) -> str:
     """Whose lossless run a variant is compared with: rps with rps (another algorithm),
     the others with reliable (at 0% loss they train its model)."""
-    return "rps" if variant.partition("@")[0] == "rps" else "reliable"
+    return "rps" if base_variant(variant) == "rps" else "reliable"
 
 
 MOST_SEEDS = 10_000  # seeds_for looks no further
@@ -145,7 +147,7 @@ def budget_lines(plan: dict) -> list[str]:
 
 
 def summarise(records: list[dict], spec_dict: dict, backend: str,
-              wall_s: float | None = None) -> dict:
+              wall_s: float | None = None, regime: str | None = None) -> dict:
     """Per (loss, variant): the paired Δppl over seeds with its 95% interval, the spread over
     loss realisations at seed 0, speed against reliable at the same loss, which model the
     perplexity is of; and the checks. Records carry `role` (see training_bench); a record
@@ -239,7 +241,10 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
     incomplete = [{"variant": r["variant"], "seed": r["seed"],
                    "packets_lost": r["packets_lost"], "packets_sent": r.get("packets_sent")}
                   for r in late_refs.values()]
-    return {"config": spec_dict, "backend": backend, "noise_floor_pct": noise_floor,
+    tokens = sorted({r["tokens_seen"] for r in records if r.get("tokens_seen")
+                     and r["role"] != "speed" and r["role"] != "speed_reference"})
+    return {"config": spec_dict, "regime": regime, "tokens_seen": tokens,
+            "backend": backend, "noise_floor_pct": noise_floor,
             "lossless_ppl": lossless, "rows": rows,
             "budget": budget(records, rows, wall_s),
             "checks": {"reliable_exact_under_loss": exact,
@@ -260,17 +265,22 @@ def finding(row: dict) -> str:
 
 
 def table(summary: dict) -> str:
-    head = (f"{'loss':>5} {'variant':<15} {'model':<9} {'tok/s vs rel':>12} {'p99 vs rel':>10} "
-            f"{'Δppl %':>8} {'±95%':>6} {'real.sd':>7} {'finding':<12} {'ppl':>8} "
-            f"{'worst':>8} {'drift':>6} {'meas.loss':>9}")
-    lines = [head, "-" * len(head)]
+    width = max([15] + [len(r["variant"]) for r in summary["rows"]])
+    head = (f"{'loss':>5} {'variant':<{width}} {'model':<9} {'tok/s vs rel':>12} "
+            f"{'p99 vs rel':>10} {'Δppl %':>8} {'±95%':>6} {'real.sd':>7} {'finding':<12} "
+            f"{'ppl':>8} {'worst':>8} {'drift':>6} {'meas.loss':>9}")
+    lines = []
+    if summary.get("regime"):  # every Δppl below is true of this regime
+        seen = ", ".join(f"{t:,}" for t in summary.get("tokens_seen") or []) or "-"
+        lines.append(f"regime {summary['regime']}; tokens seen per run: {seen}")
+    lines += [head, "-" * len(head)]
 
     def f(x, fmt):
         return format(x, fmt) if x is not None else "-"
 
     for r in summary["rows"]:
         lines.append(
-            f"{r['loss']:>5.0%} {r['variant']:<15} {f(r.get('headline'), ''):<9} "
+            f"{r['loss']:>5.0%} {r['variant']:<{width}} {f(r.get('headline'), ''):<9} "
             f"{f(r.get('throughput_vs_reliable'), '.2f'):>12}"
             f" {f(r.get('p99_vs_reliable'), '.2f'):>10} {f(r['ppl_delta_pct'], '+.2f'):>8}"
             f" {f(r['ppl_delta_ci95'], '.2f'):>6} {f(r.get('realisation_sd'), '.2f'):>7}"

@@ -24,9 +24,11 @@ per variant and loss it is averaged over seeds, with a 95% interval (Student's t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from harness import launch
+from harness.model import presets
 from harness.train.config import VARIANTS, TrainConfig
 from harness.transport.semantics import Semantics
 from testbed import profiles
@@ -43,6 +45,57 @@ DEFAULT_SEEDS = 4
 # ablations (zero_fill, unbiased) cost runs the question does not need: --variants adds them
 DEFAULT_VARIANTS = ("reliable", "unbiased_drift", "rps")
 REALISATION_VARIANTS = ("unbiased_drift", "rps")
+REGIMES = ("scratch", "finetune")
+# --regime finetune: every variant starts from a lossless checkpoint of its seed (trained
+# for pretrain_steps at --lr, cached: harness/bench/checkpoints.py) and trains at this peak
+# rate, a twentieth of the scratch default, where one step moves the parameters little
+FINETUNE_LR = 1e-4
+VARIANT_FORM = ("NAME[/reduce|/broadcast][/resync=K][@TRANSPORT], e.g. unbiased_drift, "
+                "unbiased_drift/reduce, unbiased_drift/resync=5, unbiased@roce-uc")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One --variants entry: a training variant, optionally with the loss on one stage
+    alone (the other over gloo, delivered in full), a reliable resync every K steps, and
+    the loss semantics of its transport. Its text is the run's `variant` in the records."""
+
+    name: str
+    lossy_stage: str = "both"
+    resync_every: int = 0
+    transport: str = "udp"
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        head, _, transport = text.partition("@")
+        name, *options = head.split("/")
+        if name not in VARIANTS:
+            raise UsageError("--variants", f"unknown variant {name!r} in {text!r}",
+                             f"Use some of: {', '.join(VARIANTS)}, as {VARIANT_FORM}")
+        stage, resync = "both", 0
+        for option in options:
+            if option in ("reduce", "broadcast") and stage == "both":
+                stage = option
+            elif option.startswith("resync=") and option[7:].isdigit() and not resync:
+                resync = int(option[7:])
+            else:
+                raise UsageError("--variants", f"{text!r}: {option!r} is not an option of a "
+                                 "variant (or is given twice)", f"Write {VARIANT_FORM}")
+        if transport:
+            Semantics.parse(transport)
+        return cls(name, stage, resync, transport or "udp")
+
+    @property
+    def text(self) -> str:
+        stage = f"/{self.lossy_stage}" if self.lossy_stage != "both" else ""
+        resync = f"/resync={self.resync_every}" if self.resync_every else ""
+        transport = f"@{self.transport}" if self.transport != "udp" else ""
+        return self.name + stage + resync + transport
+
+
+def base_variant(text: str) -> str:
+    """The training variant a --variants entry (or a record's `variant`) runs."""
+    return text.partition("@")[0].split("/")[0]
 
 
 @dataclass
@@ -64,6 +117,13 @@ class BenchSpec:
     schedule: str = "cosine"
     tokenizer: str = "bpe"
     realisations: int = 2      # loss seeds at seed 0 for REALISATION_VARIANTS (1: none more)
+    # scratch: every run from the seed's initialisation at --lr; finetune: from the seed's
+    # cached lossless checkpoint (pretrain_steps at --lr) at finetune_lr
+    regime: str = "scratch"
+    finetune_lr: float = FINETUNE_LR
+    pretrain_steps: int = DEFAULT_STEPS
+    # filled in by run_bench in the finetune regime: seed -> the checkpoint's folder
+    checkpoints: dict = field(default_factory=dict)
     speed_steps: int = 40      # `reliable` under loss: a speed measurement
     mtu: int = 1500
 
@@ -72,14 +132,29 @@ class BenchSpec:
         if bad:
             raise UsageError("--loss", f"{bad[0]} is not a fraction in [0, 1)",
                              "LOSS is a fraction: LOSS=0.1 means 10%")
-        unknown = [v for v in self.variants if v.partition("@")[0] not in VARIANTS]
-        if unknown:
-            raise UsageError("--variants", f"unknown {', '.join(unknown)}",
-                             f"Use some of: {', '.join(VARIANTS)}, each optionally "
-                             "@TRANSPORT (e.g. unbiased@roce-uc)")
         for v in self.variants:
-            if "@" in v:
-                Semantics.parse(v.partition("@")[2])
+            parsed = Variant.parse(v)
+            if parsed.name == "reliable" and parsed.text != "reliable" + (
+                    f"@{parsed.transport}" if parsed.transport != "udp" else ""):
+                raise UsageError("--variants", f"{v!r}: reliable has no lossy stage to "
+                                 "choose and no drift to resync", "Write plain reliable")
+            if parsed.resync_every and parsed.name != "unbiased_drift":
+                raise UsageError("--variants", f"{v!r}: resync applies to unbiased_drift "
+                                 "only (its parameter broadcasts)", f"Write {VARIANT_FORM}")
+        if self.regime not in REGIMES:
+            raise UsageError("--regime", f"unknown regime {self.regime!r}",
+                             f"Use one of: {', '.join(REGIMES)}")
+        if self.regime == "finetune":
+            if self.preset not in presets.PRESETS:
+                raise UsageError("--regime", f"finetune trains its own checkpoints from a "
+                                 f"preset, not from {self.preset!r}", "Use --preset tiny or "
+                                 "small, or --regime scratch --preset DIR for your own")
+            if not (self.finetune_lr > 0 and math.isfinite(self.finetune_lr)):
+                raise UsageError("--finetune-lr", f"{self.finetune_lr} is not a positive "
+                                 "learning rate", f"e.g. --finetune-lr {FINETUNE_LR}")
+            if self.pretrain_steps < 1:
+                raise UsageError("--pretrain-steps", "must be 1 or more", "e.g. 300")
+            self.pretrain_config(0).validate()
         if self.seeds < 1 or self.steps < 1 or self.realisations < 1 or self.speed_steps < 1:
             raise UsageError("--seeds/--steps/--realisations/--speed-steps",
                              "must be 1 or more", "e.g. --seeds 3")
@@ -95,13 +170,33 @@ class BenchSpec:
 
     def config(self, variant: str, seed: int, steps: int | None = None,
                wait_for_all: bool = False) -> TrainConfig:
-        name, _, transport = variant.partition("@")
-        return TrainConfig(variant=name, transport=transport or "udp", preset=self.preset,
+        v = Variant.parse(variant)
+        preset, lr = self.preset, self.lr
+        if self.regime == "finetune":  # (before the checkpoints exist: the preset, to check)
+            preset, lr = self.checkpoints.get(seed, self.preset), self.finetune_lr
+        return TrainConfig(variant=v.name, transport=v.transport, preset=preset,
+                           lossy_stage=v.lossy_stage, resync_every=v.resync_every,
                            wait_for_all=wait_for_all,
                            steps=steps or self.steps, seed=seed, batch=self.batch,
-                           seq_len=self.seq_len, lr=self.lr, optimizer=self.optimizer,
+                           seq_len=self.seq_len, lr=lr, optimizer=self.optimizer,
                            device=self.device, schedule=self.schedule,
                            tokenizer=self.tokenizer, log_every=20)
+
+    def pretrain_config(self, seed: int) -> TrainConfig:
+        """The lossless run whose model a finetune-regime run of `seed` starts from."""
+        return TrainConfig(variant="reliable", preset=self.preset, steps=self.pretrain_steps,
+                           seed=seed, batch=self.batch, seq_len=self.seq_len, lr=self.lr,
+                           optimizer=self.optimizer, device=self.device,
+                           schedule=self.schedule, tokenizer=self.tokenizer, log_every=20)
+
+    @property
+    def regime_text(self) -> str:
+        """The regime, as every Δppl is to be read (optimizer, peak rate, steps)."""
+        if self.regime == "finetune":
+            return (f"finetune: from a lossless checkpoint ({self.pretrain_steps} steps at "
+                    f"{self.optimizer} peak {self.lr:g}), {self.steps} steps at peak "
+                    f"{self.finetune_lr:g}")
+        return f"scratch: {self.steps} steps at {self.optimizer} peak {self.lr:g}"
 
     def _sets(self, loss: float, loss_seed: int) -> tuple[str, ...]:
         isolated = ("isolated=true",) if self.isolated else ()
@@ -111,11 +206,11 @@ class BenchSpec:
         """Every run of the bench, the references first (see the module's docstring)."""
         seeds = range(self.seeds)
         lossy = [loss for loss in self.losses if loss > 0]
-        others = [v for v in self.variants if v.partition("@")[0] != "reliable"]
+        others = [v for v in self.variants if base_variant(v) != "reliable"]
         runs = []
         for s in seeds:
             runs.append(BenchRun(self.config("reliable", s), 0.0, "reference"))
-            if any(v.partition("@")[0] == "rps" for v in others):
+            if any(base_variant(v) == "rps" for v in others):
                 # waiting for every packet: a rank that falls behind would make its packets
                 # late, late is lost, and the reference would be a perturbed run
                 runs.append(BenchRun(self.config("rps", s, wait_for_all=True), 0.0,
@@ -125,7 +220,7 @@ class BenchSpec:
                               "speed_reference") for s in seeds]
         if 0.0 in self.losses:  # the variants themselves at 0%: a check, not a reference
             runs += [BenchRun(self.config(v, s), 0.0, "lossy") for v in others
-                     if v != "rps" for s in seeds]
+                     if base_variant(v) != "rps" for s in seeds]
         for loss in lossy:
             for s in seeds:
                 # the loss seed: one realisation per (seed, loss), replayable
@@ -135,7 +230,7 @@ class BenchSpec:
                                          "speed", s))
             for extra in range(1, self.realisations):
                 runs += [BenchRun(self.config(v, 0), loss, "realisation", 1000 * extra)
-                         for v in others if v.partition("@")[0] in REALISATION_VARIANTS]
+                         for v in others if base_variant(v) in REALISATION_VARIANTS]
         return [r.with_profile(self.profile, self._sets(r.loss, r.loss_seed)) for r in runs]
 
 
@@ -157,5 +252,5 @@ class BenchRun:
 
     @property
     def variant(self) -> str:
-        return self.cfg.variant + (f"@{self.cfg.transport}" if self.cfg.transport != "udp"
-                                   else "")
+        c = self.cfg
+        return Variant(c.variant, c.lossy_stage, c.resync_every, c.transport).text

@@ -20,6 +20,12 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
     where the loss does, and each run's loss is measured around that run alone."""
     spec.validate()
     out.mkdir(parents=True, exist_ok=True)
+    if spec.regime == "finetune":
+        from harness.bench import checkpoints
+
+        spec.checkpoints = checkpoints.ensure(
+            cluster, {s: spec.pretrain_config(s) for s in range(spec.seeds)}, echo=echo)
+    echo(f"[bench] regime {spec.regime_text}")
     cases = spec.cases()
     total = len(cases)
     started = time.monotonic()
@@ -42,11 +48,13 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
                              out / "runs", echo=progress)
     for rec, case in zip(records, cases, strict=True):
         rec.update(loss=case.loss, role=case.role, loss_seed=case.loss_seed,
-                   variant=case.variant)
+                   variant=case.variant, regime=spec.regime,
+                   tokens_seen=case.cfg.steps * case.cfg.batch * case.cfg.seq_len
+                   * len(rec.get("ppl_ranks") or [0]))
     wall_s = time.monotonic() - started
     echo(f"[bench] {total} runs done in {wall_s / 60:.1f} min")
     summary = report.summarise(records, spec_dict=asdict(spec), backend=records[-1]["backend"],
-                               wall_s=wall_s)
+                               wall_s=wall_s, regime=spec.regime_text)
     report.write_outputs(out, records, summary)
     if summary["checks"]["reliable_exact_under_loss"] is False:
         raise LossbedError("reliable training under loss did not produce the lossless model: "

@@ -28,6 +28,8 @@ one rank's lateness does not become another's loss; a rank that does not arrive 
 and the others stop with a clear error naming it. Training does not align by default
 (TrainConfig.align_every): the store crosses the same lossy links, and aligning through it
 cost more (p99 1 s at 10% loss) than the few packets a late rank makes its peers miss.
+lossy_stage="reduce" or "broadcast" puts the loss on that stage alone and sends the other
+over torch.distributed (delivered in full), to tell which stage a result comes from.
 """
 
 from __future__ import annotations
@@ -79,6 +81,10 @@ LATE_END_AFTER_S = 0.012  # ... this long after the broadcast (see _run)
 # nine in a row (at 30% loss: one segment in 50,000); a setup that slow is not just loss.
 SETUP_PATIENCE_S = 60.0
 GO_KEYS = 3  # release keys of the step alignment, reused in turn (see _align)
+# Which stages cross the lossy transport (lossy_stage): the other one goes over
+# torch.distributed (gloo: TCP, which retransmits what the kernel drops), so that a Δppl can
+# be attributed to the stage that caused it. "both" is the scheme itself.
+LOSSY_STAGES = ("both", "reduce", "broadcast")
 
 
 class RankLost(RuntimeError):
@@ -341,10 +347,16 @@ class LossyCollective:
     def __init__(self, transport, store=None, *, estimator: str = "received_mean",
                  deadline: Deadline | None = None, key_prefix: str = "lossbed/collective",
                  end_copies: int = END_COPIES, align_every: int = 1,
-                 wait_for_all: bool = False):
+                 wait_for_all: bool = False, lossy_stage: str = "both"):
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {estimator!r}: use one of "
                              f"{', '.join(ESTIMATORS)}")
+        if lossy_stage not in LOSSY_STAGES:
+            raise ValueError(f"unknown lossy_stage {lossy_stage!r}: use one of "
+                             f"{', '.join(LOSSY_STAGES)}")
+        # the stage(s) that cross the lossy transport; the other is delivered in full
+        self.lossy_reduce = lossy_stage in ("both", "reduce")
+        self.lossy_broadcast = lossy_stage in ("both", "broadcast")
         self.transport = transport
         self.store = store
         # Start every align_every-th step together through the store (1: every step, 0:
@@ -476,69 +488,87 @@ class LossyCollective:
             if verdict != EARLY:
                 count_verdict(self.transport.counters, verdict)
 
-        # Reduce: our contribution to every other owner, then wait for ours.
-        for shard in range(self.world):
-            if shard != self.rank:
-                self._send_shard(layout, contribution, hdr.STAGE_REDUCE, shard, shard, step,
-                                 bucket)
         kind = f"{contribution.size}"
-        reduce_since = time.monotonic()
         reliable = self.transport.semantics.reliable
         patient = reliable or self.wait_for_all  # waits for everything, not a deadline
-        reduce_budget = RC_STAGE_TIMEOUT_S if patient else self.deadline.budget("reduce:" + kind)
-        reduce_hit = self._receive(state, state.reduce.over, reduce_budget, state.reduce)
-        self.deadline.observe("reduce:" + kind, max(state.reduce.last_at - reduce_since, 0.0))
-        state.accept_reduce = False
-        reduce_expected = int(state.reduce.expected.sum())
-        reduce_missing = state.reduce.left
-        self._reduce_expected += reduce_expected
-        self._reduce_missing += reduce_missing
         start, end = state.own
-        # rebuilt in place: the sums are not needed once the estimate is made
-        on_reduced(start, end, rebuild(self.estimator, state.total, state.counts(),
-                                       contribution[start:end], self.world, self.loss_rate,
-                                       out=state.total))
-
-        # Broadcast: our shard to everyone, then wait for the others'.
-        for dest in range(self.world):
-            if dest != self.rank:
-                self._send_shard(layout, shared, hdr.STAGE_BROADCAST, self.rank, dest, step,
-                                 bucket)
-        # An owner broadcasts once its own reduce stage ends, which may be a whole reduce
-        # budget after ours did (we had everything, it waited for a lost packet): the
-        # broadcast deadline counts from the start of the reduce stage and includes it.
-        waiting_since = time.monotonic()
-        own_reduce_s = waiting_since - reduce_since
-        bcast_budget = (reduce_since + reduce_budget - waiting_since
-                        + (RC_STAGE_TIMEOUT_S if patient
-                           else self.deadline.budget(
-                               "broadcast:" + kind,
-                               first_at_least=self.deadline.multiplier * own_reduce_s)))
-        if self.end_copies and not reliable:
-            # Say again, a little later, that our broadcast went out. Under burst loss the
-            # markers right after the data often share its fate (a burst of 10 packets takes
-            # all 8). These go LATE_END_AFTER_S after the data, or when our own broadcast
-            # stage ends if sooner, by when a burst has usually ended (the burst profile
-            # ends them after 10 ms at most). A peer still waiting for our broadcast then
-            # stops waiting, instead of at its deadline.
-            first = min(bcast_budget, LATE_END_AFTER_S)
-            bcast_hit = self._receive(state, state.bcast.over, first)
-            self._send_late_ends(layout, step, bucket)
-            if bcast_hit:  # (the rest of the budget, which may be none: then silent owners)
-                bcast_hit = self._receive(state, state.bcast.over,
-                                          waiting_since + bcast_budget - time.monotonic(),
-                                          state.bcast)
+        if self.lossy_reduce:
+            # Reduce: our contribution to every other owner, then wait for ours.
+            for shard in range(self.world):
+                if shard != self.rank:
+                    self._send_shard(layout, contribution, hdr.STAGE_REDUCE, shard, shard,
+                                     step, bucket)
+            reduce_since = time.monotonic()
+            reduce_budget = (RC_STAGE_TIMEOUT_S if patient
+                             else self.deadline.budget("reduce:" + kind))
+            reduce_hit = self._receive(state, state.reduce.over, reduce_budget, state.reduce)
+            self.deadline.observe("reduce:" + kind,
+                                  max(state.reduce.last_at - reduce_since, 0.0))
+            state.accept_reduce = False
+            reduce_expected = int(state.reduce.expected.sum())
+            reduce_missing = state.reduce.left
+            self._reduce_expected += reduce_expected
+            self._reduce_missing += reduce_missing
+            # rebuilt in place: the sums are not needed once the estimate is made
+            on_reduced(start, end, rebuild(self.estimator, state.total, state.counts(),
+                                           contribution[start:end], self.world,
+                                           self.loss_rate, out=state.total))
         else:
-            bcast_hit = self._receive(state, state.bcast.over, bcast_budget, state.bcast)
-        self.deadline.observe("broadcast:" + kind, max(state.bcast.last_at - waiting_since, 0.0))
+            # The reduce stage delivered in full (lossy_stage="broadcast"): the exact mean.
+            state.accept_reduce = False
+            reduce_hit, reduce_expected, reduce_missing = False, 0, 0
+            on_reduced(start, end, _reliable_mean(contribution, self.world)[start:end])
+            # the broadcast's budget below counts from here: nothing of the reduce to wait for
+            reduce_since, reduce_budget = time.monotonic(), 0.0
 
-        self.transport.counters.missing += reduce_missing + state.bcast.left
+        if self.lossy_broadcast:
+            # Broadcast: our shard to everyone, then wait for the others'.
+            for dest in range(self.world):
+                if dest != self.rank:
+                    self._send_shard(layout, shared, hdr.STAGE_BROADCAST, self.rank, dest,
+                                     step, bucket)
+            # An owner broadcasts once its own reduce stage ends, which may be a whole
+            # reduce budget after ours did (we had everything, it waited for a lost packet):
+            # the broadcast deadline counts from the start of the reduce stage and
+            # includes it.
+            waiting_since = time.monotonic()
+            own_reduce_s = waiting_since - reduce_since
+            bcast_budget = (reduce_since + reduce_budget - waiting_since
+                            + (RC_STAGE_TIMEOUT_S if patient
+                               else self.deadline.budget(
+                                   "broadcast:" + kind,
+                                   first_at_least=self.deadline.multiplier * own_reduce_s)))
+            if self.end_copies and not reliable:
+                # Say again, a little later, that our broadcast went out. Under burst loss
+                # the markers right after the data often share its fate (a burst of 10
+                # packets takes all 8). These go LATE_END_AFTER_S after the data, or when our
+                # own broadcast stage ends if sooner, by when a burst has usually ended (the
+                # burst profile ends them after 10 ms at most). A peer still waiting for our
+                # broadcast then stops waiting, instead of at its deadline.
+                first = min(bcast_budget, LATE_END_AFTER_S)
+                bcast_hit = self._receive(state, state.bcast.over, first)
+                self._send_late_ends(layout, step, bucket)
+                if bcast_hit:  # (the rest of the budget, which may be none: silent owners)
+                    bcast_hit = self._receive(state, state.bcast.over,
+                                              waiting_since + bcast_budget - time.monotonic(),
+                                              state.bcast)
+            else:
+                bcast_hit = self._receive(state, state.bcast.over, bcast_budget, state.bcast)
+            self.deadline.observe("broadcast:" + kind,
+                                  max(state.bcast.last_at - waiting_since, 0.0))
+            bcast_expected, bcast_missing = int(state.bcast.expected.sum()), state.bcast.left
+        else:
+            # The broadcast stage delivered in full (lossy_stage="reduce"): every owner's
+            # shard over gloo, so no rank keeps a stale value.
+            _reliable_broadcast(shared, layout, self.world)
+            bcast_hit, bcast_expected, bcast_missing = False, 0, 0
+        self.transport.counters.missing += reduce_missing + bcast_missing
         if reliable:
             # Peers may still need our datagrams again: serve them before leaving the step.
             if not self.transport.flush(time.monotonic() + RC_STAGE_TIMEOUT_S):
                 raise RankLost(f"rank {self.rank}: RC datagrams still unacknowledged after "
                                f"{RC_STAGE_TIMEOUT_S:.0f} s: a peer died or lost the network")
-            if state.reduce.left or state.bcast.left:
+            if reduce_missing or bcast_missing:
                 raise RankLost(f"rank {self.rank}: RC step {step} incomplete after "
                                f"{RC_STAGE_TIMEOUT_S:.0f} s: a peer died or lost the network")
         self.deadline.end_step()
@@ -546,8 +576,7 @@ class LossyCollective:
         self.totals["broadcast_deadlines_hit"] += int(bcast_hit)
         self.totals["collective_steps"] += 1
         return StepStats(step, time.monotonic() - state.started, reduce_expected,
-                         reduce_missing, int(state.bcast.expected.sum()), state.bcast.left,
-                         reduce_hit, bcast_hit)
+                         reduce_missing, bcast_expected, bcast_missing, reduce_hit, bcast_hit)
 
     # ---- what callers use ---------------------------------------------------------------
 
@@ -580,16 +609,9 @@ class LossyCollective:
 
     def resync(self, params: torch.Tensor) -> None:
         """Make every rank's parameters equal to the owners' shards, reliably (gloo)."""
-        import torch.distributed as dist
-
-        flat = params.view(-1)
-        layout, _ = self._size(flat.numel())
-        for shard in range(self.world):
-            start, end = layout.shard_bounds(shard)
-            if end > start:
-                view = flat[start:end].clone()
-                dist.broadcast(view, src=shard)
-                flat[start:end] = view
+        flat = _flat_numpy(params)
+        layout, _ = self._size(flat.size)
+        _reliable_broadcast(flat, layout, self.world)
 
     # ---- step alignment and liveness --------------------------------------------------
 
@@ -661,6 +683,31 @@ class LossyCollective:
                 [f"{self.key_prefix}/present/{round_}/{k}"])]
         except Exception:
             return []
+
+
+def _reliable_mean(contribution: np.ndarray, world: int) -> np.ndarray:
+    """The exact mean of every rank's contribution, over torch.distributed (a reduce stage
+    that loses nothing)."""
+    import torch
+    import torch.distributed as dist
+
+    total = torch.from_numpy(np.array(contribution, dtype=np.float32))
+    dist.all_reduce(total)
+    return (total / world).numpy()
+
+
+def _reliable_broadcast(shared: np.ndarray, layout: Layout, world: int) -> None:
+    """Every owner's shard of `shared` to every rank, in place, over torch.distributed (a
+    broadcast stage that loses nothing)."""
+    import torch
+    import torch.distributed as dist
+
+    for shard in range(world):
+        start, end = layout.shard_bounds(shard)
+        if end > start:
+            view = torch.from_numpy(np.array(shared[start:end], dtype=np.float32))
+            dist.broadcast(view, src=shard)
+            shared[start:end] = view.numpy()
 
 
 def _flat_numpy(tensor: torch.Tensor | np.ndarray) -> np.ndarray:

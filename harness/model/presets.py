@@ -43,6 +43,44 @@ def build(name: str, vocab_size: int, seed: int):
         return LlamaForCausalLM(config)
     path = Path(name)
     if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
-        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path,
-                                                                       local_files_only=True))
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    else:
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(
+            path, local_files_only=True))
+    if model.config.vocab_size != vocab_size:
+        raise UsageError("--preset", f"the model in {path} has {model.config.vocab_size} "
+                         f"tokens, the tokenizer {vocab_size}", "Use the tokenizer it was "
+                         "trained with (--tokenizer: the same spec, or the folder itself)")
+    return model
+
+
+# The chaos check's noise is drawn from its own generator, seeded apart from the model's
+NOISE_SEED_OFFSET = 7919
+
+
+def perturb(model, sd: float, seed: int) -> None:
+    """Add N(0, sd²) to every weight, in place: the twin of a run whose initial weights
+    differ by `sd` (harness/bench/stability.py)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + NOISE_SEED_OFFSET)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(sd * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+
+
+def save(model, tok, folder: Path) -> None:
+    """The model as HF writes it (config.json, model.safetensors), with its tokenizer where
+    it has one HF can read back (a trained BPE or an HF tokenizer; bytes need none), so that
+    --preset FOLDER (and --tokenizer FOLDER) start from it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    inner = getattr(tok, "inner", None)
+    if inner is None:
+        return
+    if hasattr(inner, "save_pretrained"):  # an HF tokenizer
+        inner.save_pretrained(folder)
+    else:  # a `tokenizers` BPE: wrapped as HF's fast tokenizer
+        from transformers import PreTrainedTokenizerFast
+
+        PreTrainedTokenizerFast(tokenizer_object=inner).save_pretrained(folder)

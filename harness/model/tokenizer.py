@@ -108,9 +108,16 @@ class HFTokenizer:
         self.inner = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.name = f"hf:{path}"
         self.vocab_size = len(self.inner)
-        # bytes per token, as each decodes alone (exact for byte-level vocabularies)
-        self.token_bytes = np.array([len(self.inner.decode([i]).encode())
-                                     for i in range(self.vocab_size)], dtype=np.int64)
+        vocab, alphabet = self.inner.get_vocab(), _byte_alphabet()
+        if all(ch in alphabet for token in vocab for ch in token):
+            # a byte-level vocabulary (a BPE lossbed trained and saved, GPT-2's): one
+            # character per byte, exact also for tokens that are part of a character
+            self.token_bytes = np.zeros(self.vocab_size, dtype=np.int64)
+            for token, index in vocab.items():
+                self.token_bytes[index] = len(token)
+        else:  # bytes per token, as each decodes alone
+            self.token_bytes = np.array([len(self.inner.decode([i]).encode())
+                                         for i in range(self.vocab_size)], dtype=np.int64)
 
     def encode(self, text: str) -> list[int]:
         return self.inner.encode(text, add_special_tokens=False)

@@ -12,9 +12,11 @@ from harness.reproduce.verdict import FAILS, HOLDS, INCONCLUSIVE
 ROWS = ("1", "2", "3", "4")  # 4: the training rows (4 and 5), which need a cluster
 
 
-def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print) -> dict:
+def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
+        regime: dict | None = None) -> dict:
     """The chosen rows, in order; the results so far are written after each row (a long
-    --full run that stops still leaves what it measured)."""
+    --full run that stops still leaves what it measured). regime: the training rows'
+    BenchSpec regime options (regime, finetune_lr, pretrain_steps); default scratch."""
     from harness.reproduce import aggregation, drift, rps_scaling, training
 
     out.mkdir(parents=True, exist_ok=True)
@@ -25,7 +27,7 @@ def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print) -> dic
         "2": ("bounded drift", lambda: drift.run(quick, echo=echo)),
         "3": ("RPS scaling", lambda: rps_scaling.run(quick, echo=echo)),
         "4": ("perplexity against loss, variants at 10%",
-              lambda: training.run(make_cluster, quick, out, echo=echo)),
+              lambda: training.run(make_cluster, quick, out, echo=echo, regime=regime)),
     }
     for row in rows:
         name, work = steps[row]

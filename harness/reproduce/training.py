@@ -35,9 +35,11 @@ FULL_STEPS = 300
 FULL_SEEDS = 4
 
 
-def plans(quick: bool) -> dict[str, BenchSpec]:
-    """The benches of rows 4 and 5 (quick: one short bench at 10%, the curve's middle)."""
-    common = dict(optimizer="sgd", lr=SGD_LR, realisations=1, speed_steps=10)
+def plans(quick: bool, regime: dict | None = None) -> dict[str, BenchSpec]:
+    """The benches of rows 4 and 5 (quick: one short bench at 10%, the curve's middle), in
+    the regime asked for (BenchSpec's regime options; default scratch)."""
+    common = dict(optimizer="sgd", lr=SGD_LR, realisations=1, speed_steps=10,
+                  **(regime or {}))
     if quick:
         return {"curve": BenchSpec(losses=[0.1], variants=["reliable", "unbiased_drift",
                                                             "rps"],
@@ -53,11 +55,12 @@ def plans(quick: bool) -> dict[str, BenchSpec]:
     }
 
 
-def run(make_cluster, quick: bool, out: Path, echo=print) -> list[dict]:
+def run(make_cluster, quick: bool, out: Path, echo=print,
+        regime: dict | None = None) -> list[dict]:
     """Runs the benches on clusters from make_cluster() (a context manager: the bench's
     own cluster, torn down after), then their rows."""
     summaries = {}
-    for name, spec in plans(quick).items():
+    for name, spec in plans(quick, regime).items():
         with make_cluster(spec) as cluster:
             echo(f"[reproduce] rows 4-5: bench {name!r} ({len(spec.cases())} runs)")
             summaries[name] = run_bench(cluster, spec, out / f"bench-{name}", echo=echo)
@@ -132,5 +135,6 @@ def _point(row: dict) -> dict:
 
 def _setting(summary: dict) -> str:
     c = summary["config"]
-    return (f"bench: {c['hosts']} ranks, {c['preset']} preset, {c['steps']} steps, "
-            f"{c['seeds']} seeds, {c['optimizer']} lr {c['lr']}, {c['profile']}")
+    regime = summary.get("regime") or f"{c['optimizer']} lr {c['lr']}"
+    return (f"bench: {c['hosts']} ranks, {c['preset']} preset, {c['seeds']} seeds, "
+            f"{c['profile']}, regime {regime}")

@@ -53,6 +53,16 @@ class TrainConfig:
     # lossless reference of rps, whose packets a rank that falls behind would make late,
     # and late is lost): harness/collectives/lossy.py
     wait_for_all: bool = False
+    # Lossy variants: which stage crosses the lossy transport ("both": the scheme; "reduce"
+    # or "broadcast": that stage alone, the other over gloo, delivered in full), to tell
+    # which stage a Δppl comes from (harness/collectives/lossy.py)
+    lossy_stage: str = "both"
+    # Write rank 0's trained model here (HF save_pretrained, with the tokenizer), for a
+    # later run's --preset DIR (a warm start); an absolute path on the ranks' file system
+    save_model: str | None = None
+    # Add this much Gaussian noise (sd) to every initial weight, seeded apart from the
+    # model's seed: the chaos check's twin of a run (harness/bench/stability.py)
+    init_noise: float = 0.0
     warmup_steps: int | None = None  # None: 5% of the steps
     log_every: int = 10
 
@@ -91,9 +101,21 @@ class TrainConfig:
                              f"{self.steps - 1} (the run has {self.steps} steps)",
                              "Leave it out for 5% of the steps")
         tokenizers.check(self.tokenizer)
+        from harness.collectives.lossy import LOSSY_STAGES
+
+        if self.lossy_stage not in LOSSY_STAGES:
+            raise UsageError("--lossy-stage", f"unknown stage {self.lossy_stage!r}",
+                             f"Use one of: {', '.join(LOSSY_STAGES)}")
+        if self.lossy_stage != "both" and self.variant == "reliable":
+            raise UsageError("--lossy-stage", f"{self.lossy_stage!r} with --variant reliable: "
+                             "reliable has no lossy stage", "Use a lossy variant, or leave "
+                             "--lossy-stage out")
         if self.align_every < 0:
             raise UsageError("--align-every", f"{self.align_every} is negative",
                              "Use 0 (never), 1 (every step) or K (every K-th step)")
+        if not (math.isfinite(self.init_noise) and self.init_noise >= 0):
+            raise UsageError("init_noise", f"{self.init_noise} is not a noise level",
+                             "Use 0 or a small positive sd, e.g. 1e-6")
         if self.log_every < 1:
             raise UsageError("log_every", f"{self.log_every} is too small", "Use 1 or more")
         if not math.isfinite(self.lr):

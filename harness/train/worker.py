@@ -61,7 +61,8 @@ def wrap(cfg: TrainConfig, model, r):
 
     transport = r.transport_for(cfg.transport)
     # the lossy collectives' step alignment, and whether they wait for every packet
-    collective_options = dict(align_every=cfg.align_every, wait_for_all=cfg.wait_for_all)
+    collective_options = dict(align_every=cfg.align_every, wait_for_all=cfg.wait_for_all,
+                              lossy_stage=cfg.lossy_stage)
     if cfg.optimizer == "sgd":
         optimizer_class, options = torch.optim.SGD, dict(lr=cfg.lr, momentum=0.9)
     else:
@@ -125,6 +126,8 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
     tok, corpus = prepare(documents, source, cfg.tokenizer, cfg.seq_len)
     batches = Batches(corpus.train, r.rank, r.world, cfg.batch, cfg.seq_len, cfg.seed)
     model = presets.build(cfg.preset, tok.vocab_size, cfg.seed)
+    if cfg.init_noise:
+        presets.perturb(model, cfg.init_noise, cfg.seed)
     device = torch.device("cpu")
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
@@ -197,6 +200,8 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
     # controller's (a VM writes into its own memory; a cluster may share no file system)
     print(json.dumps({"rank_metrics": metrics}), flush=True)
     trained()
+    if cfg.save_model and r.rank == 0:
+        presets.save(model, tok, Path(cfg.save_model))
     result = models.measure(r, cfg.variant, model, corpus.heldout, tok.token_bytes,
                             cfg.eval_tokens or None, transport.per_packet)
     if result is None:

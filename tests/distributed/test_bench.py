@@ -68,6 +68,39 @@ def test_bench_writes_every_field_the_table_and_plots_and_leaves_nothing(tmp_pat
     assert netns_cluster.leftover_clusters() == before
 
 
+def test_the_finetune_regime_trains_its_checkpoint_once_and_reuses_it(tmp_path, monkeypatch):
+    """--regime finetune: the first bench trains the seed's lossless checkpoint (into the
+    cache, whole), every run of the bench starts from it (its first loss is far below a
+    fresh model's ln(vocab)), the summary names the regime; the second bench reuses it."""
+    cache = tmp_path / "checkpoints"
+    monkeypatch.setenv("LOSSBED_CHECKPOINTS", str(cache))
+    args = ["bench", "--hosts", "2", "--steps", "3", "--seeds", "1", "--loss", "0.1",
+            "--speed-steps", "2", "--realisations", "1", "--regime", "finetune",
+            "--pretrain-steps", "40", "--variants", "reliable", "unbiased_drift/broadcast"]
+    first = lossbed(*args, "--out", str(tmp_path / "a"), timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "[checkpoints] training 1 lossless checkpoint(s), seeds [0], 40 steps" \
+        in first.stderr
+    folders = sorted(p.name for p in cache.iterdir())
+    assert len(folders) == 1 and not folders[0].startswith(".partial"), folders
+    assert (cache / folders[0] / "lossbed-checkpoint.json").is_file()
+    rows = [json.loads(line) for line in (tmp_path / "a" / "results.jsonl").read_text()
+            .splitlines()]
+    assert {r["variant"] for r in rows} == {"reliable", "unbiased_drift/broadcast"}
+    for r in rows:
+        assert r["regime"] == "finetune"
+        # a fresh tiny model starts at ln(2048) = 7.6; 40 steps at 2e-3 take it below 6.5
+        assert r["losses"][0] < 6.5, (r["variant"], r["role"], r["losses"][:3])
+    summary = (tmp_path / "a" / "summary.md").read_text()
+    assert "regime finetune: from a lossless checkpoint (40 steps at adamw peak 0.002), 3 " \
+        "steps at peak 0.0001" in summary
+    second = lossbed(*args, "--out", str(tmp_path / "b"), timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"[checkpoints] seed 0: reused {cache / folders[0]} (cached)" in second.stderr
+    assert "training 1 lossless" not in second.stderr
+    assert sorted(p.name for p in cache.iterdir()) == folders
+
+
 def _ctrl_c_not_ignored():
     # A shell starts background jobs with SIGINT ignored, and Python then keeps ignoring it:
     # give the bench the Ctrl-C a terminal would, however pytest itself was started.

@@ -136,6 +136,38 @@ def test_parameter_mode_drift_stays_bounded_and_resync_zeroes_it(cluster, tmp_pa
         assert with_resync[step] == 0.0, (step, with_resync[step])
 
 
+def test_the_loss_goes_on_the_stage_asked_for_and_the_other_is_delivered_in_full(cluster):
+    """lossy_stage under the kernel's 10% loss. reduce: the owners' gradients are rebuilt
+    from what arrived (not exact), and every rank ends every step with the same parameters
+    (the broadcast went over gloo). broadcast: every owner stepped with the exact mean, and
+    ranks keep stale slots. both: neither holds. A switch that did nothing (both stages
+    lossy whatever was asked) fails the first two; one that made both reliable fails the
+    counts of missing packets."""
+    with_loss(cluster, ["loss_pct=10"])
+    try:
+        seen = {stage: rank0(run(cluster, "stages", 25, stage, timeout_s=600))["ranks"]
+                for stage in ("reduce", "broadcast", "both")}
+    finally:
+        engine.clear(cluster)
+
+    def all_exact(ranks):
+        return all(all(r["exact"]) for r in ranks)
+
+    def ranks_agree(ranks):
+        return all(len({r["digests"][s] for r in ranks}) == 1 for s in range(25))
+
+    def missed(ranks, stage):
+        return sum(r["missing"][stage] for r in ranks)
+
+    assert missed(seen["reduce"], "reduce") > 0 and missed(seen["reduce"], "broadcast") == 0
+    assert not all_exact(seen["reduce"]) and ranks_agree(seen["reduce"])
+    assert missed(seen["broadcast"], "reduce") == 0
+    assert missed(seen["broadcast"], "broadcast") > 0
+    assert all_exact(seen["broadcast"]) and not ranks_agree(seen["broadcast"])
+    assert missed(seen["both"], "reduce") > 0 and missed(seen["both"], "broadcast") > 0
+    assert not all_exact(seen["both"]) and not ranks_agree(seen["both"])
+
+
 def _drifts(folder, steps: int) -> dict[int, float]:
     """Every 5 steps: the mean square over ranks of ||x_i - mean||."""
     out = {}

@@ -120,6 +120,39 @@ def drift(r, steps: int, resync_every: int, out_dir: str, mode: str = "parameter
     return {"counters": r.transport.counters.to_dict(), "loss_rate": collective.loss_rate}
 
 
+def stages(r, steps: int, lossy_stage: str) -> dict:
+    """Parameter mode under the kernel's loss with the loss on `lossy_stage` alone (or both):
+    per step, whether the gradient the owner stepped with was the exact mean (every rank
+    rebuilds it from the seeds) and a digest of this rank's parameters (all equal: no rank
+    kept a stale broadcast slot). Also what each stage counted missing."""
+    import hashlib
+
+    numel = 4 * 12 * r.transport.per_packet  # 12 packets per shard
+    params = torch.zeros(numel)
+    collective = LossyCollective(r.transport, r.store, estimator="received_mean",
+                                 lossy_stage=lossy_stage)
+    exact_steps, digests = [], []
+    missing = {"reduce": 0, "broadcast": 0}
+    for step in range(steps):
+        grads = [data(100 * step + k, numel) for k in range(r.world)]
+        truth = torch.stack(grads).mean(0)
+        errors = []
+
+        def sgd(start, end, g, params=params, truth=truth, errors=errors):
+            errors.append(float((g - truth[start:end]).abs().max()))
+            params[start:end] -= 0.1 * g
+
+        stats = collective.sharded_update(grads[r.rank].clone(), params, sgd)
+        missing["reduce"] += stats.reduce_missing
+        missing["broadcast"] += stats.broadcast_missing
+        exact_steps.append(bool(errors[0] <= 1e-5))
+        digests.append(hashlib.sha256(params.numpy().tobytes()).hexdigest())
+    gathered = [None] * r.world
+    dist.all_gather_object(gathered, {"exact": exact_steps, "digests": digests,
+                                      "missing": missing})
+    return {"ranks": gathered, "counters": r.transport.counters.to_dict()}
+
+
 def die(r, at_send: int) -> dict:
     """Rank 2 exits in the middle of a collective (after `at_send` packets); the others
     must stop with a clear error, not hang."""
@@ -264,6 +297,8 @@ def main() -> int:
             result = unbiased(r, int(sys.argv[2]), int(sys.argv[3]))
         elif mode == "drift":
             result = drift(r, int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], *sys.argv[5:6])
+        elif mode == "stages":
+            result = stages(r, int(sys.argv[2]), sys.argv[3])
         elif mode == "die":
             result = die(r, int(sys.argv[2]))
         elif mode == "segmented":
