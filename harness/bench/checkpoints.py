@@ -9,9 +9,9 @@ everything that determines its weights:
     (harness/model, data, train, ddp; FORMAT below when the cache's layout changes)
 
 A later bench with the same key reuses it and says so. LOSSBED_CHECKPOINTS=DIR puts the
-cache elsewhere. A checkpoint is trained into a
-partial folder and renamed into place only when its run has completed, so an interrupted
-bench never leaves a checkpoint that a later one would take for whole.
+cache elsewhere. A checkpoint is trained into a partial folder and renamed into place only
+when its run has completed, so an interrupted bench never leaves a checkpoint that a later
+one would take for whole.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from harness.train.config import TrainConfig
 from testbed.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
-
-def cache() -> Path:
-    return Path(os.environ.get("LOSSBED_CHECKPOINTS") or ROOT / ".cache" / "checkpoints")
-
 FORMAT = 1
 # the code whose change changes a checkpoint's weights
 SOURCES = ("harness/model", "harness/data", "harness/train", "harness/ddp")
 MARKER = "lossbed-checkpoint.json"  # written last: a folder without it is not whole
+
+
+def cache() -> Path:
+    return Path(os.environ.get("LOSSBED_CHECKPOINTS") or ROOT / ".cache" / "checkpoints")
 
 
 def _source_digest() -> str:
@@ -113,8 +113,3 @@ def ensure(cluster, configs: dict[int, TrainConfig], echo=print) -> dict[int, st
                 if path.exists():
                     shutil.rmtree(path)
     return {seed: str(path) for seed, path in paths.items()}
-
-
-def describe(path: str) -> dict:
-    """What a cached checkpoint says about itself (its config, ppl, tokens seen)."""
-    return json.loads((Path(path) / MARKER).read_text())

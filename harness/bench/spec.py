@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 
 from harness import launch
+from harness.collectives.lossy import LOSSY_STAGES
 from harness.model import presets
 from harness.train.config import VARIANTS, TrainConfig
 from harness.transport.semantics import Semantics
@@ -74,7 +75,7 @@ class Variant:
                              f"Use some of: {', '.join(VARIANTS)}, as {VARIANT_FORM}")
         stage, resync = "both", 0
         for option in options:
-            if option in ("reduce", "broadcast") and stage == "both":
+            if option in LOSSY_STAGES and option != "both" and stage == "both":
                 stage = option
             elif option.startswith("resync=") and option[7:].isdigit() and not resync:
                 resync = int(option[7:])
@@ -134,8 +135,8 @@ class BenchSpec:
                              "LOSS is a fraction: LOSS=0.1 means 10%")
         for v in self.variants:
             parsed = Variant.parse(v)
-            if parsed.name == "reliable" and parsed.text != "reliable" + (
-                    f"@{parsed.transport}" if parsed.transport != "udp" else ""):
+            if parsed.name == "reliable" and (parsed.lossy_stage != "both"
+                                              or parsed.resync_every):
                 raise UsageError("--variants", f"{v!r}: reliable has no lossy stage to "
                                  "choose and no drift to resync", "Write plain reliable")
             if parsed.resync_every and parsed.name != "unbiased_drift":

@@ -53,15 +53,24 @@ def _byte_alphabet() -> dict[str, int]:
     return chars
 
 
+def _byte_level_sizes(vocab: dict[str, int], size: int) -> np.ndarray | None:
+    """Bytes per token of a byte-level vocabulary (one character per byte: see above), or
+    None if some token has a character that stands for no byte."""
+    alphabet = _byte_alphabet()
+    sizes = np.zeros(size, dtype=np.int64)
+    for token, index in vocab.items():
+        if not all(ch in alphabet for ch in token):
+            return None
+        sizes[index] = len(token)
+    return sizes
+
+
 class BPETokenizer:
     def __init__(self, inner, name: str):
         self.inner, self.name = inner, name
         self.vocab_size = inner.get_vocab_size()
-        alphabet = _byte_alphabet()
-        self.token_bytes = np.zeros(self.vocab_size, dtype=np.int64)
-        for token, index in inner.get_vocab().items():
-            self.token_bytes[index] = len(token)  # one character per byte (see above)
-            assert all(ch in alphabet for ch in token)
+        self.token_bytes = _byte_level_sizes(inner.get_vocab(), self.vocab_size)
+        assert self.token_bytes is not None, "a byte-level BPE writes bytes as characters"
 
     def encode(self, text: str) -> list[int]:
         return self.inner.encode(text).ids
@@ -108,14 +117,10 @@ class HFTokenizer:
         self.inner = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.name = f"hf:{path}"
         self.vocab_size = len(self.inner)
-        vocab, alphabet = self.inner.get_vocab(), _byte_alphabet()
-        if all(ch in alphabet for token in vocab for ch in token):
-            # a byte-level vocabulary (a BPE lossbed trained and saved, GPT-2's): one
-            # character per byte, exact also for tokens that are part of a character
-            self.token_bytes = np.zeros(self.vocab_size, dtype=np.int64)
-            for token, index in vocab.items():
-                self.token_bytes[index] = len(token)
-        else:  # bytes per token, as each decodes alone
+        # a byte-level vocabulary (a BPE lossbed trained and saved, GPT-2's) counts exactly,
+        # also tokens that are part of a character; any other: as each token decodes alone
+        self.token_bytes = _byte_level_sizes(self.inner.get_vocab(), self.vocab_size)
+        if self.token_bytes is None:
             self.token_bytes = np.array([len(self.inner.decode([i]).encode())
                                          for i in range(self.vocab_size)], dtype=np.int64)
 
