@@ -263,6 +263,7 @@ def _cmd_bench(args) -> int:
                      seeds=args.seeds, variants=args.variants or list(DEFAULT_VARIANTS),
                      mtu=args.mtu, realisations=args.realisations,
                      speed_steps=args.speed_steps, isolated=args.unsealed,
+                     stability=args.stability,
                      **_regime_options(args), **_training_options(args))
     spec.validate()  # bad input is refused before anything is built
     # absolute: ranks on remote hosts write under it from their own working folder
@@ -289,7 +290,8 @@ def _cmd_reproduce(args) -> int:
     unknown = [r for r in rows if r not in report.ROWS]
     if unknown:
         raise UsageError("--rows", f"no row {', '.join(unknown)}",
-                         f"Use some of {' '.join(report.ROWS)} (4: the training rows 4 and 5)")
+                         f"Use some of {' '.join(report.ROWS)} (4: the training rows 4 and 5; "
+                         "6: the regime map)")
     out = Path(args.out or f"results/reproduce-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     # rows 1-3 start many loopback transports in this process: their start-up lines are
     # noise here (the bench's ranks log in their own processes)
@@ -511,6 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="loss seeds at seed 0 for unbiased_drift and rps (1: no more)")
     p.add_argument("--speed-steps", type=int, default=BenchSpec.speed_steps,
                    help="steps of reliable under loss (its speed; its model is checked)")
+    p.add_argument("--stability", action="store_true",
+                   help="one run more: seed 0's lossless reference with its initial weights "
+                        "moved by 1e-6, to check that the regime is not chaotic (summary: "
+                        "stability; reproduce always runs it)")
     _add_training_options(p, BenchSpec)
     _add_regime_options(p)
     p.add_argument("--out", help="results folder (default: results/bench-TIME)")
@@ -543,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the sizes the claims need (hours: rows 4-5 train 8 seeds)")
     p.add_argument("--rows", nargs="+", metavar="ROW",
                    help="only these rows: 1 aggregation, 2 drift, 3 RPS scaling, "
-                        "4 training (rows 4 and 5); default all")
+                        "4 training (rows 4 and 5), 6 the regime map; default all")
     _add_regime_options(p)
     p.add_argument("--out", help="results folder (default: results/reproduce-TIME)")
     p.set_defaults(func=_cmd_reproduce)

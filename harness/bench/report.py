@@ -9,6 +9,7 @@ import math
 import statistics
 from pathlib import Path
 
+from harness.bench import stability
 from harness.bench.spec import base_variant
 from harness.metrics.hdr import Histogram
 
@@ -92,10 +93,11 @@ def budget(records: list[dict], rows: list[dict], wall_s: float | None,
     if not records or any(r.get("run_s") is None for r in records):
         return None
     seeds = sorted({r["seed"] for r in records})
+    fixed = ("realisation", "twin")  # one per bench, whatever its seeds
     per_seed = [sum(r["run_s"] for r in records if r["seed"] == s
-                    and r["role"] != "realisation") for s in seeds]
+                    and r["role"] not in fixed) for s in seeds]
     seed_s = statistics.fmean(per_seed)
-    realisation_s = sum(r["run_s"] for r in records if r["role"] == "realisation")
+    realisation_s = sum(r["run_s"] for r in records if r["role"] in fixed)
     runs_s = sum(r["run_s"] for r in records)
     start_up_s = max(wall_s - runs_s, 0.0) if wall_s is not None else 0.0
     fixed_s = realisation_s + start_up_s
@@ -125,9 +127,10 @@ def budget(records: list[dict], rows: list[dict], wall_s: float | None,
 def budget_lines(plan: dict) -> list[str]:
     """The budget section of the table: what a seed costs, and the width-versus-minutes
     curve per lossy row."""
-    lines = [f"budget: a seed costs {plan['seed_min']:.1f} min of runs; realisations "
-             f"{plan['realisation_min']:.1f} min and start-up {plan['start_up_min']:.1f} min "
-             f"do not grow with seeds (this bench: {plan['minutes_now']:.1f} min)"]
+    lines = [f"budget: a seed costs {plan['seed_min']:.1f} min of runs; realisations (and "
+             f"the twin) {plan['realisation_min']:.1f} min and start-up "
+             f"{plan['start_up_min']:.1f} min do not grow with seeds (this bench: "
+             f"{plan['minutes_now']:.1f} min)"]
     if not plan["rows"]:
         return lines
     lines.append(f"±95% of Δppl projected from each row's seed-to-seed sd (rough with few "
@@ -172,7 +175,7 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
                    if len(lossless) > 1 else None)
     groups = {}
     for r in records:
-        if r["role"] == "realisation" or (r["role"] == "speed_reference"):
+        if r["role"] in ("realisation", "speed_reference", "twin"):
             continue
         groups.setdefault((r["loss"], r["variant"]), []).append(r)
     speed = {}  # reliable's runs that measure speed, per loss
@@ -242,8 +245,11 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
                    "packets_lost": r["packets_lost"], "packets_sent": r.get("packets_sent")}
                   for r in late_refs.values()]
     tokens = sorted({r["tokens_seen"] for r in records if r.get("tokens_seen")
-                     and r["role"] != "speed" and r["role"] != "speed_reference"})
+                     and r["role"] not in ("speed", "speed_reference")})
+    twin = next((r for r in records if r["role"] == "twin"), None)
+    stable = stability.check(refs.get(("reliable", twin["seed"])) if twin else None, twin)
     return {"config": spec_dict, "regime": regime, "tokens_seen": tokens,
+            "stability": stable,
             "backend": backend, "noise_floor_pct": noise_floor,
             "lossless_ppl": lossless, "rows": rows,
             "budget": budget(records, rows, wall_s),
@@ -320,6 +326,7 @@ def table(summary: dict) -> str:
                  f"{f'{floor:.2f}%' if floor is not None else 'n/a (one seed)'}; backend "
                  f"{summary['backend']}; reliable under loss == lossless model: "
                  f"{'not run' if exact is None else exact}")
+    lines.append(stability.text(summary.get("stability")))
     if summary.get("budget"):
         lines += budget_lines(summary["budget"])
     return "\n".join(lines)

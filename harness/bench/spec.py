@@ -17,6 +17,8 @@ The runs of one bench, all in one launch of the ranks (the profile changes betwe
     speed         `reliable` under loss, for its throughput and tail only: speed_steps steps,
                   and as many without loss (speed_reference) to check that under loss it
                   trains exactly the same model
+    twin          with --stability (reproduce sets it): seed 0's lossless reference again,
+                  its initial weights moved by 1e-6: is the regime chaotic? (stability.py)
 
 Δppl (%) compares a run's headline perplexity (harness.eval.models) with its reference's;
 per variant and loss it is averaged over seeds, with a 95% interval (Student's t).
@@ -28,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 from harness import launch
+from harness.bench import stability
 from harness.collectives.lossy import LOSSY_STAGES
 from harness.model import presets
 from harness.train.config import VARIANTS, TrainConfig
@@ -126,6 +129,9 @@ class BenchSpec:
     # filled in by run_bench in the finetune regime: seed -> the checkpoint's folder
     checkpoints: dict = field(default_factory=dict)
     speed_steps: int = 40      # `reliable` under loss: a speed measurement
+    # run seed 0's lossless reference twice, the twin's initial weights moved by 1e-6: the
+    # chaos check every Δppl verdict of reproduce waits for (harness/bench/stability.py)
+    stability: bool = False
     mtu: int = 1500
 
     def validate(self) -> None:
@@ -170,7 +176,7 @@ class BenchSpec:
         launch.check_environment()
 
     def config(self, variant: str, seed: int, steps: int | None = None,
-               wait_for_all: bool = False) -> TrainConfig:
+               wait_for_all: bool = False, init_noise: float = 0.0) -> TrainConfig:
         v = Variant.parse(variant)
         preset, lr = self.preset, self.lr
         if self.regime == "finetune":  # (before the checkpoints exist: the preset, to check)
@@ -181,7 +187,7 @@ class BenchSpec:
                            steps=steps or self.steps, seed=seed, batch=self.batch,
                            seq_len=self.seq_len, lr=lr, optimizer=self.optimizer,
                            device=self.device, schedule=self.schedule,
-                           tokenizer=self.tokenizer, log_every=20)
+                           tokenizer=self.tokenizer, init_noise=init_noise, log_every=20)
 
     def pretrain_config(self, seed: int) -> TrainConfig:
         """The lossless run whose model a finetune-regime run of `seed` starts from."""
@@ -216,6 +222,9 @@ class BenchSpec:
                 # late, late is lost, and the reference would be a perturbed run
                 runs.append(BenchRun(self.config("rps", s, wait_for_all=True), 0.0,
                                      "reference"))
+        if self.stability:
+            runs.append(BenchRun(self.config("reliable", stability.TWIN_SEED,
+                                             init_noise=stability.NOISE), 0.0, "twin"))
         if lossy and "reliable" in self.variants:
             runs += [BenchRun(self.config("reliable", s, self.speed_steps), 0.0,
                               "speed_reference") for s in seeds]
@@ -239,7 +248,7 @@ class BenchSpec:
 class BenchRun:
     cfg: TrainConfig
     loss: float
-    role: str             # reference, lossy, realisation, speed, speed_reference
+    role: str             # reference, lossy, realisation, speed, speed_reference, twin
     loss_seed: int = 0    # the profile's seed: which loss realisation
     profile: str = "clean"
     sets: tuple[str, ...] = ()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from harness.reproduce.verdict import FAILS, HOLDS, INCONCLUSIVE
 
-ROWS = ("1", "2", "3", "4")  # 4: the training rows (4 and 5), which need a cluster
+# 4: the training rows (4 and 5) and 6: the regime map, which need a cluster
+ROWS = ("1", "2", "3", "4", "6")
 
 
 def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
@@ -17,7 +18,7 @@ def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
     """The chosen rows, in order; the results so far are written after each row (a long
     --full run that stops still leaves what it measured). regime: the training rows'
     BenchSpec regime options (regime, finetune_lr, pretrain_steps); default scratch."""
-    from harness.reproduce import aggregation, drift, rps_scaling, training
+    from harness.reproduce import aggregation, drift, regime_map, rps_scaling, training
 
     out.mkdir(parents=True, exist_ok=True)
     result = {"mode": "quick" if quick else "full", "commit": _commit(),
@@ -28,6 +29,7 @@ def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
         "3": ("RPS scaling", lambda: rps_scaling.run(quick, echo=echo)),
         "4": ("perplexity against loss, variants at 10%",
               lambda: training.run(make_cluster, quick, out, echo=echo, regime=regime)),
+        "6": ("the regime map", lambda: regime_map.run(make_cluster, quick, out, echo=echo)),
     }
     for row in rows:
         name, work = steps[row]
@@ -49,6 +51,8 @@ def write(out: Path, result: dict) -> None:
 
 
 def markdown(result: dict) -> str:
+    from harness.reproduce import regime_map
+
     counts = {v: sum(c["verdict"] == v for c in result["claims"])
               for v in (HOLDS, FAILS, INCONCLUSIVE)}
     lines = [f"# Reproduction ({result['mode']}), commit {result['commit']}, {result['date']}",
@@ -67,6 +71,7 @@ def markdown(result: dict) -> str:
                      f"{m['quantity']}: {_number(m['measured'])} ± {_number(m['half_width'])}"
                      f" (predicted {_number(m['predicted'])} ± {_number(m['tolerance'])}) | "
                      f"{m['trials']} | **{c['verdict']}** |")
+    lines += regime_map.markdown(result["claims"])
     lines += ["", "Settings:", ""]
     lines += [f"- {c['row']}: {c.get('setting', '')}" for c in result["claims"]]
     lines += ["", "Every check:", ""]

@@ -222,3 +222,49 @@ def test_a_wider_spread_needs_more_seeds_and_untimed_runs_have_no_budget():
     del untimed[0]["run_s"]
     summary = report.summarise(untimed, {}, "bpf", wall_s=570.0)
     assert summary["budget"] is None and "budget:" not in report.table(summary)
+
+
+def test_the_stability_twin_is_seed_0s_lossless_reference_with_its_weights_moved_by_1e_6():
+    from harness.bench.spec import BenchSpec
+
+    plain = BenchSpec(losses=[0.1], seeds=2, steps=50, variants=["reliable", "unbiased"])
+    assert not [r for r in plain.cases() if r.role == "twin"]
+    spec = BenchSpec(losses=[0.1], seeds=2, steps=50, variants=["reliable", "unbiased"],
+                     stability=True)
+    twins = [r for r in spec.cases() if r.role == "twin"]
+    reference = next(r for r in spec.cases() if r.role == "reference" and r.cfg.seed == 0)
+    assert len(twins) == 1
+    twin = twins[0]
+    assert (twin.variant, twin.cfg.seed, twin.loss, twin.profile) == ("reliable", 0, 0.0,
+                                                                      "clean")
+    assert twin.cfg.init_noise == 1e-6 and reference.cfg.init_noise == 0.0
+    # everything else as the reference: only the initial weights differ
+    assert {**twin.cfg.to_dict(), "init_noise": 0.0} == reference.cfg.to_dict()
+
+
+@pytest.mark.parametrize(("twin_ppl", "stable"), [(10.019, True), (9.981, True),
+                                                  (10.021, False), (11.3, False)])
+def test_the_stability_check_refuses_a_chaotic_regime_and_passes_a_stable_one(twin_ppl,
+                                                                               stable):
+    # planted: seed 0's reference at ppl 10.0, its twin 0.19% (stable) or 0.21% and 13%
+    # (chaotic) away: the tolerance is a quarter of the ±0.8% band, fixed before any run
+    records = [dict(_record("reliable", 0.0, s, f"r{s}"), role="reference", ppl=10.0)
+               for s in (0, 1)]
+    records.append(dict(_record("reliable", 0.0, 0, "twin"), role="twin", ppl=twin_ppl))
+    records += [dict(_record("unbiased", 0.1, s, "x"), role="lossy") for s in (0, 1)]
+    summary = report.summarise(records, {}, "bpf")
+    result = summary["stability"]
+    assert result["tolerance_pct"] == pytest.approx(0.2)
+    assert result["delta_pct"] == pytest.approx((twin_ppl / 10.0 - 1) * 100)
+    assert result["stable"] is stable
+    # the twin is no row and no reference: the rows are as without it
+    assert [(r["loss"], r["variant"], r["seeds"]) for r in summary["rows"]] == [
+        (0.0, "reliable", 2), (0.1, "unbiased", 2)]
+    assert ("UNSTABLE" in report.table(summary)) is not stable
+
+
+def test_a_bench_without_a_twin_says_its_stability_was_not_checked():
+    records = [dict(_record("reliable", 0.0, 0, "r"), role="reference")]
+    summary = report.summarise(records, {}, "bpf")
+    assert summary["stability"] is None
+    assert "regime stability: not checked" in report.table(summary)

@@ -117,9 +117,13 @@ def test_the_formula_tends_to_two_p_one_minus_p_over_n():
 # ---- rows 4-5 -----------------------------------------------------------------------------
 
 
-def _summary(rows):
+STABLE = {"stable": True, "delta_pct": 0.06, "tolerance_pct": 0.2}
+
+
+def _summary(rows, stability=STABLE):
     return {"config": {"hosts": 4, "preset": "tiny", "steps": 60, "seeds": 3,
-                       "optimizer": "sgd", "lr": 0.05, "profile": "random-loss"},
+                       "optimizer": "adamw", "lr": 2e-3, "profile": "random-loss"},
+            "stability": stability,
             "rows": [{"loss": loss, "variant": v, "seeds": 3, "ppl": 100.0,
                       "ppl_delta_pct": d, "ppl_delta_ci95": h, "ppl_rank_worst": 101.0,
                       "drift": 0.0, "measured_loss": loss} for loss, v, d, h in rows]}
@@ -134,6 +138,51 @@ def test_the_training_rows_hold_the_10_percent_runs_to_the_papers_bound():
     assert claims["4c"]["verdict"] == INCONCLUSIVE  # [-0.5, 1.5]: wider than the band
 
 
+# Every rule that withholds a verdict (harness/reproduce/rules.py), on planted rows on
+# both sides of it: the row would hold (Δppl 0.1 ± 0.2) or fail (5.0 ± 0.5) by its numbers;
+# with the rule's condition it gets no verdict, without it the numbers' verdict
+RULE_CASES = {
+    "regime unchecked": ({}, {"stability": None}),
+    "regime unstable": ({}, {"stability": {"stable": False, "delta_pct": 13.0,
+                                            "tolerance_pct": 0.2}}),
+    "disturbed": ({"disturbed": [0, 1]}, {}),
+    "references late": ({"reference_missed_packets": [1]}, {}),
+}
+
+
+def test_every_withholding_rule_has_a_planted_case():
+    from harness.reproduce import rules
+
+    assert set(RULE_CASES) == set(rules.RULES)
+
+
+@pytest.mark.parametrize("rule", list(RULE_CASES))
+@pytest.mark.parametrize(("delta", "half", "verdict"), [(0.1, 0.2, HOLDS), (5.0, 0.5, FAILS)])
+def test_each_rule_withholds_the_verdict_whatever_the_delta_and_only_when_it_applies(
+        rule, delta, half, verdict):
+    row_fields, summary_fields = RULE_CASES[rule]
+    clean = _summary([(0.1, "unbiased_drift", delta, half)])
+    planted = {**_summary([(0.1, "unbiased_drift", delta, half)]), **summary_fields}
+    planted["rows"][0].update(row_fields)
+    assert training.rows({"curve": clean})[0]["verdict"] == verdict
+    withheld = training.rows({"curve": planted})[0]
+    assert withheld["verdict"] == INCONCLUSIVE
+    assert rule in withheld["measured"]["quantity"]
+    assert withheld["measured"]["disturbed"].startswith(rule)
+
+
+def test_no_rule_reads_the_delta():
+    from harness.reproduce import rules
+
+    row = {"disturbed": [], "reference_missed_packets": []}
+    for delta in (-50.0, -0.5, 0.0, 0.5, 50.0, None, float("nan")):
+        for half in (0.01, 5.0, None):
+            planted = {**row, "ppl_delta_pct": delta, "ppl_delta_ci95": half,
+                       "ppl_deltas": [delta]}
+            assert rules.withheld(planted, STABLE) is None
+            assert rules.withheld(planted, None).startswith("regime unchecked")
+
+
 def test_a_row_whose_runs_were_disturbed_is_no_verdict_on_the_algorithm():
     # reproduce --full's burst bench: at 10% burst loss the collectives missed 16-94% of
     # their packets (a rank fell behind; late is lost), and Δppl +77 ± 69 would have read
@@ -146,23 +195,12 @@ def test_a_row_whose_runs_were_disturbed_is_no_verdict_on_the_algorithm():
     assert claims["4b"]["verdict"] == FAILS  # the same numbers, undisturbed
 
 
-def test_a_row_paired_with_references_that_missed_packets_gets_no_verdict():
-    # rps's lossless references in reproduce --full missed packets (late) and were then not
-    # reproducible: two of seed 1 had perplexity 278.25 and 324.47. Δppl +4.22 ± 0.87 at
-    # 10% against them said "does not hold"; the interval holds none of that noise.
-    summary = _summary([(0.1, "unbiased_drift", 21.2, 12.4), (0.1, "rps", 4.22, 0.87)])
-    summary["rows"][1]["reference_missed_packets"] = [0, 1, 2, 3]
-    claims = {c["row"]: c for c in training.rows({"curve": summary})}
-    assert claims["4b"]["verdict"] == INCONCLUSIVE
-    assert "references" in claims["4b"]["measured"]["quantity"]
-    assert claims["4a"]["verdict"] == FAILS  # reliable's references: deterministic
-
-
-def test_the_training_benches_are_valid_specs():
+def test_the_training_benches_are_valid_specs_in_a_stable_regime_with_its_twin():
     for quick in (True, False):
         for spec in training.plans(quick).values():
             spec.validate()
-            assert spec.optimizer == "sgd" and spec.cases()
+            assert (spec.optimizer, spec.lr) == ("adamw", 2e-3) and spec.stability
+            assert [r.role for r in spec.cases()].count("twin") == 1
 
 
 # ---- the command --------------------------------------------------------------------------
@@ -201,3 +239,123 @@ def test_a_mean_of_few_values_gets_students_t_not_the_normal_quantile():
     assert report.t95(61) == pytest.approx(2.000, abs=1e-3)
     assert 1.96 <= report.t95(200_000) < 1.962
     assert report.mean_interval(values)[1] == pytest.approx(half)
+
+
+# Planted rebuilds in the real collective (harness.collectives.lossy calls rebuild for the
+# owner's estimate): rows 1b and 1d must fail on them
+
+
+def _own_value_rebuild(estimator, total, count, own, world, loss_rate, out=None):
+    out = np.empty_like(own) if out is None else out
+    out[...] = own
+    return out
+
+
+def _biased_rebuild(estimator, total, count, own, world, loss_rate, out=None):
+    from harness.collectives.rebuild import rebuild
+
+    estimate = rebuild(estimator, total, count, own, world, loss_rate, out=out)
+    estimate *= 1.01
+    return estimate
+
+
+@pytest.mark.parametrize(("planted", "estimator", "case", "steps"), [
+    # own value: mean error 0 with identical means (the old 1b passed it), squared error 27x
+    (_own_value_rebuild, "received_mean", "identical means", 5),
+    (_biased_rebuild, "received_mean", "identical means", 5),
+    # own value: off by mu_o - mean(mu) on every shard
+    (_own_value_rebuild, "rescale", "different means", 5),
+    # +1%: within the interval of 4 x ROW1_STEPS steps, which the row runs
+    (_biased_rebuild, "rescale", "identical means", 4 * aggregation.ROW1_STEPS),
+])
+def test_rows_1b_and_1d_fail_on_a_planted_rebuild_in_the_real_collective(
+        monkeypatch, planted, estimator, case, steps):
+    from harness.collectives import lossy
+
+    monkeypatch.setattr(lossy, "rebuild", planted)
+    checks, detail = aggregation.collective_checks(estimator, case, steps)
+    assert combine(checks) == FAILS, [c.to_dict() for c in checks]
+    # measured on what the collective did: its drop mask dropped, its rate was measured
+    assert 0.08 < detail["rate_applied"] < 0.12
+    assert all(0.05 < r < 0.15 for r in detail["rate_used"])
+
+
+def test_row_1b_holds_for_the_true_rebuild_on_the_real_collective():
+    checks, detail = aggregation.collective_checks("received_mean", "identical means",
+                                                   aggregation.ROW1_STEPS)
+    assert combine(checks) == HOLDS, [c.to_dict() for c in checks]
+    squared = checks[-1]
+    assert "squared" in squared.quantity and squared.predicted > 0.02
+    # (rescale holding: the whole row at --quick, test_lossbed_reproduce_writes_the_table)
+    checks, _ = aggregation.collective_checks("rescale", "different means",
+                                              aggregation.ROW1_STEPS)
+    # different means, per shard: received-mean's owner-weighting would be -0.055 on shard 0
+    assert all(abs(c.measured) < aggregation.SHARD_TOLERANCE for c in checks)
+
+
+# ---- row 6 --------------------------------------------------------------------------------
+
+
+def _map_summary(cells, stability=STABLE, regime="scratch: 60 steps at adamw peak 0.002"):
+    summary = _summary([(0.1, v, d, h) for v, d, h in cells] + [(0.0, "reliable", 0.0, None)],
+                       stability)
+    for row in summary["rows"]:
+        row["ppl_deltas"] = [row["ppl_delta_pct"]] * 3
+    return {**summary, "regime": regime, "tokens_seen": [15360]}
+
+
+def test_the_regime_map_gives_every_cell_its_delta_interval_seeds_and_verdict():
+    from harness.reproduce import regime_map, report
+
+    summaries = {
+        "scratch 1e-4": _map_summary([("unbiased_drift", 0.1, 0.2),
+                                      ("unbiased_drift/reduce", 0.0, 0.1),
+                                      ("unbiased_drift/broadcast", 0.2, 1.0)]),
+        "scratch 2e-3": _map_summary([("unbiased_drift", 14.0, 3.0),
+                                      ("unbiased_drift/reduce", 1.8, 0.5),
+                                      ("unbiased_drift/broadcast", 13.3, 2.0),
+                                      ("unbiased_drift/resync=5", 3.0, 1.0)],
+                                     stability={"stable": False, "delta_pct": 1.5,
+                                                "tolerance_pct": 0.2}),
+    }
+    claims = {c["row"]: c for c in regime_map.rows(summaries)}
+    assert list(claims) == ["6a", "6b", "6b-resync"]
+    cells = {(c["regime"], c["variant"]): c for claim in claims.values()
+             for c in claim["cells"]}
+    assert cells[("scratch 1e-4", "unbiased_drift")]["verdict"] == HOLDS
+    assert cells[("scratch 1e-4", "unbiased_drift/broadcast")]["verdict"] == INCONCLUSIVE
+    assert claims["6a"]["verdict"] == INCONCLUSIVE
+    # scratch 2e-3 failed its twin check: no cell of it gets a verdict, whatever its Δppl
+    assert all(c["verdict"] == INCONCLUSIVE and c["withheld"].startswith("regime unstable")
+               for (regime, _), c in cells.items() if regime == "scratch 2e-3")
+    one = cells[("scratch 1e-4", "unbiased_drift/reduce")]
+    assert (one["ppl_delta_pct"], one["ppl_delta_ci95"], one["seeds"]) == (0.0, 0.1, 3)
+    # the resync curve starts at K = 0, the scheme's own cell
+    assert [c["variant"] for c in claims["6b-resync"]["cells"]] == [
+        "unbiased_drift", "unbiased_drift/resync=5"]
+    table = report.markdown({"mode": "quick", "commit": "x", "date": "d",
+                             "claims": list(claims.values())})
+    assert "| scratch 1e-4 | unbiased_drift/reduce | +0.00 | 0.10 | +0.00, +0.00, +0.00 | 3 " \
+           "| holds |" in table
+    assert table.count("| scratch 2e-3 | unbiased_drift |") == 1
+    assert "regime unstable" in table
+
+
+def test_the_regime_map_benches_are_valid_and_quick_is_a_subset():
+    from harness.reproduce import regime_map
+
+    full, quick = regime_map.plans(False), regime_map.plans(True)
+    assert set(quick) < set(full) == set(regime_map.REGIMES)
+    for plans in (full, quick):
+        for spec in plans.values():
+            spec.validate()
+            assert spec.stability and spec.losses == [0.1] and spec.optimizer == "adamw"
+            assert set(regime_map.STAGES) <= set(spec.variants)
+            assert "reliable" not in spec.variants  # its lossless runs are the references
+    scratch = full["scratch 2e-3"]
+    assert [v for v in scratch.variants if "resync" in v] == [
+        "unbiased_drift/resync=20", "unbiased_drift/resync=5", "unbiased_drift/resync=1"]
+    finetune = full["finetune 1e-4"]
+    assert (finetune.regime, finetune.lr, finetune.finetune_lr) == ("finetune", 2e-3, 1e-4)
+    assert {(s.regime, s.lr) for n, s in full.items() if n.startswith("scratch")} == {
+        ("scratch", 1e-4), ("scratch", 5e-4), ("scratch", 2e-3)}

@@ -1,0 +1,48 @@
+"""When a training row's Δppl gets no verdict: every rule, fixed before the runs (#27).
+
+A verdict (verdict.Check: the 95% interval of Δppl against ±PPL_BAND_PCT) is given only when
+the runs measured what the claim is about. These rules say when they did not. None of them
+reads the Δppl, its interval or its sign: each looks at how the runs went (the twin's
+perplexity, the packets the collectives missed, the references' packets), so no outcome can
+choose the rule that judges it. The first that applies is the reason the row gives:
+
+    regime unchecked   no stability twin was run: nothing says the regime is not chaotic
+    regime unstable    seed 0's lossless run and its twin (initial weights moved by 1e-6)
+                       differ by more than stability.TOLERANCE_PCT (a quarter of the band):
+                       chaos alone moves perplexity as far as the loss may
+    disturbed          in some seed's run the collectives missed far more packets than the
+                       network lost (harness.train.run: more than the kernel's measured loss
+                       plus max(3 points, half of it)): a rank fell behind, and lateness was
+                       counted as loss
+    references late    some seed's lossless reference (a lossy collective itself, for rps)
+                       missed packets: it is not the lossless model, and its perturbation is
+                       outside the interval
+
+Each rule has a test with planted rows on both sides of it (tests/unit/test_reproduce.py).
+"""
+
+from __future__ import annotations
+
+from harness.bench import stability
+
+PPL_BAND_PCT = stability.PPL_BAND_PCT
+
+RULES = ("regime unchecked", "regime unstable", "disturbed", "references late")
+
+
+def withheld(row: dict, regime: dict | None) -> str | None:
+    """Why this bench row (harness.bench.report.summarise) gets no verdict, or None.
+    `regime`: its bench's stability check (summary["stability"])."""
+    if regime is None:
+        return "regime unchecked: no stability twin was run"
+    if not regime["stable"]:
+        return (f"regime unstable: a 1e-6 change of the initial weights moved lossless "
+                f"perplexity by {regime['delta_pct']:+.2f}% (tolerance "
+                f"±{regime['tolerance_pct']:g}%)")
+    if row.get("disturbed"):
+        return (f"disturbed: in the runs of seeds {row['disturbed']} the collectives "
+                "missed far more than the network lost")
+    if row.get("reference_missed_packets"):
+        return (f"references late: the lossless references of seeds "
+                f"{row['reference_missed_packets']} missed packets: not the lossless model")
+    return None
