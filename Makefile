@@ -56,7 +56,8 @@ bench-full: BENCH_EXTRA = --variants reliable zero_fill unbiased unbiased_drift 
 bench-full: setup
 	$(VENV)/bin/lossbed bench $(BENCH_ARGS)
 
-# Both papers' claims measured here, with verdicts (harness/reproduce/): ~7 min, or ~100 min (--full)
+# Both papers' claims measured here, with verdicts, and the regime map (harness/reproduce/):
+# ~16 min, or ~3.5 hours (--full: rows 1-5 ~100 min, row 6 ~100 min)
 reproduce: setup
 	$(VENV)/bin/lossbed reproduce --quick
 

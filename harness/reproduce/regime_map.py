@@ -21,6 +21,8 @@ regime and the curve at FULL_STEPS x FULL_SEEDS.
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 from harness.bench.spec import BenchSpec
@@ -72,14 +74,53 @@ def plans(quick: bool) -> dict[str, BenchSpec]:
 
 def run(make_cluster, quick: bool, out: Path, echo=print) -> list[dict]:
     """Each regime's bench on a cluster of its own (make_cluster, as rows 4-5), then the
-    map's claims."""
+    map's claims. --full takes hours: a regime whose bench already finished in `out` with
+    the same spec at the same commit is reused (say so), so a run that stopped is resumed
+    by running it again with the same --out."""
     summaries = {}
+    commit = _commit()
     for name, spec in plans(quick).items():
+        folder = out / ("bench-map-" + name.replace(" ", "-"))
+        done = finished(folder, spec, commit)
+        if done is not None:
+            echo(f"[reproduce] row 6: regime {name!r}: reused its finished bench in {folder} "
+                 f"(the same spec, commit {commit})")
+            summaries[name] = done
+            continue
         with make_cluster(spec) as cluster:
             echo(f"[reproduce] row 6: regime {name!r} ({len(spec.cases())} runs)")
-            folder = "bench-map-" + name.replace(" ", "-")
-            summaries[name] = run_bench(cluster, spec, out / folder, echo=echo)
+            summaries[name] = run_bench(cluster, spec, folder, echo=echo)
+        (folder / MARKER).write_text(json.dumps({"commit": commit, "spec": _spec(spec)}))
     return rows(summaries)
+
+
+MARKER = "regime-map.json"  # written when a regime's bench has finished: what it ran
+
+
+def finished(folder: Path, spec: BenchSpec, commit: str) -> dict | None:
+    """The summary of the bench in `folder` if it finished with this spec at this commit
+    (a known one: "unknown" is never reused), else None."""
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if commit == "unknown" or marker != {"commit": commit, "spec": _spec(spec)}:
+        return None
+    return summary
+
+
+def _spec(spec: BenchSpec) -> dict:
+    """The spec as JSON gives it back, without the checkpoints' folders (filled in by the
+    bench itself)."""
+    return json.loads(json.dumps({k: v for k, v in asdict(spec).items()
+                                  if k != "checkpoints"}))
+
+
+def _commit() -> str:
+    from harness.reproduce.report import _commit
+
+    return _commit()
 
 
 def cell(row: dict, regime: str, stability: dict | None) -> dict:

@@ -359,3 +359,33 @@ def test_the_regime_map_benches_are_valid_and_quick_is_a_subset():
     assert (finetune.regime, finetune.lr, finetune.finetune_lr) == ("finetune", 2e-3, 1e-4)
     assert {(s.regime, s.lr) for n, s in full.items() if n.startswith("scratch")} == {
         ("scratch", 1e-4), ("scratch", 5e-4), ("scratch", 2e-3)}
+
+
+def test_a_stopped_regime_map_resumes_from_the_benches_that_finished(tmp_path, monkeypatch):
+    import contextlib
+
+    from harness.reproduce import regime_map
+
+    benched, lines = [], []
+
+    def fake_bench(cluster, spec, out, echo):
+        benched.append(spec.lr)
+        out.mkdir(parents=True, exist_ok=True)
+        summary = _map_summary([(v, 0.1, 0.2) for v in spec.variants])
+        (out / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    monkeypatch.setattr(regime_map, "run_bench", fake_bench)
+    monkeypatch.setattr(regime_map, "_commit", lambda: "abc1234")
+    place = lambda spec: contextlib.nullcontext(None)  # noqa: E731
+    first = regime_map.run(place, True, tmp_path, echo=lines.append)
+    assert len(benched) == len(regime_map.QUICK_REGIMES)
+    # again with the same --out: nothing is trained again, and it says so
+    again = regime_map.run(place, True, tmp_path, echo=lines.append)
+    assert len(benched) == len(regime_map.QUICK_REGIMES) and again == first
+    assert sum("reused its finished bench" in line for line in lines) == 2
+    # a bench of another commit, or one that stopped (no marker), is run again
+    monkeypatch.setattr(regime_map, "_commit", lambda: "def5678")
+    (tmp_path / "bench-map-scratch-2e-3" / regime_map.MARKER).unlink()
+    regime_map.run(place, True, tmp_path, echo=lines.append)
+    assert len(benched) == 2 * len(regime_map.QUICK_REGIMES)
