@@ -18,7 +18,11 @@ from harness.transport import header as hdr
 from harness.transport.dropmask import DropMask
 from tests.unit.test_transport_hostile import make_pair
 
-DEADLINE_S = 0.5  # floor = ceiling: a stage that waits for its deadline waits exactly this
+# floor = ceiling: a stage that waits for its deadline waits exactly this. 2 s, not 0.5: in
+# a full suite on 2 cores the run without markers once rebuilt other means than the run
+# with them, most likely a rank held back past 0.5 s, its packets late (late is lost)
+# (1 failure in the suite of 2026-12-03; alone it passed 5 of 5)
+DEADLINE_S = 2.0
 
 
 def run(end_copies: int, steps: int, seed: int = 11):
