@@ -72,13 +72,13 @@ def plans(quick: bool) -> dict[str, BenchSpec]:
     return out
 
 
-def run(make_cluster, quick: bool, out: Path, echo=print) -> list[dict]:
+def run(make_cluster, quick: bool, out: Path, echo=print, commit: str = "unknown"
+        ) -> list[dict]:
     """Each regime's bench on a cluster of its own (make_cluster, as rows 4-5), then the
     map's claims. --full takes hours: a regime whose bench already finished in `out` with
-    the same spec at the same commit is reused (say so), so a run that stopped is resumed
-    by running it again with the same --out."""
+    the same spec at the same commit (the code's, as reproduce's report names it) is reused
+    (say so), so a run that stopped is resumed by running it again with the same --out."""
     summaries = {}
-    commit = _commit()
     for name, spec in plans(quick).items():
         folder = out / ("bench-map-" + name.replace(" ", "-"))
         done = finished(folder, spec, commit)
@@ -116,11 +116,6 @@ def _spec(spec: BenchSpec) -> dict:
     return json.loads(json.dumps({k: v for k, v in asdict(spec).items()
                                   if k != "checkpoints"}))
 
-
-def _commit() -> str:
-    from harness.reproduce.report import _commit
-
-    return _commit()
 
 
 def cell(row: dict, regime: str, stability: dict | None) -> dict:

@@ -29,7 +29,8 @@ def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
         "3": ("RPS scaling", lambda: rps_scaling.run(quick, echo=echo)),
         "4": ("perplexity against loss, variants at 10%",
               lambda: training.run(make_cluster, quick, out, echo=echo, regime=regime)),
-        "6": ("the regime map", lambda: regime_map.run(make_cluster, quick, out, echo=echo)),
+        "6": ("the regime map", lambda: regime_map.run(make_cluster, quick, out, echo=echo,
+                                                        commit=result["commit"])),
     }
     for row in rows:
         name, work = steps[row]

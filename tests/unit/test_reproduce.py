@@ -376,16 +376,14 @@ def test_a_stopped_regime_map_resumes_from_the_benches_that_finished(tmp_path, m
         return summary
 
     monkeypatch.setattr(regime_map, "run_bench", fake_bench)
-    monkeypatch.setattr(regime_map, "_commit", lambda: "abc1234")
     place = lambda spec: contextlib.nullcontext(None)  # noqa: E731
-    first = regime_map.run(place, True, tmp_path, echo=lines.append)
+    first = regime_map.run(place, True, tmp_path, echo=lines.append, commit="abc1234")
     assert len(benched) == len(regime_map.QUICK_REGIMES)
     # again with the same --out: nothing is trained again, and it says so
-    again = regime_map.run(place, True, tmp_path, echo=lines.append)
+    again = regime_map.run(place, True, tmp_path, echo=lines.append, commit="abc1234")
     assert len(benched) == len(regime_map.QUICK_REGIMES) and again == first
     assert sum("reused its finished bench" in line for line in lines) == 2
     # a bench of another commit, or one that stopped (no marker), is run again
-    monkeypatch.setattr(regime_map, "_commit", lambda: "def5678")
     (tmp_path / "bench-map-scratch-2e-3" / regime_map.MARKER).unlink()
-    regime_map.run(place, True, tmp_path, echo=lines.append)
+    regime_map.run(place, True, tmp_path, echo=lines.append, commit="def5678")
     assert len(benched) == 2 * len(regime_map.QUICK_REGIMES)
