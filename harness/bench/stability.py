@@ -12,8 +12,9 @@ Both numbers are fixed here, before any run: NOISE is far below what a lost data
 a step (a lost gradient shard changes that step's update by its whole size), so a stable
 regime answers it with a change far below the band; TOLERANCE_PCT is a quarter of the ±0.8%
 band Δppl is held against (2507.07114's bound), so that chaos alone can use at most a
-quarter of the band and three quarters stay for the effect and its interval. A
-regime that fails it is far outside (measured: SGD at 0.1 moved by 13%).
+quarter of the band and three quarters stay for the effect and its interval. Measured
+here (300 steps, seed 0): SGD at 0.1 with momentum 0.9 moved by +2.58%, unstable; AdamW at
+2e-3 by +0.061% and at 5e-4 by +0.000%, stable.
 """
 
 from __future__ import annotations

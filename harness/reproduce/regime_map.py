@@ -25,7 +25,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.bench.spec import BenchSpec
+from harness.bench.spec import FINETUNE_LR, BenchSpec
 from harness.bench.training_bench import run_bench
 from harness.reproduce.rules import PPL_BAND_PCT
 from harness.reproduce.training import check
@@ -34,8 +34,7 @@ from harness.reproduce.verdict import claim
 LOSS = 0.1
 STAGES = ("unbiased_drift", "unbiased_drift/reduce", "unbiased_drift/broadcast")
 RESYNC = (20, 5, 1)
-RESYNC_LR = 2e-3
-FINETUNE_LR = 1e-4
+RESYNC_LR = BenchSpec.lr  # the bench's default peak, 2e-3
 # name -> (regime, peak rate): scratch's is the runs' rate, finetune's the fine-tuning rate
 # (its checkpoints are trained at RESYNC_LR, the bench's default)
 REGIMES = {
