@@ -57,7 +57,7 @@ bench-full: setup
 	$(VENV)/bin/lossbed bench $(BENCH_ARGS)
 
 # Both papers' claims measured here, with verdicts, and the regime map (harness/reproduce/):
-# ~16 min, or ~3.5 hours (--full: rows 1-5 ~100 min, row 6 ~100 min)
+# ~16 min, or ~4 hours (--full: rows 1-5 ~100 min, row 6 ~2 hours)
 reproduce: setup
 	$(VENV)/bin/lossbed reproduce --quick
 

@@ -68,11 +68,11 @@ def run(make_cluster, quick: bool, out: Path, echo=print,
     return rows(summaries)
 
 
-def check(row: dict, what: str, regime: dict | None) -> Check:
+def check(row: dict, what: str, stability: dict | None) -> Check:
     """A bench row against the band, unless a rule (rules.py) withholds its verdict.
-    `regime`: the bench's stability check."""
+    `stability`: the bench's stability check (its summary's)."""
     half = row.get("ppl_delta_ci95")
-    reason = withheld(row, regime)
+    reason = withheld(row, stability)
     return Check(f"Δppl % of {row['variant']} at {row['loss']:.0%} ({what})"
                  + (f" [{reason}]" if reason else ""),
                  row["ppl_delta_pct"], half if half is not None else float("inf"), 0.0,
@@ -85,20 +85,20 @@ def rows(summaries: dict[str, dict]) -> list[dict]:
     curve = [r for r in summaries["curve"]["rows"] if r["loss"] > 0
              and r["variant"] in ("unbiased_drift", "rps")]
     setting = _setting(summaries["curve"])
-    regime = summaries["curve"].get("stability")
+    stability = summaries["curve"].get("stability")
     for variant, paper in (("unbiased_drift", PAPER), ("rps", "arXiv 1810.07766")):
         at_10 = [r for r in curve if r["variant"] == variant and abs(r["loss"] - 0.1) < 1e-9]
         if at_10:
             out.append(claim(f"4{'a' if variant == 'unbiased_drift' else 'b'}", paper,
                              f"{variant} at 10% random loss trains as well as without loss",
                              f"Δppl within ±{PPL_BAND_PCT}% of its lossless reference "
-                             "(2507.07114's bound)", [check(at_10[0], "random", regime)],
+                             "(2507.07114's bound)", [check(at_10[0], "random", stability)],
                              setting=setting))
     others = [r for r in curve if abs(r["loss"] - 0.1) > 1e-9]
     if others:
         out.append(claim("4c", "lossbed (the curve)", "Δppl at 1, 5, 20, 30% random loss",
                          f"within ±{PPL_BAND_PCT}% (the same band, for the curve)",
-                         [check(r, "random", regime) for r in others], setting=setting,
+                         [check(r, "random", stability) for r in others], setting=setting,
                          curve=[_point(r) for r in curve]))
     if "burst" in summaries:
         burst = [r for r in summaries["burst"]["rows"] if r["loss"] > 0
