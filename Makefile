@@ -7,11 +7,10 @@ PY := $(VENV)/bin/python
 # Rebuilt only when the dependencies change: a second `make setup` takes seconds.
 STAMP := $(VENV)/.lossbed-installed
 
-# VM hosts need qemu, a distribution kernel and busybox; Soft-RoCE needs rdma-core.
-# The data plane's C core builds with gcc against Python's headers and OpenSSL's libcrypto.
-SYSTEM_PACKAGES := gcc python3-dev libssl-dev iproute2 nftables ethtool openssh-server iputils-ping procps kmod \
-	qemu-system-x86 linux-image-amd64 busybox-static \
-	rdma-core ibverbs-utils python3-pyverbs perftest python3-apt python3-venv
+# The system packages each target needs, per distribution: testbed/system_packages.py (one
+# table; `make setup PRINT=1` prints the apt command instead of running it). No kernel package
+# is ever installed: VM hosts boot the distribution's kernel from .cache/vm/ (fetched there by
+# `make setup`: testbed/clusters/vm/kernel.py). `make bench` needs no qemu and no kernel.
 
 # make bench LOSS=0.1: every variant at LOSS (a fraction) vs the lossless reference.
 LOSS ?= 0.1
@@ -25,18 +24,27 @@ BENCH_ARGS = --loss $(LOSS) --profile $(PROFILE) --hosts $(HOSTS) --steps $(STEP
 # make provision INVENTORY=hosts.yml: the Ansible roles in ansible/ over the inventory.
 INVENTORY ?= ansible/inventory.example.yml
 
-.PHONY: setup system-packages test lint clean bench bench-full reproduce reproduce-full provision
+.PHONY: setup setup-bench vm-guest test lint clean bench bench-full reproduce reproduce-full \
+	provision
 
-setup: system-packages $(STAMP)
+# setup: everything `make test` needs (its VM tests included); setup-bench: what a bench needs
+ifdef PRINT
+setup:
+	@$(PYTHON) -m testbed.system_packages test --print
+setup-bench:
+	@$(PYTHON) -m testbed.system_packages bench --print
+else
+setup:
+	@$(PYTHON) -m testbed.system_packages test
+	@$(MAKE) --no-print-directory $(STAMP) vm-guest
+setup-bench:
+	@$(PYTHON) -m testbed.system_packages bench
+	@$(MAKE) --no-print-directory $(STAMP)
+endif
 
-system-packages:
-	@missing=""; \
-	for p in $(SYSTEM_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; done; \
-	if [ -z "$$missing" ]; then exit 0; fi; \
-	if [ "$$(id -u)" != 0 ]; then echo "missing system packages:$$missing (run 'sudo make setup')"; exit 0; fi; \
-	echo "installing system packages:$$missing"; \
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing \
-	  || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; }
+# VM hosts' kernel and busybox into lossbed's cache (apt-get download; nothing installed)
+vm-guest: $(STAMP)
+	@$(PY) -m testbed.clusters.vm.kernel fetch
 
 $(STAMP): pyproject.toml harness/transport/_wire.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,28 +54,28 @@ $(STAMP): pyproject.toml harness/transport/_wire.c
 test: setup
 	$(VENV)/bin/pytest --strict-markers tests
 
-bench: setup
+bench: setup-bench
 	$(VENV)/bin/lossbed bench $(BENCH_ARGS)
 
 # Every variant (the ablations too), longer and with more seeds and loss realisations.
 bench-full: STEPS = 1200
 bench-full: SEEDS = 8
 bench-full: BENCH_EXTRA = --variants reliable zero_fill unbiased unbiased_drift rps --realisations 5
-bench-full: setup
+bench-full: setup-bench
 	$(VENV)/bin/lossbed bench $(BENCH_ARGS)
 
 # Both papers' claims measured here, with verdicts, and the regime map (harness/reproduce/):
 # ~16 min, or ~4 hours (--full: rows 1-5 ~100 min, row 6 ~2 hours)
-reproduce: setup
+reproduce: setup-bench
 	$(VENV)/bin/lossbed reproduce --quick
 
-reproduce-full: setup
+reproduce-full: setup-bench
 	$(VENV)/bin/lossbed reproduce --full
 
-provision: setup
+provision: setup-bench
 	cd ansible && ../$(VENV)/bin/ansible-playbook -i $(abspath $(INVENTORY)) provision.yml
 
-lint: setup
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 # Removes every cluster lossbed made on this machine (found by name prefix), then caches.

@@ -1,9 +1,15 @@
-"""The `lossbed` command. Thin: parse, call the library, print, map errors to exit codes."""
+"""The network half of the `lossbed` command: clusters, impairments and their measurement
+(up, down, status, exec, apply, clear, show, verify, renew, inventory). Thin: parse, call the
+library, print, map errors to exit codes.
+
+The experiment commands (train, bench, reproduce, compare, collective-bench) live in
+harness/cli.py, whose main() is the `lossbed` entry point: it registers them beside these
+(build_parser's `more`). testbed never imports harness; `python -m testbed.cli` is lossbed
+without the training half."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -18,7 +24,7 @@ from testbed.errors import LossbedError, UsageError
 log = logging.getLogger("lossbed")
 
 
-def _cluster(args):
+def cluster_of(args):
     """The cluster a command works on: an inventory of real hosts, or a local cluster."""
     if getattr(args, "inventory", None):
         from testbed.clusters import remote
@@ -28,7 +34,7 @@ def _cluster(args):
     return clusters.load(getattr(args, "cluster", None))
 
 
-def _add_inventory(p) -> None:
+def add_inventory(p) -> None:
     p.add_argument("--inventory", metavar="FILE",
                    help="real hosts from an (Ansible-format) inventory, over SSH")
     p.add_argument("--lease-s", type=float, default=120.0,
@@ -74,10 +80,17 @@ def _cmd_down(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    cluster = clusters.load(args.name, "lossbed status NAME")
+    if args.inventory and args.name:
+        raise UsageError("NAME", f"a cluster name ({args.name}) and --inventory",
+                         "Give one: NAME for a local cluster, --inventory for real hosts")
+    cluster = cluster_of(args) if args.inventory else clusters.load(args.name,
+                                                                     "lossbed status NAME")
     status = cluster.status()
     if args.json:
         print(json.dumps(status, indent=2))
+        return 0
+    if args.inventory:
+        _print_remote_status(status)
         return 0
     print(f"cluster {status['name']} ({status['kind']}), subnet {status['subnet']}, "
           f"MTU {status['mtu']}")
@@ -95,6 +108,17 @@ def _cmd_status(args) -> int:
     return 0
 
 
+def _print_remote_status(status: dict) -> None:
+    """Real hosts: what lossbed would impair on each, and a watchdog's failed clear."""
+    print(f"inventory {status['inventory']}, MTU {status['mtu']}")
+    for h in status["hosts"]:
+        carries = [what for what, key in (("the default route", "carries_default_route"),
+                                          ("this SSH session", "carries_ssh_session")) if h[key]]
+        print(f"{h['name']}: ssh {h['ssh']}, {h['interface']} {h['address']}"
+              + (f", carries {' and '.join(carries)}" if carries else "")
+              + (f", lease_failure: {h['lease_failure']}" if h["lease_failure"] else ""))
+
+
 def _cmd_exec(args) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -109,7 +133,7 @@ def _cmd_apply(args) -> int:
     from testbed.impair import engine
 
     profile = profiles.load(args.profile, args.set or [])
-    cluster = _cluster(args)
+    cluster = cluster_of(args)
     only = [h for item in args.only or [] for h in item.split(",") if h]
     the_plan, choice = engine.make_plan(cluster, profile, backend=args.backend, only=only)
     print(f"backend: {choice.backend} ({choice.reason})")
@@ -129,7 +153,7 @@ def _cmd_apply(args) -> int:
 def _cmd_clear(args) -> int:
     from testbed.impair import engine
 
-    cluster = _cluster(args)
+    cluster = cluster_of(args)
     if cluster.kind == "remote":
         cluster.connect()
     cleared = engine.clear(cluster)
@@ -141,7 +165,7 @@ def _cmd_clear(args) -> int:
 def _cmd_show(args) -> int:
     from testbed.impair import engine
 
-    cluster = _cluster(args)
+    cluster = cluster_of(args)
     record = engine.read_record(cluster)
     if record is None:
         print(json.dumps(None) if args.json else f"nothing is applied on {cluster.name}")
@@ -158,166 +182,13 @@ def _cmd_show(args) -> int:
 def _cmd_verify(args) -> int:
     from testbed.impair import verify
 
-    report = verify.verify(_cluster(args))
+    report = verify.verify(cluster_of(args))
     print(json.dumps(report.to_dict(), indent=2) if args.json else verify.format_report(report))
     return 0
 
 
-def _cmd_collective_bench(args) -> int:
-    from harness.bench import collective_bench as cb
-    from testbed.clusters import netns as netns_cluster
-
-    spec = cb.BenchSpec(sizes_mib=args.sizes, losses=args.loss, profiles=args.profiles,
-                        algorithms=args.algorithms, iters=args.iters, unsealed=args.unsealed)
-    spec.validate()
-    if args.cluster is None and args.hosts < 2:
-        raise UsageError("--hosts", f"{args.hosts} host cannot run a collective",
-                         "Use --hosts 2 or more (4 by default)")
-    own = None
-    if args.cluster is not None:
-        cluster = clusters.load(args.cluster)
-    else:
-        own = f"cb{os.getpid() % 100000}"
-        cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=args.hosts, name=own,
-                                                             mtu=args.mtu))
-    try:
-        rows = cb.run(cluster, spec, progress=lambda m: print(m, file=sys.stderr, flush=True))
-    finally:
-        if own:
-            clusters.down(own)
-    print(cb.format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        print(f"wrote {len(rows)} rows to {args.json}")
-    return 0
-
-
-def _cmd_train(args) -> int:
-    from harness.train import run
-    from harness.train.config import TrainConfig
-
-    cfg = TrainConfig(variant=args.variant, steps=args.steps, seed=args.seed,
-                      transport=args.transport, resync_every=args.resync_every,
-                      eval_tokens=args.eval_tokens, corpus=args.corpus,
-                      hf_dataset=args.hf_dataset, hf_text_field=args.hf_text_field,
-                      warmup_steps=args.warmup_steps, lossy_stage=args.lossy_stage,
-                      save_model=_new_folder(args.save_model, "--save-model"),
-                      **_training_options(args))
-    cfg.validate()  # the options and LOSSBED_* settings first, before any cluster is touched
-    from harness import launch
-
-    launch.check_environment()
-    cluster = _cluster(args)
-    run.check(cfg, cluster)  # bad input is refused before any process starts
-    sets = [*(args.set or []), *(["isolated=true"] if args.unsealed else [])]
-    rec = run.train(cluster, cfg, args.profile, sets, args.out,
-                    echo=lambda line: print(line, file=sys.stderr, flush=True))
-    summary = {k: rec[k] for k in ("variant", "profile", "loss", "seed", "steps", "ppl",
-                                   "ppl_rank0", "drift", "tokens_per_s", "measured_loss")}
-    print(json.dumps(summary))
-    if rec.get("wire_warning"):
-        print(f"warning: {rec['wire_warning']}", file=sys.stderr)
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-    return 0
-
-
-def _new_folder(path: str | None, option: str) -> str | None:
-    """An absolute path for a folder a run writes, refused if it holds anything already (a
-    run never overwrites what another left)."""
-    if path is None:
-        return None
-    folder = Path(path).resolve()
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise UsageError(option, f"{folder} exists and is not an empty folder",
-                         "Give a new folder (nothing is overwritten)")
-    return str(folder)
-
-
-@contextlib.contextmanager
-def _bench_cluster(prefix: str, spec):
-    """A local cluster made for one bench alone (spec.hosts, spec.mtu), removed after, also
-    on Ctrl-C and on failure. Its datagrams are sealed like any others unless the bench
-    was asked for --unsealed (spec.isolated: then its profiles say isolated)."""
-    name = f"{prefix}{os.getpid() % 100000}"
-    cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=spec.hosts, name=name,
-                                                         mtu=spec.mtu))
-    try:
-        yield cluster
-    finally:
-        clusters.down(name)
-
-
-def _cmd_bench(args) -> int:
-    import time
-    from pathlib import Path
-
-    from harness.bench import report
-    from harness.bench.spec import DEFAULT_VARIANTS, BenchSpec
-    from harness.bench.training_bench import run_bench
-
-    spec = BenchSpec(losses=args.loss, profile=args.profile, hosts=args.hosts, steps=args.steps,
-                     seeds=args.seeds, variants=args.variants or list(DEFAULT_VARIANTS),
-                     mtu=args.mtu, realisations=args.realisations,
-                     speed_steps=args.speed_steps, isolated=args.unsealed,
-                     stability=args.stability,
-                     **_regime_options(args), **_training_options(args))
-    spec.validate()  # bad input is refused before anything is built
-    # absolute: ranks on remote hosts write under it from their own working folder
-    out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if args.cluster is not None or args.inventory:
-        place = contextlib.nullcontext(_cluster(args))
-    else:
-        place = _bench_cluster("bench", spec)
-    with place as cluster:
-        summary = run_bench(cluster, spec, out,
-                            echo=lambda line: print(line, file=sys.stderr, flush=True))
-    print(report.table(summary))
-    print(f"results in {out}/ (results.jsonl, summary.json, summary.md, *.png)")
-    return 0
-
-
-def _cmd_reproduce(args) -> int:
-    import time
-    from pathlib import Path
-
-    from harness.reproduce import report
-
-    rows = sorted(set(args.rows or report.ROWS))
-    unknown = [r for r in rows if r not in report.ROWS]
-    if unknown:
-        raise UsageError("--rows", f"no row {', '.join(unknown)}",
-                         f"Use some of {' '.join(report.ROWS)} (4: the training rows 4 and 5; "
-                         "6: the regime map)")
-    out = Path(args.out or f"results/reproduce-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    # rows 1-3 start many loopback transports in this process: their start-up lines are
-    # noise here (the bench's ranks log in their own processes)
-    logging.getLogger("harness.transport").setLevel(logging.WARNING)
-    # the training rows' benches each on a cluster of their own
-    result = report.run(quick=not args.full, out=out, rows=rows,
-                        make_cluster=lambda spec: _bench_cluster("repro", spec),
-                        echo=lambda line: print(line, file=sys.stderr, flush=True),
-                        regime=_regime_options(args))
-    print(report.markdown(result))
-    print(f"results in {out}/ (reproduction.md, reproduction.json)")
-    return 0
-
-
-def _cmd_compare(args) -> int:
-    from harness.bench.compare import compare, format_findings
-    from harness.bench.training_bench import load_summary
-
-    findings = compare(load_summary(args.base), load_summary(args.new),
-                       threshold_pct=args.threshold_pct, ppl_points=args.ppl_points)
-    print(format_findings(findings))
-    return 1 if any(f.regressed for f in findings) else 0
-
-
 def _cmd_renew(args) -> int:
-    cluster = _cluster(args)
+    cluster = cluster_of(args)
     renewed = [h.name for h in cluster.hosts if h.agent_call("renew", {})]
     print(f"renewed the lease on {', '.join(renewed) or 'no host (nothing applied)'}")
     return 0
@@ -352,53 +223,9 @@ def _cmd_inventory(args) -> int:
     return 0
 
 
-def _add_training_options(p, defaults) -> None:
-    """The model, data and optimisation options `train` and `bench` share."""
-    p.add_argument("--preset", default=defaults.preset,
-                   help="tiny, small, or a local HF model folder")
-    p.add_argument("--device", default=defaults.device, help="cpu, or cuda (GPU hosts)")
-    p.add_argument("--batch", type=int, default=defaults.batch,
-                   help="sequences per rank per step")
-    p.add_argument("--seq-len", type=int, default=defaults.seq_len)
-    p.add_argument("--lr", type=float, default=defaults.lr, help="the peak learning rate")
-    p.add_argument("--optimizer", default=defaults.optimizer,
-                   help="adamw or sgd (momentum 0.9; RPS's paper uses SGD)")
-    p.add_argument("--schedule", default=defaults.schedule,
-                   help="cosine (warm-up, then decay to 10%%) or constant")
-    p.add_argument("--tokenizer", default=defaults.tokenizer,
-                   help="bpe (subword, trained on the training split), bpe:N, bytes, or a "
-                        "local HF tokenizer folder")
-
-
-def _add_regime_options(p) -> None:
-    """Where the runs start from (bench and reproduce)."""
-    from harness.bench.spec import DEFAULT_STEPS, FINETUNE_LR, REGIMES
-
-    p.add_argument("--regime", choices=REGIMES, default="scratch",
-                   help="scratch: every run from its seed's initialisation at --lr; "
-                        "finetune: from its seed's lossless checkpoint (--pretrain-steps at "
-                        "--lr, trained once and cached in .cache/checkpoints/) at "
-                        "--finetune-lr")
-    p.add_argument("--finetune-lr", type=float, default=FINETUNE_LR,
-                   help=f"finetune: the runs' peak rate (default {FINETUNE_LR:g})")
-    p.add_argument("--pretrain-steps", type=int, default=DEFAULT_STEPS,
-                   help=f"finetune: the checkpoints' steps (default {DEFAULT_STEPS})")
-
-
-def _regime_options(args) -> dict:
-    return dict(regime=args.regime, finetune_lr=args.finetune_lr,
-                pretrain_steps=args.pretrain_steps)
-
-
-def _training_options(args) -> dict:
-    return {k: getattr(args, k) for k in ("preset", "device", "batch", "seq_len", "lr",
-                                          "optimizer", "schedule", "tokenizer")}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from harness.bench.spec import BenchSpec
-    from harness.train.config import TrainConfig
-
+def build_parser(more=()) -> argparse.ArgumentParser:
+    """The parser of testbed's commands, and of those each of `more` (functions of the
+    subparsers) adds."""
     parser = argparse.ArgumentParser(
         prog="lossbed", description="Kernel-level network emulation for training under loss."
     )
@@ -426,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="show a cluster's hosts as the kernel reports them")
     p.add_argument("name", nargs="?", metavar="NAME", help="default: the only cluster up")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_inventory(p)
     p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("exec", help="run a command inside a host")
@@ -442,89 +270,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="impair only at these hosts (default: all)")
     p.add_argument("--backend", choices=["netem", "bpf", "nft"],
                    help="force a backend (default: the most capable one the kernel has)")
-    _add_inventory(p)
+    add_inventory(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     p.set_defaults(func=_cmd_apply)
 
     p = sub.add_parser("clear", help="remove the impairment from every host")
     p.add_argument("--cluster", help="default: the only cluster up")
-    _add_inventory(p)
+    add_inventory(p)
     p.set_defaults(func=_cmd_clear)
 
     p = sub.add_parser("show", help="show the profile applied now")
     p.add_argument("--cluster", help="default: the only cluster up")
-    _add_inventory(p)
+    add_inventory(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_show)
 
     p = sub.add_parser("verify", help="measure the applied loss from the kernel's counters")
     p.add_argument("--cluster", help="default: the only cluster up")
-    _add_inventory(p)
+    add_inventory(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_verify)
-    p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
-    p.add_argument("--cluster", help="default: the only cluster up")
-    _add_inventory(p)
-    p.add_argument("--variant", default="reliable",
-                   help="reliable, zero_fill, unbiased, unbiased_drift or rps")
-    p.add_argument("--profile", default="clean", help="impairment profile (default: clean)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="profile override")
-    p.add_argument("--steps", type=int, default=TrainConfig.steps)
-    p.add_argument("--seed", type=int, default=0)
-    _add_training_options(p, TrainConfig)
-    p.add_argument("--warmup-steps", type=int,
-                   help="learning-rate warm-up (default: 5%% of the steps)")
-    p.add_argument("--transport", default="udp",
-                   help="loss semantics of the lossy variants: udp, roce-ud, roce-uc[:BYTES], "
-                        "roce-rc[:BYTES]; or real RDMA queue pairs: verbs-ud, verbs-uc[:BYTES], "
-                        "verbs-rc[:BYTES] (verbs = verbs-uc)")
-    p.add_argument("--resync-every", type=int, default=0,
-                   help="unbiased_drift: reliable parameter resync every K steps (0: never)")
-    p.add_argument("--save-model", metavar="DIR",
-                   help="write rank 0's trained model and its tokenizer to DIR (on rank 0's "
-                        "host), for a later --preset DIR --tokenizer DIR")
-    p.add_argument("--lossy-stage", default="both", choices=["both", "reduce", "broadcast"],
-                   help="lossy variants: the stage that crosses the lossy transport; the "
-                        "other goes over gloo, delivered in full (default: both)")
-    p.add_argument("--eval-tokens", type=int, default=0, help="0: the whole held-out split")
-    p.add_argument("--corpus", help="a text file (default: pydoc_data.topics)")
-    p.add_argument("--hf-dataset", help="an HF dataset in the local cache, or a saved folder")
-    p.add_argument("--hf-text-field", default="text",
-                   help="the HF dataset's column with the text (default: text)")
-    p.add_argument("--out", help="folder for the ranks' metrics (default: a temporary one)")
-    p.add_argument("--json", metavar="FILE", help="append the run's record to this file")
-    _add_unsealed(p)
-    p.set_defaults(func=_cmd_train)
-
-    p = sub.add_parser("bench", help="every variant at LOSS vs the lossless reference")
-    p.add_argument("--loss", type=float, nargs="+", default=[0.1],
-                   help="loss rates as fractions (0.1 = 10%%), e.g. --loss 0.01 0.05 0.1")
-    p.add_argument("--profile", default="random-loss", help="random-loss or burst-loss")
-    p.add_argument("--hosts", type=int, default=4)
-    p.add_argument("--mtu", type=int, default=1500)
-    p.add_argument("--steps", type=int, default=BenchSpec.steps)
-    p.add_argument("--seeds", type=int, default=BenchSpec.seeds)
-    p.add_argument("--variants", nargs="+",
-                   help="default: reliable unbiased_drift rps; the ablations zero_fill and "
-                        "unbiased on request (or all five: make bench-full); each "
-                        "NAME[/reduce|/broadcast][/resync=K][@TRANSPORT]")
-    p.add_argument("--realisations", type=int, default=BenchSpec.realisations,
-                   help="loss seeds at seed 0 for unbiased_drift and rps (1: no more)")
-    p.add_argument("--speed-steps", type=int, default=BenchSpec.speed_steps,
-                   help="steps of reliable under loss (its speed; its model is checked)")
-    p.add_argument("--stability", action="store_true",
-                   help="one run more: seed 0's lossless reference with its initial weights "
-                        "moved by 1e-6, to check that the regime is not chaotic (summary: "
-                        "stability; reproduce always runs it)")
-    _add_training_options(p, BenchSpec)
-    _add_regime_options(p)
-    p.add_argument("--out", help="results folder (default: results/bench-TIME)")
-    p.add_argument("--cluster", help="reuse this cluster instead of building one")
-    _add_inventory(p)
-    _add_unsealed(p)
-    p.set_defaults(func=_cmd_bench)
-
     p = sub.add_parser("renew", help="renew the impairment lease on remote hosts")
     p.add_argument("--inventory", metavar="FILE", required=True)
     p.set_defaults(func=_cmd_renew, lease_s=120.0, force_interface=False)
@@ -532,53 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inventory", help="print an inventory of a local --ssh cluster")
     p.add_argument("--cluster", help="default: the only cluster up")
     p.set_defaults(func=_cmd_inventory)
+    for add in more:
+        add(sub)
 
-    p = sub.add_parser("compare", help="regressions between two bench results (exit 1)")
-    p.add_argument("base", metavar="BASE", help="summary.json (or its folder)")
-    p.add_argument("new", metavar="NEW", help="summary.json (or its folder)")
-    p.add_argument("--threshold-pct", type=float, default=10.0)
-    p.add_argument("--ppl-points", type=float, default=1.0)
-    p.set_defaults(func=_cmd_compare)
-
-    p = sub.add_parser("reproduce",
-                       help="both papers' claims measured here, each with a verdict")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true",
-                      help="small sizes and a short training row (the default; ~10 min)")
-    mode.add_argument("--full", action="store_true",
-                      help="the sizes the claims need (hours: rows 4-5 train 8 seeds)")
-    p.add_argument("--rows", nargs="+", metavar="ROW",
-                   help="only these rows: 1 aggregation, 2 drift, 3 RPS scaling, "
-                        "4 training (rows 4 and 5), 6 the regime map; default all")
-    _add_regime_options(p)
-    p.add_argument("--out", help="results folder (default: results/reproduce-TIME)")
-    p.set_defaults(func=_cmd_reproduce)
-
-    p = sub.add_parser("collective-bench",
-                       help="lossy all-reduce, RPS and gloo side by side under loss")
-    p.add_argument("--cluster", help="use this cluster (default: build a local one)")
-    p.add_argument("--hosts", type=int, default=4, help="hosts of the local cluster")
-    p.add_argument("--mtu", type=int, default=9000, help="MTU of the local cluster")
-    p.add_argument("--sizes", type=float, nargs="+", default=[1, 4, 16, 64], metavar="MIB")
-    p.add_argument("--loss", type=float, nargs="+", default=[0, 0.01, 0.1],
-                   help="loss rates as fractions (0.1 = 10%%)")
-    p.add_argument("--profiles", nargs="+", default=["random-loss", "burst-loss"])
-    p.add_argument("--algorithms", nargs="+",
-                   default=["reliable", "zero_fill", "unbiased", "rescale", "rps"],
-                   help="reliable (gloo's all-reduce), zero_fill, unbiased (received mean), "
-                        "rescale (1/(1-p)), rps; each optionally @TRANSPORT")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--json", metavar="FILE", help="also write one JSON object per line")
-    _add_unsealed(p)
-    p.set_defaults(func=_cmd_collective_bench)
     return parser
-
-
-def _add_unsealed(p) -> None:
-    p.add_argument("--unsealed", action="store_true",
-                   help="send the datagrams without their MAC (default: every datagram "
-                        "sealed with a key drawn for the launch); to price the MAC, on a "
-                        "network only the experiment uses")
 
 
 _MAIN_PID = os.getpid()
@@ -614,8 +337,8 @@ def _check_arguments(args) -> None:
         naming.check_cluster_name(args.name, "--name")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, more=()) -> int:
+    args = build_parser(more).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr,

@@ -30,7 +30,9 @@ class YamlInputError(ValueError):
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """Safe YAML that refuses a key given twice in one mapping."""
+    """Safe YAML that refuses a key given twice in one mapping. (Hand-made: PyYAML has no
+    option for it, and ruamel.yaml, which has, would be a second YAML parser for a dozen
+    lines; the alias and depth limits below are what neither library bounds.)"""
 
 
 def _construct_mapping(loader, node, deep=False):

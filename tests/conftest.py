@@ -10,12 +10,12 @@ import pytest
 
 def _vm_hosts_missing() -> str | None:
     """Why VM hosts cannot boot here (qemu or a distribution kernel missing), or None."""
-    from testbed.clusters.vm import image
+    from testbed.clusters.vm import image, kernel
     from testbed.errors import EnvironmentProblem
 
     try:
         image.require_qemu()
-        image.find_kernel()
+        kernel.find_kernel()
     except EnvironmentProblem as err:
         return f"VM hosts cannot boot here: {err}"
     return None

@@ -16,7 +16,7 @@ from testbed.clusters import netns as netns_cluster
 from testbed.clusters import state
 
 REPO = Path(__file__).resolve().parents[1]
-LOSSBED = [sys.executable, "-m", "testbed.cli"]
+LOSSBED = [sys.executable, "-m", "harness.cli"]
 
 
 def unique_name() -> str:

@@ -12,14 +12,8 @@ from pathlib import Path
 from harness.bench import stability
 from harness.bench.spec import base_variant
 from harness.metrics.hdr import Histogram
+from testbed.stats import mean_interval, t95
 
-# Student's t, two-sided 95%, by degrees of freedom: every one to 30, then a few on the way
-# to the normal's 1.960; between two, the smaller df's (the wider, on the safe side)
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
-       16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074,
-       23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045,
-       30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980, 1000: 1.962, 100_000: 1.960}
 RESULT_FIELDS = ("variant", "regime", "tokens_seen", "role", "profile", "loss", "loss_seed",
                  "seed", "steps", "hosts",
                  "tokens_per_s", "step_ms", "collective_ms", "warmup_step_ms", "slow_steps",
@@ -37,20 +31,6 @@ RESULT_FIELDS = ("variant", "regime", "tokens_seen", "role", "profile", "loss", 
 # section says how many seeds, and minutes, each variant needs for it
 TARGET_CI95 = 1.0
 CURVE_SEEDS = (2, 3, 4, 5, 6, 8, 12, 16, 32)
-
-
-def t95(n: int) -> float:
-    """The 95% quantile for a mean of n values (n - 1 degrees of freedom)."""
-    df = max(n - 1, 1)
-    return T95.get(df) or T95[max(k for k in T95 if k <= df)]
-
-
-def mean_interval(values: list[float]) -> tuple[float, float | None]:
-    """(mean, half-width of the 95% interval; None for a single value)."""
-    m = statistics.fmean(values)
-    if len(values) < 2:
-        return m, None
-    return m, t95(len(values)) * statistics.stdev(values) / math.sqrt(len(values))
 
 
 def _step_ms(runs: list[dict]) -> dict:
@@ -187,6 +167,7 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
         deltas = [r["ppl_delta_pct"] for r in runs if r["ppl_delta_pct"] is not None
                   and r["role"] != "reference"]
         mean, half = mean_interval(deltas) if deltas else (None, None)
+        half = half if half != math.inf else None  # one seed: no interval (JSON has no ∞)
         realised = [r["ppl_delta_pct"] for r in records if r["loss"] == loss
                     and r["variant"] == variant and r["seed"] == 0
                     and r["role"] in ("lossy", "realisation")
@@ -234,13 +215,19 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
         rows.append(row)
     # reliable under loss must train exactly the lossless model: its speed runs against the
     # lossless ones of the same length and seed; None when none was made ("not run")
+    # A run under loss without a lossless one of its seed and length is not compared: it
+    # is named (unpaired), and the check is False rather than left out
     short = {r["seed"]: r for r in records if r["role"] == "speed_reference"}
-    compared = [(r, short.get(r["seed"]) or refs.get(("reliable", r["seed"])))
-                for r in records if r["variant"] == "reliable" and r["loss"] > 0]
-    compared = [(r, ref) for r, ref in compared if ref is not None and
-                ref.get("steps") == r.get("steps")]
-    exact = all(r["model_sha"] == ref["model_sha"] for r, ref in compared) if compared \
-        else None
+    under_loss = [r for r in records if r["variant"] == "reliable" and r["loss"] > 0]
+    compared, unpaired = [], []
+    for r in under_loss:
+        ref = short.get(r["seed"]) or refs.get(("reliable", r["seed"]))
+        if ref is not None and ref.get("steps") == r.get("steps"):
+            compared.append((r, ref))
+        else:
+            unpaired.append({"seed": r["seed"], "loss": r["loss"], "steps": r.get("steps")})
+    exact = (all(r["model_sha"] == ref["model_sha"] for r, ref in compared) and not unpaired
+             if under_loss else None)
     incomplete = [{"variant": r["variant"], "seed": r["seed"],
                    "packets_lost": r["packets_lost"], "packets_sent": r.get("packets_sent")}
                   for r in late_refs.values()]
@@ -254,6 +241,7 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
             "lossless_ppl": lossless, "rows": rows,
             "budget": budget(records, rows, wall_s),
             "checks": {"reliable_exact_under_loss": exact,
+                       "reliable_unpaired": unpaired,
                        "references_missing_packets": incomplete}}
 
 
@@ -322,6 +310,11 @@ def table(summary: dict) -> str:
                      "(summary.json has max_vs_reliable)")
     floor = summary["noise_floor_pct"]
     exact = summary["checks"]["reliable_exact_under_loss"]
+    unpaired = summary["checks"].get("reliable_unpaired")
+    if unpaired:
+        lines.append("! reliable under loss without a lossless run of its seed and length: "
+                     + ", ".join(f"seed {u['seed']} at {u['loss']:.0%} ({u['steps']} steps)"
+                                 for u in unpaired))
     lines.append(f"noise floor (lossless reliable, seed-to-seed sd): "
                  f"{f'{floor:.2f}%' if floor is not None else 'n/a (one seed)'}; backend "
                  f"{summary['backend']}; reliable under loss == lossless model: "
@@ -346,6 +339,23 @@ def write_outputs(out: Path, records: list[dict], summary: dict) -> None:
     plots(out, records, summary)
 
 
+def curve_label(r: dict) -> str:
+    """A run's name in a plot: variant, loss, role, and under loss which realisation of it
+    (the profile's seed), so that no two of a bench's curves share a label."""
+    label = f"{r['variant']} @ {r['loss']:.0%}, {r.get('role') or 'run'}"
+    if r["loss"] > 0 and r.get("loss_seed") is not None:
+        label += f", loss seed {r['loss_seed']}"
+    return label
+
+
+def loss_curves(records: list[dict], shown: float) -> list[tuple[str, list[float]]]:
+    """(label, training losses) of seed 0's runs at the loss rate shown and its lossless
+    reliable runs (reference, twin)."""
+    return [(curve_label(r), r["losses"]) for r in records
+            if r["seed"] == 0 and r.get("losses")
+            and (r["loss"] == shown or (r["variant"] == "reliable" and r["loss"] == 0))]
+
+
 def plots(out: Path, records: list[dict], summary: dict) -> None:
     import matplotlib
 
@@ -355,11 +365,8 @@ def plots(out: Path, records: list[dict], summary: dict) -> None:
     lossy = sorted({r["loss"] for r in records if r["loss"] > 0}) or [0.0]
     shown = lossy[-1]
     fig, ax = plt.subplots(figsize=(7, 4))
-    for r in records:
-        if r["seed"] == 0 and (r["loss"] == shown or (r["variant"] == "reliable"
-                                                        and r["loss"] == 0)):
-            label = f"{r['variant']} @ {r['loss']:.0%}"
-            ax.plot(_smooth(r["losses"]), label=label, linewidth=1)
+    for label, losses in loss_curves(records, shown):
+        ax.plot(_smooth(losses), label=label, linewidth=1)
     ax.set(xlabel="step", ylabel="training loss (smoothed)", title="loss curves, seed 0")
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -477,7 +477,6 @@ class LossyCollective:
             aligning = time.monotonic()
             self._align(step)
             self.totals["align_s"] += time.monotonic() - aligning
-            self._aligned_once = True
         state = _Step(layout, step, bucket, self.rank, contribution, shared, total,
                       infer_ends=self.end_copies > 0)
         stash, self.transport.stash = self.transport.stash, EarlyStash()
@@ -617,10 +616,14 @@ class LossyCollective:
 
     def _align(self, step: int) -> None:
         """All ranks start a step together, meeting in the rendezvous store (a reliable
-        channel: its port is never impaired). Without this, a rank that waited out a
+        channel: TCP, so a lost segment is sent again, never lost; but in training its port
+        crosses the same impaired links as the data (harness.train.run.impair_the_control_path),
+        so under loss its round trips take longer). Without this, a rank that waited out a
         deadline in the last step would start this one late, and its packets would miss
         the others' deadlines: lateness would turn into loss. A rank that does not arrive
-        within three deadline ceilings has died (or lost the network), and is named.
+        within three deadline ceilings has died (or lost the network), and is named
+        (within SETUP_PATIENCE_S at the first step, and at every step when one stage goes
+        over gloo: TCP under loss can hold a rank that long).
 
         It costs two store round trips per rank and step, on the step's critical path: one
         counter of arrivals (its value says which round this is and who came last), and a
@@ -630,16 +633,21 @@ class LossyCollective:
         That key was last set in round r - 1, which everyone has passed; and no one can wait
         on it before round r + 1 is complete, which needs this rank to arrive there first."""
         if self.store is None:
+            self._aligned_once = True
             return
         from datetime import timedelta
 
         prefix, ceiling = self.key_prefix, self.deadline.ceiling_s
         patience = 3 * ceiling
-        if not self._aligned_once:
+        if not self._aligned_once or not (self.lossy_reduce and self.lossy_broadcast):
             # The first step comes from setup (a model broadcast, a run boundary), which
             # crosses the impaired network over TCP: its retransmission backoff can hold one
             # rank back for seconds at high loss (CI: 6+ s at 30%), and that rank is late,
-            # not lost. Later steps come straight from the step before.
+            # not lost. Later steps come straight from the step before, unless one of its
+            # stages went over gloo (lossy_stage "reduce" or "broadcast"): then every step
+            # crosses TCP under loss, and a segment lost five times running holds its
+            # receiver 6 s (0.2 + 0.4 + ... + 3.2 s of backoff; CI: a rank declared lost
+            # at 10% while its peer waited out a retransmission in the gloo broadcast).
             patience = max(patience, SETUP_PATIENCE_S)
         round_, arrived = None, None
         try:
@@ -649,14 +657,14 @@ class LossyCollective:
             if arrived % self.world == 0:  # the last to arrive: release everyone
                 self.store.set(go, "1")
                 self.store.delete_key(f"{prefix}/go/{(round_ + 2) % GO_KEYS}")
-                return
-            try:
-                self.store.wait([go], timedelta(seconds=ceiling))
-            except Exception:
-                # Someone is late. Say that we are here, so that who is missing can be
-                # named if this goes on, then keep waiting.
-                self.store.set(f"{prefix}/present/{round_}/{self.rank}", str(step))
-                self.store.wait([go], timedelta(seconds=patience - ceiling))
+            else:
+                try:
+                    self.store.wait([go], timedelta(seconds=ceiling))
+                except Exception:
+                    # Someone is late. Say that we are here, so that who is missing can be
+                    # named if this goes on, then keep waiting.
+                    self.store.set(f"{prefix}/present/{round_}/{self.rank}", str(step))
+                    self.store.wait([go], timedelta(seconds=patience - ceiling))
         except Exception as err:
             # Give those who arrived up to one ceiling later time to say so, too.
             time.sleep(ceiling + 0.5)
@@ -672,6 +680,7 @@ class LossyCollective:
                     f"(this rank arrived {arrived} in round {round_})") from None
             raise RankLost(f"rank {self.rank}: the rendezvous store is unreachable ({err}): "
                            "rank 0, which hosts it, has died or lost its network") from None
+        self._aligned_once = True  # later steps come straight from the one before
 
     def _absent(self, round_: int | None) -> list[int]:
         """The ranks that have not said they arrived at this round (none if the store

@@ -1,23 +1,28 @@
-"""A latency histogram in the HDR style: log-linear buckets with a fixed relative precision,
-so p50/p99/p99.9 come out right to ~1% for any range of values, in constant memory, and
-histograms from several ranks merge by adding counts."""
+"""Latency histograms: the `hdrhistogram` package's HdrHistogram (log-linear buckets with a
+fixed relative precision, constant memory, histograms from several ranks merge by adding),
+behind the few calls lossbed makes and the one policy it adds (summary: a percentile too few
+samples back is None).
+
+The package counts integers, lossbed's latencies are float microseconds: values are scaled
+by SCALE before they are counted, so a latency below 1 µs keeps three decimals instead of
+reading back as 0. The exact minimum and maximum are kept beside the buckets."""
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 
-PRECISION = 0.01  # bucket width relative to its value
-# Zero has a bucket of its own. Values between 0 and 1 take negative buckets like any other
-# value (they once shared -1 with zero, and read back as 0).
-ZERO_BUCKET = -(1 << 40)
+from hdrh.histogram import HdrHistogram
+
+SCALE = 1000  # counted in thousandths of the recorded unit (µs -> ns)
+HIGHEST = 3_600_000_000 * SCALE  # an hour in µs: a step longer than that is a hang
+SIGNIFICANT_DIGITS = 2  # buckets at most 1% wide relative to their value
 # A percentile q is backed by at least one sample beyond it only with 100 / (100 - q)
 # samples or more: p99 needs 100, p99.9 needs 1000. With fewer, it is the maximum.
 
 
 class Histogram:
     def __init__(self):
-        self.counts: Counter[int] = Counter()
+        self.hdr = HdrHistogram(1, HIGHEST, SIGNIFICANT_DIGITS)
         self.total = 0
         self.max = 0.0
         self.min = math.inf
@@ -25,23 +30,12 @@ class Histogram:
     def record(self, value: float) -> None:
         if not value >= 0 or math.isinf(value):
             raise ValueError(f"latency {value} is negative or not finite")
-        self.counts[self._bucket(value)] += 1
+        if value * SCALE > HIGHEST:
+            raise ValueError(f"latency {value} µs is over an hour: a hang, not a latency")
+        self.hdr.record_value(round(value * SCALE))
         self.total += 1
         self.max = max(self.max, value)
         self.min = min(self.min, value)
-
-    @staticmethod
-    def _bucket(value: float) -> int:
-        if value == 0:
-            return ZERO_BUCKET
-        return int(math.floor(math.log(value) / math.log1p(PRECISION)))
-
-    @staticmethod
-    def _value(bucket: int) -> float:
-        # the middle of the bucket
-        if bucket == ZERO_BUCKET:
-            return 0.0
-        return math.exp((bucket + 0.5) * math.log1p(PRECISION))
 
     @staticmethod
     def samples_needed(q: float) -> int:
@@ -51,16 +45,12 @@ class Histogram:
     def percentile(self, q: float) -> float:
         if not self.total:
             return math.nan
-        rank = max(1, math.ceil(q / 100 * self.total))
-        seen = 0
-        for bucket in sorted(self.counts):
-            seen += self.counts[bucket]
-            if seen >= rank:
-                return min(self._value(bucket), self.max)
-        return self.max
+        # the package answers with its bucket's highest value: never above the real maximum
+        return min(self.hdr.get_value_at_percentile(q) / SCALE, self.max)
 
     def merge(self, other: Histogram) -> Histogram:
-        self.counts.update(other.counts)
+        if other.total:
+            self.hdr.add(other.hdr)
         self.total += other.total
         self.max = max(self.max, other.max)
         self.min = min(self.min, other.min)
@@ -78,13 +68,18 @@ class Histogram:
         return out
 
     def to_dict(self) -> dict:
-        return {"counts": {str(k): v for k, v in self.counts.items()}, "total": self.total,
+        """JSON: the package's own compressed encoding of the buckets, and the exact ends."""
+        return {"hdr": self.hdr.encode().decode("ascii"), "total": self.total,
                 "max": self.max, "min": self.min if self.total else None}
 
     @classmethod
     def from_dict(cls, d: dict) -> Histogram:
+        if "hdr" not in d:
+            raise ValueError("a latency histogram without 'hdr' was written by a lossbed "
+                             "before 2026-12-03 (its own buckets): rerun that run")
         h = cls()
-        h.counts = Counter({int(k): v for k, v in d["counts"].items()})
+        if d["total"]:
+            h.hdr = HdrHistogram.decode(d["hdr"].encode("ascii"))
         h.total, h.max = d["total"], d["max"]
         h.min = d["min"] if d["min"] is not None else math.inf
         return h

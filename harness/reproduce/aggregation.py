@@ -47,9 +47,10 @@ from harness.collectives.layout import Layout
 from harness.collectives.lossy import LossyCollective
 from harness.collectives.rebuild import ESTIMATORS, rebuild
 from harness.reproduce import loopback
-from harness.reproduce.verdict import Check, claim, combine, mean_interval
+from harness.reproduce.verdict import Check, claim, combine
 from harness.transport import header as hdr
 from harness.transport.dropmask import DropMask
+from testbed.stats import mean_interval
 
 DATA_STAGES = (hdr.STAGE_REDUCE, hdr.STAGE_BROADCAST)
 

@@ -35,7 +35,8 @@ from harness.collectives.layout import Layout
 from harness.collectives.lossy import LossyCollective
 from harness.reproduce import loopback
 from harness.reproduce.aggregation import inverse_count
-from harness.reproduce.verdict import Check, claim, mean_interval, slope_interval
+from harness.reproduce.verdict import Check, claim
+from testbed.stats import mean_interval, slope_interval
 
 PAPER = "arXiv 2507.07114"
 LR, MU, SIGMA = 0.01, 0.5, 1.0

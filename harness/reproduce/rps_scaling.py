@@ -22,11 +22,14 @@ is a large-n statement, and this row says where it starts to hold.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from harness.collectives.rps import RPS
 from harness.reproduce import loopback
-from harness.reproduce.verdict import Check, claim, mean_interval
+from harness.reproduce.verdict import Check, claim
+from testbed.stats import mean_interval
 
 PAPER = "arXiv 1810.07766"
 EVENTS_PER_SHARD = 64  # (rank, packet) loss events per shard and stage: loopback.numel_for
@@ -114,7 +117,11 @@ def _scaled(value: tuple[float, float], world: int) -> tuple[float, float]:
 def _ratio_check(quantity: str, top: tuple[float, float], bottom: tuple[float, float],
                  predicted: float, tolerance: float, trials: int) -> Check:
     """A ratio of two independent measurements, its half-width by the delta method, held to
-    a relative tolerance around `predicted`."""
+    a relative tolerance around `predicted`. A measurement of 0 (a step that moved
+    nothing) has no ratio: nan, which no verdict is drawn from (the per-n checks are)."""
+    if top[0] == 0 or bottom[0] == 0:
+        return Check(f"{quantity}, over its prediction {predicted:.3g}", math.nan, math.inf,
+                     1.0, tolerance, trials)
     ratio = top[0] / bottom[0]
     half = ratio * float(np.hypot(top[1] / top[0], bottom[1] / bottom[0]))
     return Check(f"{quantity}, over its prediction {predicted:.3g}", ratio / predicted,

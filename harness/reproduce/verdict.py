@@ -18,10 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
-from harness.bench.report import t95
-
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
 
 
@@ -63,29 +59,6 @@ def combine(checks: list[Check]) -> str:
     if verdicts == {HOLDS}:
         return HOLDS
     return INCONCLUSIVE
-
-
-def mean_interval(values) -> tuple[float, float]:
-    """(mean, half-width of its 95% interval) of independent values, Student's t (the drift
-    row's batch means are a handful of values, the Monte Carlo rows thousands)."""
-    values = np.asarray(values, dtype=np.float64)
-    if len(values) < 2:
-        return float(values.mean()) if len(values) else math.nan, math.inf
-    return (float(values.mean()),
-            t95(len(values)) * float(values.std(ddof=1)) / math.sqrt(len(values)))
-
-
-def slope_interval(x, y) -> tuple[float, float]:
-    """(slope, half-width of its 95% interval) of a least-squares line through (x, y), from
-    the residuals (t quantile for few points)."""
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    n = len(x)
-    if n < 3:
-        return math.nan, math.inf
-    slope, intercept = np.polyfit(x, y, 1)
-    residual = y - (slope * x + intercept)
-    se = math.sqrt(float((residual ** 2).sum()) / (n - 2) / float(((x - x.mean()) ** 2).sum()))
-    return float(slope), t95(n - 1) * se  # (t95 takes a sample size: n - 2 degrees)
 
 
 def claim(row: str, paper: str, statement: str, prediction: str, checks: list[Check],

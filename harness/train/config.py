@@ -111,7 +111,8 @@ class TrainConfig:
                              "reliable has no lossy stage", "Use a lossy variant, or leave "
                              "--lossy-stage out")
         if self.align_every < 0:
-            raise UsageError("--align-every", f"{self.align_every} is negative",
+            raise UsageError("align_every", f"{self.align_every} is negative (a "
+                             "TrainConfig field; no command sets it)",
                              "Use 0 (never), 1 (every step) or K (every K-th step)")
         if not (math.isfinite(self.init_noise) and self.init_noise >= 0):
             raise UsageError("init_noise", f"{self.init_noise} is not a noise level",

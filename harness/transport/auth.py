@@ -21,9 +21,12 @@ GHASH's key away).
 The MAC: GMAC (AES-128-GCM with nothing to encrypt, OpenSSL's EVP, in _wire.c) of the
 whole datagram with its tag field zero, destination rank included: a genuine datagram
 copied to another rank is refused there. The values travel readable (confidentiality is
-not a goal). Chosen by measurement, per 1444-byte packet on the 2-core development machine,
-the primitives alone: AES-GCM 1.35 µs, ChaCha20-Poly1305 2.66 µs, keyed BLAKE2b 4.27 µs,
-HMAC-SHA256 4.84 µs.
+not a goal). Chosen by measurement, per 1444-byte packet, the primitives alone, one call
+each from Python (`python -m tests.benchmarks.bench_auth`, which prints them first; eight
+runs on the 2-core development machine while nothing else ran, 2026-12-03): AES-GCM
+0.8-2.3 µs, ChaCha20-Poly1305 2.0-4.3 µs, keyed BLAKE2b 3.4-7.3 µs, HMAC-SHA256 4.0-7.5 µs.
+The machine's speed moves all four together by up to 2.8×; their order is the same in
+every run (the compiled core's GMAC, without Python's call, costs less).
 
 A replayed datagram (a copy of one the sender sent to this rank) passes the check; the
 collective takes it as the duplicate, late or early packet it is, and the drop mask gives

@@ -9,7 +9,9 @@ same header: without it every replica lost the same packets at once, where loss 
 separate links (netem's, and the papers' model) is independent per receiver. The decision
 is independent of the values carried, the same seed drops the same packets in every variant
 that sends them, and a duplicate or replayed copy of a datagram gets the verdict of the
-original (it has the original's identity; a forged one never gets this far: auth.py).
+original (it has the original's identity). With a key (the default) a forged datagram never
+gets this far (auth.py); unsealed (--unsealed), anyone who can send on the network can
+forge one with any identity, and the mask gives it that identity's verdict.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A cluster of real machines, from an inventory in Ansible's YAML format (the same file
-`ansible-playbook -i` reads):
+"""A cluster of real machines, from an Ansible inventory (the same file `ansible-playbook -i`
+reads; YAML, or INI), e.g.:
 
     all:
       vars:
@@ -16,9 +16,10 @@
           lossbed_gpus: 8
           lossbed_rdma_device: mlx5_0
 
-Read as Ansible reads it (tests/unit/test_inventory.py holds it against ansible-inventory):
-groups named in several places, hosts in several groups, host ranges (gpu[1:8]), and the
-group_vars/ and host_vars/ folders beside the file, with Ansible's precedence. The Ansible
+Read by ansible-core itself (InventoryManager and VariableManager): groups named in several
+places, hosts in several groups, host ranges (gpu[1:8]), and the group_vars/ and host_vars/
+folders beside the file, with Ansible's precedence; tests/unit/test_inventory.py holds the
+result against ansible-inventory --list. The Ansible
 roles' own variables (lossbed_base_*, lossbed_kernel_*, ...) are left to Ansible; other keys
 lossbed does not know are refused, with the close match.
 """
@@ -26,7 +27,10 @@ lossbed does not know are refused, with the close match.
 from __future__ import annotations
 
 import difflib
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -85,129 +89,6 @@ class HostEntry(BaseModel):
         return self.lossbed_python or f"{self.lossbed_project}/.venv/bin/python"
 
 
-_RANGE = re.compile(r"\[([0-9]+|[a-z]):([0-9]+|[a-z])(?::([0-9]+))?\]")
-
-
-def expand_hosts(pattern: str) -> list[str]:
-    """Ansible's host ranges: gpu[1:4] is gpu1..gpu4, node[01:10] keeps the zeros,
-    r[a:c] is ra..rc, [0:8:2] takes every second; several ranges in one name multiply."""
-    found = _RANGE.search(pattern) if isinstance(pattern, str) else None
-    if not found:
-        return [pattern]
-    first, last, stride = found.group(1), found.group(2), int(found.group(3) or 1)
-    if first.isdigit() != last.isdigit() or stride < 1:
-        raise UsageError("--inventory", f"host range {found.group(0)!r} in {pattern!r} is "
-                         "not one Ansible reads", "Write e.g. gpu[1:8] or node[01:16]")
-    if first.isdigit():
-        width = len(first) if first.startswith("0") and len(first) > 1 else 0
-        values = [str(i).zfill(width) for i in range(int(first), int(last) + 1, stride)]
-    else:
-        values = [chr(c) for c in range(ord(first), ord(last) + 1, stride)]
-    if not values:
-        raise UsageError("--inventory", f"host range {found.group(0)!r} in {pattern!r} is "
-                         "empty", "Give the smaller bound first")
-    head, tail = pattern[:found.start()], pattern[found.end():]
-    return [name for v in values for name in expand_hosts(head + v + tail)]
-
-
-class _Inventory:
-    """Groups and hosts as Ansible's YAML inventory plugin reads them: a group named in
-    several places is one group (its vars merged); a host named in several groups is one
-    host in all of them (its vars merged)."""
-
-    def __init__(self):
-        self.group_vars: dict[str, dict] = {"all": {}}
-        self.parents: dict[str, set[str]] = {"all": set()}
-        self.host_vars: dict[str, dict] = {}
-        self.host_groups: dict[str, set[str]] = {}
-
-    def group(self, name: str, body, parent: str | None, where: str) -> None:
-        if body is None:
-            body = {}
-        if not isinstance(body, dict):
-            raise UsageError("inventory", f"{where} must be a mapping",
-                             "See ansible/inventory.example.yml")
-        unknown = set(body) - {"vars", "hosts", "children"}
-        if unknown:
-            raise UsageError("inventory", f"{where} has unknown key(s) "
-                             f"{', '.join(sorted(map(str, unknown)))}",
-                             "A group has only vars, hosts and children")
-        self.group_vars.setdefault(name, {}).update(body.get("vars") or {})
-        self.parents.setdefault(name, set())
-        if parent is not None:
-            self.parents[name].add(parent)
-        for pattern, host_vars in (body.get("hosts") or {}).items():
-            for host in expand_hosts(pattern):
-                check_name(host, "host name")
-                if host_vars is not None and not isinstance(host_vars, dict):
-                    raise UsageError("inventory", f"{where}.hosts.{host} must be a mapping",
-                                     "Give the host's variables as key: value lines")
-                self.host_vars.setdefault(host, {}).update(host_vars or {})
-                self.host_groups.setdefault(host, set()).add(name)
-        for child, sub in (body.get("children") or {}).items():
-            check_name(child, "group name")
-            self.group(child, sub, name, f"{where}.children.{child}")
-
-    def depth(self, name: str, seen: tuple = ()) -> int:
-        if name in seen:
-            raise UsageError("inventory", f"group {name!r} is its own ancestor",
-                             "Remove the loop from the children")
-        parents = self.parents.get(name) or set()
-        if name == "all" or not parents:
-            return 0 if name == "all" else 1
-        return 1 + max(self.depth(p, (*seen, name)) for p in parents)
-
-    def ancestors(self, name: str) -> set[str]:
-        out = {name, "all"}
-        for parent in self.parents.get(name) or ():
-            out |= self.ancestors(parent)
-        return out
-
-    def variables(self, host: str, beside: Path) -> dict:
-        """A host's variables in Ansible's order (checked against ansible-inventory): the
-        inventory file's group vars from the shallowest group to the deepest (by name
-        within a depth), then group_vars/all, then group_vars/ of the other groups in the
-        same order, then the file's host vars, then host_vars/ of the host. `beside`: the
-        inventory's folder, where group_vars/ and host_vars/ are looked for."""
-        groups = set().union(*(self.ancestors(g) for g in self.host_groups[host]))
-        ordered = sorted(groups, key=lambda g: (self.depth(g), g))
-        merged = {}
-        for name in ordered:
-            merged.update(self.group_vars.get(name) or {})
-        for name in ordered:  # "all" first: it is the shallowest
-            merged.update(_vars_from(beside / "group_vars", name))
-        merged.update(self.host_vars[host])
-        merged.update(_vars_from(beside / "host_vars", host))
-        return merged
-
-
-def _vars_files(folder: Path, name: str) -> list[Path]:
-    """What Ansible reads for a group or host in group_vars/ or host_vars/: NAME, NAME.yml,
-    NAME.yaml, NAME.json, or every such file in a folder NAME/ (in name order)."""
-    found = [folder / f"{name}{ext}" for ext in ("", ".yml", ".yaml", ".json")
-             if (folder / f"{name}{ext}").is_file()]
-    if (folder / name).is_dir():
-        found += sorted(f for f in (folder / name).iterdir()
-                        if f.is_file() and f.suffix in ("", ".yml", ".yaml", ".json"))
-    return found
-
-
-def _vars_from(folder: Path, name: str) -> dict:
-    merged = {}
-    for path in _vars_files(folder, name):
-        try:
-            data = yamlfile.read(path)
-        except yamlfile.YamlInputError as err:
-            raise UsageError("--inventory", f"{path}: {err}", "Fix the file") from None
-        if data is None:
-            continue
-        if not isinstance(data, dict):
-            raise UsageError("--inventory", f"{path} is not a mapping of variables",
-                             "Write key: value lines")
-        merged.update(data)
-    return merged
-
-
 # Variables of the Ansible roles in ansible/roles/ (each prefixed with its role's name):
 # they configure provisioning, so lossbed leaves them to Ansible.
 ROLE_PREFIXES = ("lossbed_base_", "lossbed_kernel_", "lossbed_nic_", "lossbed_rdma_",
@@ -219,28 +100,90 @@ def _lossbed_view(variables: dict) -> dict:
             if k in HostEntry.model_fields or not str(k).startswith(ROLE_PREFIXES)}
 
 
-def load(path: str | Path) -> dict[str, HostEntry]:
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError("--inventory", f"no inventory file {path}", "Give a YAML inventory")
+# What ansible-core's VariableManager adds to a host's variables on its own (the "magic"
+# variables of 2.19): not the user's, so not checked against HostEntry
+MAGIC_VARIABLES = frozenset({
+    "ansible_config_file", "ansible_facts", "ansible_playbook_python", "ansible_version",
+    "group_names", "groups", "inventory_dir", "inventory_file", "inventory_hostname",
+    "inventory_hostname_short", "playbook_dir", "omit", "ansible_search_path"})
+# Inventory plugins lossbed lets Ansible use: files only (Ansible would also run an
+# executable inventory as a script)
+PLUGINS = ["yaml", "ini"]
+
+
+def _precheck(path: Path) -> None:
+    """What ansible-core does not refuse on its own: a file too big, an alias bomb, a key
+    given twice (testbed.yamlfile), and a YAML inventory that is not a mapping of groups."""
     try:
         data = yamlfile.read(path)
     except yamlfile.YamlInputError as err:
-        ini = path.read_bytes()[:4096].lstrip().startswith(b"[")
-        raise UsageError("--inventory", f"{path}: {err}",
-                         "lossbed reads YAML inventories; convert an INI one with: "
-                         "ansible-inventory -i FILE --list -y" if ini else "Fix the file") \
-            from None
+        if path.read_bytes()[:4096].lstrip().startswith(b"["):
+            return  # an INI inventory ([group] lines): Ansible's ini plugin reads it
+        raise UsageError("--inventory", f"{path}: {err}", "Fix the file") from None
     if not isinstance(data, dict):
         raise UsageError("--inventory", f"{path} is not a YAML inventory (a mapping of groups)",
-                         "Start the file with all: (see ansible/inventory.example.yml); an "
-                         "INI inventory converts with: ansible-inventory -i FILE --list -y")
-    parsed = _Inventory()
-    for name, body in data.items():  # top-level keys are groups: all, or children of all
-        check_name(name, "group name")
-        parsed.group(name, body, None if name == "all" else "all", name)
-    raw = {host: _lossbed_view(parsed.variables(host, path.parent))
-           for host in parsed.host_vars}
+                         "Start the file with all: (see ansible/inventory.example.yml), or "
+                         "write an INI inventory ([group] lines)")
+
+
+def _ansible_hosts(path: Path) -> dict[str, dict]:
+    """Every host of the inventory with its variables, read by ansible-core in a process of
+    its own: importing ansible replaces sys.intern for the whole process, which breaks
+    torch's compiler imported after it (torch._dynamo: "substitute_in_graph expects a
+    function")."""
+    done = subprocess.run([sys.executable, "-m", "testbed.clusters.inventory", str(path)],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2], stdin=subprocess.DEVNULL)
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise UsageError("--inventory", f"{path}: reading it with Ansible failed: "
+                         f"{done.stderr.strip()[-500:]}", "Check it with: ansible-inventory "
+                         "-i FILE --list") from None
+    if "error" in answer:
+        raise UsageError(*answer["error"])
+    return answer["hosts"]
+
+
+def _ansible_hosts_here(path: Path) -> dict[str, dict]:
+    """Every host of the inventory with its variables, as ansible-core's InventoryManager and
+    VariableManager give them (group_vars/ and host_vars/ beside the file, ranges, groups
+    named in several places, Ansible's precedence)."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
+
+    from ansible import constants
+
+    enabled = constants.INVENTORY_ENABLED
+    constants.INVENTORY_ENABLED = PLUGINS
+    try:
+        loader = DataLoader()
+        parsed = InventoryManager(loader=loader, sources=[str(path)])
+    finally:
+        constants.INVENTORY_ENABLED = enabled
+    if not parsed._inventory.processed_sources:
+        raise UsageError("--inventory", f"{path}: Ansible could not read it as a YAML or INI "
+                         "inventory (its warnings above say why)",
+                         "Check it with: ansible-inventory -i FILE --list")
+    for group in parsed.groups:
+        check_name(group, "group name")
+    variables = VariableManager(loader=loader, inventory=parsed)
+    hosts = {}
+    for host in parsed.get_hosts():
+        check_name(host.name, "host name")
+        every = variables.get_vars(host=host, include_hostvars=False)
+        hosts[host.name] = {k: v for k, v in every.items() if k not in MAGIC_VARIABLES}
+    return hosts
+
+
+def load(path: str | Path) -> dict[str, HostEntry]:
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError("--inventory", f"no inventory file {path}",
+                         "Give an Ansible inventory (YAML or INI)")
+    _precheck(path)
+    raw = {host: _lossbed_view(values) for host, values in _ansible_hosts(path).items()}
     if not raw:
         raise UsageError("--inventory", f"{path} lists no hosts", "Add hosts under all.hosts")
     hosts = {}
@@ -272,3 +215,10 @@ def _explain(error: dict) -> str:
                 "ansible_host": "where SSH reaches the host"}.get(field, "")
         return f"{field} is missing" + (f" ({hint})" if hint else "")
     return f"{field}: {error['msg']}"
+
+
+if __name__ == "__main__":  # _ansible_hosts' child: one JSON line, the hosts or the error
+    try:
+        print(json.dumps({"hosts": _ansible_hosts_here(Path(sys.argv[1]))}, default=str))
+    except UsageError as err:
+        print(json.dumps({"error": [err.field, err.problem, err.fix]}))

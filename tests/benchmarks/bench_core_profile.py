@@ -2,12 +2,19 @@
 processes on loopback (127.0.0.1 only), rank 0 under cProfile, sealed or not.
 
     .venv/bin/python -m tests.benchmarks.bench_core_profile [--mtu 9000] [--mib 4]
-        [--iters 40] [--unsealed]
+        [--iters 40] [--unsealed] [--perf [--top 15]]
 
 Prints, for rank 0, the seconds per all-reduce spent in each call of _wire (send: build,
 seal and the sendmmsg system calls; receive: recvmmsg; screen: header checks and the MACs;
 apply: placing and summing payloads), in waiting for datagrams (poll), in the estimator's
 rebuild, and in everything else (Python), and one JSON line.
+
+--perf asks the kernel instead (perf record on all four ranks, no cProfile): the CPU time
+of the ranks by where it was spent, the kernel included, which cProfile cannot see into
+(its sendmmsg and recvmmsg copies, the network stack, the scheduler): the kernel's copies,
+the rest of the kernel, the MAC (libcrypto), the compiled core by function, Python, numpy,
+torch (the store) and the C library; also the CPU-seconds the ranks used per all-reduce
+against the cores' wall time, which says whether the machine is the bound. Needs `perf`.
 """
 
 from __future__ import annotations
@@ -16,7 +23,13 @@ import argparse
 import cProfile
 import json
 import multiprocessing
+import os
 import pstats
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
 import time
 from datetime import timedelta
 
@@ -26,7 +39,7 @@ PORT = 29741
 WORLD = 4
 
 
-def rank_main(rank: int, args, out) -> None:
+def rank_main(rank: int, args, out, go=None, ready=None) -> None:
     import torch.distributed as dist
 
     from harness.collectives.lossy import LossyCollective
@@ -40,14 +53,21 @@ def rank_main(rank: int, args, out) -> None:
     x = np.random.default_rng(rank).standard_normal(args.mib << 18).astype(np.float32)
     for _ in range(5):
         c.allreduce(x.copy())
-    profile = cProfile.Profile()
+    if go is not None:  # --perf: the measured loop starts once perf is recording (each
+        ready.put(rank)  # all-reduce aligns the ranks itself: no barrier needed here)
+        go.wait(300)
+    profile = cProfile.Profile() if go is None else None
     t0 = time.perf_counter()
-    profile.enable()
+    if profile:
+        profile.enable()
     for _ in range(args.iters):
         c.allreduce(x.copy())
-    profile.disable()
+    if profile:
+        profile.disable()
     wall = (time.perf_counter() - t0) / args.iters
-    if rank == 0:
+    if rank == 0 and profile is None:
+        out.put({"wall_s": wall, "missing": t.counters.missing})
+    elif rank == 0:
         rows = pstats.Stats(profile).stats.items()
 
         def seconds(match, cumulative=False) -> float:
@@ -68,13 +88,107 @@ def rank_main(rank: int, args, out) -> None:
     t.close()
 
 
+# Where a perf sample lands, by its shared object and symbol: the first rule that matches.
+KERNEL_COPY = re.compile(r"copy_(user|to_user|from_user|page)|^_copy_|memcpy|memmove|"
+                         r"csum_partial_copy|skb_copy_datagram|rep_movs")
+CATEGORIES = (
+    ("kernel: copies", lambda dso, sym: dso == "[kernel.kallsyms]" and KERNEL_COPY.search(sym)),
+    ("kernel: the rest", lambda dso, sym: dso.startswith("[kernel")),
+    ("MAC (libcrypto)", lambda dso, sym: "libcrypto" in dso),
+    ("core: apply (place, sum)", lambda dso, sym: "_wire" in dso and sym in ("apply",
+                                                                            "all_finite")),
+    ("core: the rest", lambda dso, sym: "_wire" in dso),
+    # (before the interpreter: numpy's objects are named cpython-311-...)
+    ("numpy", lambda dso, sym: "numpy" in dso or "_multiarray" in dso or "openblas" in dso),
+    ("Python interpreter", lambda dso, sym: dso.startswith(("libpython", "python"))),
+    ("torch (store, tensors)", lambda dso, sym: "torch" in dso or "libc10" in dso),
+    ("C library", lambda dso, sym: dso.startswith(("libc.so", "libc-", "ld-linux"))),
+)
+
+
+def categorise(report: str) -> dict[str, float]:
+    """Percent of the samples in each category, from `perf report --stdio --no-children
+    --sort dso,sym -q -g none` lines ("  12.34%  [kernel.kallsyms]  [k] copy_user_...",
+    with --show-nr-samples a count after the percent)."""
+    shares = {name: 0.0 for name, _ in CATEGORIES} | {"other": 0.0}
+    for line in report.splitlines():
+        found = re.match(r"\s*([0-9.]+)%\s+(?:\d+\s+)?(\S+)\s+\[[^\]]+\]\s+(\S+)", line)
+        if not found:
+            continue
+        percent, dso, sym = float(found[1]), found[2], found[3]
+        name = next((name for name, match in CATEGORIES if match(dso, sym)), "other")
+        shares[name] += percent
+    return shares
+
+
+def perf_main(args) -> None:
+    """The --perf view: perf record on the four ranks during the measured all-reduces."""
+    perf = shutil.which("perf")
+    if perf is None:
+        raise SystemExit("--perf needs perf (Debian: apt-get install linux-perf)")
+    ctx = multiprocessing.get_context("spawn")
+    out, go, ready = ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=rank_main, args=(r, args, out, go, ready))
+             for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    with tempfile.TemporaryDirectory(prefix="lossbed-perf-") as folder:
+        data = os.path.join(folder, "perf.data")
+        hz = 2000
+        for _ in procs:  # every rank imported torch and ran its five warm-up all-reduces
+            ready.get(timeout=600)
+        recorder = subprocess.Popen(
+            [perf, "record", "-q", "-F", str(hz), "-o", data,
+             "-p", ",".join(str(p.pid) for p in procs)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)  # perf attached
+        started = time.perf_counter()
+        go.set()
+        result = out.get(timeout=600)
+        seconds = time.perf_counter() - started
+        recorder.send_signal(signal.SIGINT)
+        recorder.wait(60)
+        for p in procs:
+            p.join(60)
+        report = subprocess.run(
+            [perf, "report", "-i", data, "--stdio", "--no-children", "--sort", "dso,sym",
+             "--show-nr-samples", "-q", "-g", "none"], capture_output=True, text=True,
+            check=True).stdout
+    total = sum(int(m[1]) for m in re.finditer(r"^\s*[0-9.]+%\s+(\d+)\s", report, re.M))
+    cpu_s = total / hz  # the four ranks' CPU-seconds while perf recorded
+    shares = categorise(report)
+    per_call = cpu_s / args.iters
+    cores = os.cpu_count() or 1
+    print(f"4 ranks, {args.mib} MiB all-reduce, MTU {args.mtu}, "
+          f"{'unsealed' if args.unsealed else 'sealed'}: {result['wall_s'] * 1e3:.1f} ms per "
+          f"all-reduce; the ranks used {per_call * 1e3:.1f} CPU-ms per all-reduce, "
+          f"{cpu_s / (seconds * cores):.0%} of the {cores} cores while perf recorded")
+    for name, percent in shares.items():
+        print(f"  {name:<28} {percent:5.1f}%  {percent / 100 * per_call * 1e3:7.2f} CPU-ms")
+    print(f"the {args.top} symbols with most samples:")
+    for line in [line for line in report.splitlines() if "%" in line][:args.top]:
+        print("  " + " ".join(line.split()))
+    print(json.dumps({"wall_s": result["wall_s"], "cpu_s_per_allreduce": per_call,
+                      "cores_busy": cpu_s / (seconds * cores), "shares_pct": shares,
+                      "mtu": args.mtu, "mib": args.mib, "sealed": not args.unsealed,
+                      "missing": result["missing"]}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mtu", type=int, default=9000)
     parser.add_argument("--mib", type=int, default=4)
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--unsealed", action="store_true")
+    parser.add_argument("--perf", action="store_true",
+                        help="perf record on all four ranks (kernel included) instead of "
+                             "cProfile on rank 0")
+    parser.add_argument("--top", type=int, default=15,
+                        help="with --perf: how many of the busiest symbols to list")
     args = parser.parse_args()
+    if args.perf:
+        perf_main(args)
+        return
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=rank_main, args=(r, args, out)) for r in range(WORLD)]

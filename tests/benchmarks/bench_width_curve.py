@@ -19,7 +19,7 @@ import json
 import statistics
 from pathlib import Path
 
-from harness.bench import report
+from testbed import stats
 
 
 def curve(summary: dict) -> dict:
@@ -33,7 +33,7 @@ def curve(summary: dict) -> dict:
             continue
         points = []
         for k in range(2, len(deltas) + 1):
-            mean, half = report.mean_interval(deltas[:k])
+            mean, half = stats.mean_interval(deltas[:k])
             minutes = (plan["realisation_min"] + plan["start_up_min"] + k * plan["seed_min"]
                        if plan else None)
             points.append((k, mean, half, minutes))

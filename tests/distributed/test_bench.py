@@ -109,7 +109,7 @@ def _ctrl_c_not_ignored():
 
 def test_ctrl_c_in_the_middle_leaves_no_namespace_rule_or_process(tmp_path):
     before = netns_cluster.leftover_clusters()
-    child = subprocess.Popen([sys.executable, "-m", "testbed.cli", "bench", "--hosts", "2",
+    child = subprocess.Popen([sys.executable, "-m", "harness.cli", "bench", "--hosts", "2",
                               "--steps", "400", "--seeds", "1", "--out", str(tmp_path / "b")],
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, preexec_fn=_ctrl_c_not_ignored)

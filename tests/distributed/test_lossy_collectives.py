@@ -45,7 +45,8 @@ def run(cluster, *args, timeout_s=600, extra_env=None):
 
 def rank0(results) -> dict:
     bad = [r for r in results if r.returncode != 0]
-    assert not bad, f"rank {bad[0].rank}: {bad[0].stderr[-3000:]}"
+    # the rank that failed first, not the peer whose gloo saw "Connection closed by peer"
+    assert not bad, launch.failure_report(bad, "the workers")
     return json.loads(results[0].stdout.strip().splitlines()[-1])
 
 

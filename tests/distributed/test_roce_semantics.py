@@ -36,7 +36,7 @@ def transfer(cluster, names, units, unit_bytes, loss_pct):
     finally:
         engine.clear(cluster)
     bad = [r for r in results if r.returncode]
-    assert not bad, bad[0].stderr[-3000:]
+    assert not bad, launch.failure_report(bad, "the workers")
     return json.loads(results[0].stdout.strip().splitlines()[-1])
 
 
@@ -100,7 +100,7 @@ def test_lossy_collectives_over_roce_semantics_match_torch_allreduce(pair, trans
     finally:
         engine.clear(pair)
     bad = [r for r in results if r.returncode]
-    assert not bad, bad[0].stderr[-3000:]
+    assert not bad, launch.failure_report(bad, "the workers")
     result = json.loads(results[0].stdout.strip().splitlines()[-1])
     worst = max(result["errors"].items(), key=lambda kv: kv[1])
     assert worst[1] <= 1e-6, worst

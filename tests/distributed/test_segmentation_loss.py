@@ -44,7 +44,7 @@ def test_segmented_sends_lose_single_datagrams_at_the_receivers_ingress(pair):
     finally:
         engine.clear(pair)
     bad = [r for r in results if r.returncode]
-    assert not bad, bad[0].stderr[-3000:]
+    assert not bad, launch.failure_report(bad, "the workers")
     out = json.loads(results[0].stdout.strip().splitlines()[-1])
     sender = out["sender"]
     assert sender["packets_sent"] == UNITS

@@ -157,7 +157,7 @@ def test_each_run_of_a_launch_measures_its_own_loss_and_socket_drops(cluster, tm
 def test_a_killed_rank_stops_the_run_clears_the_profile_and_leaves_no_process(cluster,
                                                                              variant):
     child = subprocess.Popen(
-        [sys.executable, "-m", "testbed.cli", "train", "--cluster", cluster.name, "--variant",
+        [sys.executable, "-m", "harness.cli", "train", "--cluster", cluster.name, "--variant",
          variant, "--profile", "random-loss", "--set", "loss_pct=5", "--steps", "2000",
          "--batch", "4", "--seq-len", "32"], cwd=REPO, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)

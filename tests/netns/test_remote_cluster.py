@@ -40,7 +40,7 @@ def inventory(cluster, tmp_path):
 
 def controller_argv(cluster, *args) -> list[str]:
     return ["ip", "netns", "exec", f"lossbed-{cluster.name}-ctl", sys.executable, "-m",
-            "testbed.cli", *args]
+            "harness.cli", *args]
 
 
 def controller(cluster, *args, timeout=300) -> subprocess.CompletedProcess:
@@ -69,6 +69,13 @@ def test_apply_verify_clear_over_ssh(cluster, inventory):
                          "--inventory", str(inventory))
     assert applied.returncode == 0, applied.stderr
     assert set(impaired(cluster)) == {"h1", "h2", "h3"}
+    # status of real hosts (the README's `lossbed status --inventory`): each host's
+    # interface, what it carries, and no watchdog's failed clear
+    status = controller(cluster, "status", "--inventory", str(inventory), "--json")
+    assert status.returncode == 0, status.stderr
+    hosts = {h["name"]: h for h in json.loads(status.stdout)["hosts"]}
+    assert set(hosts) == {"h1", "h2", "h3"}
+    assert all(h["lease_failure"] is None and h["interface"] == "eth0" for h in hosts.values())
     h1, h2, _ = cluster.hosts
     counted = traffic.send_counted([(h2, h1)], per_path=5000)
     report = json.loads(controller(cluster, "verify", "--inventory", str(inventory),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.clusters.vm import cluster as vm_cluster
-from testbed.clusters.vm import image
+from testbed.clusters.vm import image, kernel
 from testbed.errors import EnvironmentProblem, UsageError
 from tests.helpers import NOTHING, leftovers, lossbed, unique_name
 
@@ -25,10 +25,21 @@ def test_qemu_missing(monkeypatch):
     assert leftovers(name) == NOTHING
 
 
-def test_kernel_image_missing(monkeypatch, tmp_path):
-    monkeypatch.setattr(image, "BOOT_DIR", tmp_path)
+def test_no_guest_kernel_in_the_cache_names_make_setup(monkeypatch, tmp_path):
+    monkeypatch.delenv(kernel.KERNEL_ENV, raising=False)
+    monkeypatch.setattr(kernel, "CACHE", tmp_path / "empty-cache")
     name = unique_name()
-    with pytest.raises(EnvironmentProblem, match="install linux-image-amd64"):
+    with pytest.raises(EnvironmentProblem, match=r"no guest kernel .*`make setup`.*"
+                                                 r"LOSSBED_VM_KERNEL=DIR"):
+        up(hosts=2, name=name)
+    assert leftovers(name) == NOTHING
+
+
+def test_a_given_kernel_folder_without_a_kernel_is_named(monkeypatch, tmp_path):
+    (tmp_path / "lib" / "modules" / "6.1.0-test").mkdir(parents=True)
+    monkeypatch.setenv(kernel.KERNEL_ENV, str(tmp_path))
+    name = unique_name()
+    with pytest.raises(EnvironmentProblem, match=r"LOSSBED_VM_KERNEL .* has no vmlinuz"):
         up(hosts=2, name=name)
     assert leftovers(name) == NOTHING
 

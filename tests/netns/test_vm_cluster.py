@@ -70,10 +70,10 @@ def test_vm_hosts_go_down_clean_after_the_controller_is_killed_in_up():
 
 def test_two_vms_come_up_with_their_own_kernel_and_exec_passes_output_and_codes(vms):
     status = vms.status()
-    from testbed.clusters.vm import image
+    from testbed.clusters.vm import kernel
 
     # the distribution's kernel image, whatever this machine itself runs
-    assert status["kernel"] == image.find_kernel()[1]
+    assert status["kernel"] == kernel.find_kernel().version
     assert vms.accel in ("kvm", "tcg")
     for h in status["hosts"]:
         assert h["kernel"] == vms.kernel and h["mtu"] == vms.mtu and h["state"] == "UP"

@@ -137,7 +137,7 @@ def test_provision_converges_over_ssh_then_changes_nothing(vms, inventory):
 def controller(vms, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """lossbed run from the controller namespace, as on a real cluster's head node."""
     return subprocess.run(
-        ["ip", "netns", "exec", f"lossbed-{vms.name}-ctl", sys.executable, "-m", "testbed.cli",
+        ["ip", "netns", "exec", f"lossbed-{vms.name}-ctl", sys.executable, "-m", "harness.cli",
          *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)})
 

@@ -88,7 +88,7 @@ def test_workflow_commands_exist():
         assert dry.returncode == 0, dry.stderr
     for sub in ("bench", "compare", "clear"):
         assert f".venv/bin/lossbed {sub}" in runs
-        help_ = subprocess.run([sys.executable, "-m", "testbed.cli", sub, "--help"], cwd=REPO,
+        help_ = subprocess.run([sys.executable, "-m", "harness.cli", sub, "--help"], cwd=REPO,
                                capture_output=True, text=True)
         assert help_.returncode == 0, help_.stderr
         if sub != "compare":  # compare reads two files; the others reach the hosts

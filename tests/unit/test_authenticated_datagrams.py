@@ -119,6 +119,109 @@ def test_without_the_key_the_same_forgeries_would_be_applied(kind):
         assert not torch.allclose(y0, exact, atol=1e-6)
 
 
+def tampered(genuine: bytes, field: str, value) -> bytes:
+    """A genuine sealed datagram with one header field changed and its tag kept."""
+    fields = list(hdr.HEADER.unpack(genuine[:hdr.HEADER_BYTES]))
+    fields[hdr.Header._fields.index(field)] = value
+    return hdr.HEADER.pack(*fields) + genuine[hdr.HEADER_BYTES:]
+
+
+# field, its new value from the genuine one, the counter that refuses it. Each new value
+# would be taken (and the poison applied) if the tag did not cover that field: a later
+# index, another shard, the next step, another count, a shorter length, the broadcast
+# stage, another destination. (source -> 0 is rank 0 itself: refused as foreign before
+# any key is looked up; with two ranks no other source exists.)
+TAMPERS = [("seq", lambda v: v + 1, "unauthenticated"), ("source", lambda v: 0, "foreign"),
+           ("step", lambda v: v + 1, "unauthenticated"),
+           ("shard", lambda v: 1, "unauthenticated"), ("index", lambda v: 1, "unauthenticated"),
+           ("count", lambda v: v + 1, "unauthenticated"),
+           ("length", lambda v: v - 4, "unauthenticated"),
+           ("stage", lambda v: hdr.STAGE_BROADCAST, "unauthenticated"),
+           ("dest", lambda v: 1, "unauthenticated")]
+
+
+@pytest.mark.parametrize(("field", "change", "counter"), TAMPERS,
+                         ids=[t[0] for t in TAMPERS])
+def test_a_genuine_datagram_with_any_one_field_changed_is_refused(field, change, counter):
+    """rank 1's own sealed datagram of poison (1e6 in every value), one header field
+    changed, the tag kept: refused, counted, and the result is the exact mean. Mutation
+    caught: a MAC that leaves that field out (the poison is then applied)."""
+    store, (t0, t1) = make_pair(key=KEY)
+    try:
+        def attack(step):
+            payload = struct.pack("<f", 1e6) * PER_PACKET
+            head = hdr.pack(hdr.STAGE_REDUCE, 1, t0.nonce, step, 0, 0, 0, 5, 4 * PER_PACKET)
+            genuine = t1.auth.seal(head, payload) + payload
+            value = change(getattr(hdr.unpack(genuine), field))
+            t1.sock.sendto(tampered(genuine, field, value), t0.endpoints[0])
+
+        y0, y1, exact, delta = one_step_under_attack(t0, t1, store, attack)
+    finally:
+        t0.close()
+        t1.close()
+    assert torch.allclose(y0, exact, atol=1e-6) and torch.allclose(y1, exact, atol=1e-6)
+    assert delta[counter] == 1, {k: v for k, v in delta.items() if v}
+
+
+def test_a_datagram_sealed_with_another_key_is_refused():
+    """Everything right but the key (a job that reused this one's nonce, a guessed key):
+    mutation caught, a check that takes any well-formed tag."""
+    store, (t0, t1) = make_pair(key=KEY)
+    other = auth.PacketAuth(bytes(32), 1, t1.auth.purpose, salt=t1.auth.salt)  # key alone
+    try:
+        def attack(step):
+            payload = struct.pack("<f", 1e6) * PER_PACKET
+            head = hdr.pack(hdr.STAGE_REDUCE, 1, t0.nonce, step, 0, 0, 0, 5, 4 * PER_PACKET)
+            t1.sock.sendto(other.seal(head, payload) + payload, t0.endpoints[0])
+
+        y0, _, exact, delta = one_step_under_attack(t0, t1, store, attack)
+    finally:
+        t0.close()
+        t1.close()
+    assert torch.allclose(y0, exact, atol=1e-6)
+    assert delta["unauthenticated"] == 1, {k: v for k, v in delta.items() if v}
+
+
+def test_two_launches_with_one_job_key_never_sign_with_the_same_key_and_nonce():
+    """Two transports of the same job key, rank and name (a rerun of `python -m
+    harness.verbs.collective --key`): each draws its own salt, so the same header, seq and
+    payload get different tags (mutation caught: a key derived from the job key and name
+    alone, which gives GHASH's key away when seq restarts at 0)."""
+    first, second = (auth.PacketAuth(KEY, 1, "udp") for _ in range(2))
+    assert first.salt != second.salt
+    head = hdr.pack(hdr.STAGE_REDUCE, 1, 7, 0, 0, 0, 0, 5, 4 * PER_PACKET)
+    payload = bytes(4 * PER_PACKET)
+    a, b = first.seal(head, payload), second.seal(head, payload)
+    assert a[hdr.SEQ_OFFSET:hdr.TAG_OFFSET] == b[hdr.SEQ_OFFSET:hdr.TAG_OFFSET]  # same seq
+    assert a[hdr.TAG_OFFSET:] != b[hdr.TAG_OFFSET:]
+
+
+def test_a_forged_fragment_bomb_never_reaches_reassembly():
+    """UC semantics (where fragments are reassembled): a forged first fragment of 65535 is
+    refused by its tag before the reassembly code sees it (mutation caught: reassembly
+    before the check; the UDP test above cannot tell, UDP never reassembles)."""
+    store, (t0, t1) = make_pair(key=KEY, semantics=Semantics.parse("roce-uc:16384"))
+    seen = []
+    reassemble = t0._reassemble
+    t0._reassemble = lambda head, payload: (seen.append(head.fragments),
+                                            reassemble(head, payload))[1]
+    try:
+        def attack(step):
+            head = hdr.pack(hdr.STAGE_REDUCE, 1, t0.nonce, step, 0, 0, 0, 1,
+                            4 * t0.fragment_floats, fragment=0, fragments=65535)
+            datagram = head[:hdr.SEQ_OFFSET] + os.urandom(8 + hdr.TAG_BYTES)
+            for _ in range(20):
+                t1.sock.sendto(datagram + bytes(4 * t0.fragment_floats), t0.endpoints[0])
+
+        y0, _, exact, delta = one_step_under_attack(t0, t1, store, attack)
+    finally:
+        t0.close()
+        t1.close()
+    assert torch.allclose(y0, exact, atol=1e-6)
+    assert delta["unauthenticated"] == 20 and 65535 not in seen, delta
+    assert seen, "the genuine fragments went through reassembly (the hook is in place)"
+
+
 def test_sealed_values_that_are_not_finite_are_counted_and_never_applied():
     """A packet the peer did seal can still carry NaN (a link that corrupts, a peer whose
     gradients blew up): it is counted and the genuine packet that follows is applied."""
@@ -219,6 +322,15 @@ def replayed_mask_run(seed: int, copies_in_flight: bool):
         for kind in ("poison", "end"):
             transports[1].sock.sendto(forged(kind, transports[0].nonce, step),
                                       transports[0].endpoints[0])
+        # and forged copies whose identities no genuine packet has (copy 100-199): were the
+        # mask to see them before the tag check, about one in ten would be dropped and
+        # change the count (the poison above shares a genuine packet's identity, so the
+        # mask's verdict on it is the original's and could not tell)
+        for copy in range(100, 200):
+            head = hdr.pack(hdr.STAGE_REDUCE, 1, transports[0].nonce, step, 0, 0, 0, 5,
+                            4 * PER_PACKET, copy=copy)
+            transports[1].sock.sendto(head[:hdr.SEQ_OFFSET] + os.urandom(8 + hdr.TAG_BYTES)
+                                      + bytes(4 * PER_PACKET), transports[0].endpoints[0])
 
     return run_variant("received_mean", seed, steps=3, key=KEY,
                        before_step=copies if copies_in_flight else None)

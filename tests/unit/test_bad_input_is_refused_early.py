@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import cli
+from harness import cli
 from testbed.clusters import netns as netns_cluster
 from testbed.host import lease
 

@@ -18,3 +18,22 @@ def test_ppl_vs_loss_plot_with_two_lossy_rates(tmp_path):
     (tmp_path / "one").mkdir()
     plots(tmp_path / "one", records[:2], {"rows": rows[:2]})  # one lossy rate: no such plot
     assert not (tmp_path / "one" / "ppl_vs_loss.png").exists()
+
+
+def test_every_loss_curve_of_a_bench_has_a_label_of_its_own():
+    # the bench's own plan (references, twin, speed runs, second loss realisations): seed
+    # 0's curves once repeated "reliable @ 0%", "unbiased_drift @ 10%" and "rps @ 10%"
+    # (mutation caught: a label of variant and loss alone)
+    from harness.bench.report import loss_curves
+    from harness.bench.spec import BenchSpec
+
+    spec = BenchSpec(stability=True, seeds=2, steps=10)
+    records = [{"variant": c.variant, "loss": c.loss, "seed": c.cfg.seed, "role": c.role,
+                "loss_seed": c.loss_seed, "losses": [3.0, 2.0]} for c in spec.cases()]
+    curves = loss_curves(records, 0.1)
+    labels = [label for label, _ in curves]
+    shown = [r for r in records if r["seed"] == 0 and (r["loss"] == 0.1 or (
+        r["variant"] == "reliable" and r["loss"] == 0))]
+    assert len(labels) == len(shown) >= 6 and len(set(labels)) == len(labels), labels
+    assert any("twin" in label for label in labels)
+    assert any("loss seed 1000" in label for label in labels)  # the second realisation

@@ -7,6 +7,7 @@ import pytest
 
 from harness.bench import report
 from harness.metrics.hdr import Histogram
+from testbed import stats
 
 
 def _record(variant: str, loss: float, seed: int, sha: str) -> dict:
@@ -32,6 +33,30 @@ def test_reliable_equality_holds_or_fails_by_the_models_it_compared():
     assert report.summarise(same, {}, "bpf")["checks"]["reliable_exact_under_loss"] is True
     differs = records + [_record("reliable", 0.1, 0, "ref0"), _record("reliable", 0.1, 1, "x")]
     assert report.summarise(differs, {}, "bpf")["checks"]["reliable_exact_under_loss"] is False
+
+
+def test_every_speed_run_of_the_bench_plan_is_compared_with_its_speed_reference():
+    """The bench's own plan: each `reliable` speed run under loss has a lossless
+    speed_reference of its seed and length, so the equality is checked (True), never
+    silently "not run" (mutation caught: speed references of another length, or none,
+    which left the check None). A speed run without one is named and fails the check."""
+    from harness.bench.spec import BenchSpec
+
+    spec = BenchSpec(seeds=3, steps=20, speed_steps=5)
+    records = [dict(_record(c.variant, c.loss, c.cfg.seed, f"sha{c.cfg.seed}-{c.cfg.steps}"),
+                    role=c.role, steps=c.cfg.steps, loss_seed=c.loss_seed)
+               for c in spec.cases()]
+    speed = [r for r in records if r["role"] == "speed"]
+    assert len(speed) == 3
+    summary = report.summarise(records, {}, "bpf")
+    assert summary["checks"]["reliable_exact_under_loss"] is True
+    assert summary["checks"]["reliable_unpaired"] == []
+    orphaned = [r for r in records if not (r["role"] == "speed_reference" and r["seed"] == 2)]
+    summary = report.summarise(orphaned, {}, "bpf")
+    assert summary["checks"]["reliable_exact_under_loss"] is False
+    assert summary["checks"]["reliable_unpaired"] == [{"seed": 2, "loss": 0.1, "steps": 5}]
+    assert "without a lossless run of its seed and length: seed 2 at 10% (5 steps)" \
+        in report.table(summary)
 
 
 def test_with_three_steps_a_row_has_no_p99_but_its_maximum():
@@ -205,7 +230,7 @@ def test_the_budget_prices_a_seed_from_its_runs_and_projects_the_seeds_a_target_
     assert row["variant"] == "unbiased_drift" and row["seeds_now"] == 3
     assert abs(row["seed_sd"] - 1.0) < 1e-9
     assert row["seeds_for_target"] == 7
-    assert report.t95(7) / 7 ** 0.5 <= 1.0 < report.t95(6) / 6 ** 0.5
+    assert stats.t95(7) / 7 ** 0.5 <= 1.0 < stats.t95(6) / 6 ** 0.5
     assert abs(row["minutes_for_target"] - (2.0 + 7 * 2.5)) < 1e-9
     at3 = next(c for c in row["curve"] if c["seeds"] == 3)
     assert abs(at3["ci95"] - summary["rows"][-1]["ppl_delta_ci95"]) < 1e-9  # the row's own

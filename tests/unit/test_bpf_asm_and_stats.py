@@ -108,6 +108,14 @@ def test_wilson_interval_covers_the_truth_about_95_percent_of_the_time():
     assert hits >= 360
 
 
+def test_wilson_interval_is_the_textbook_one_and_inflation_shrinks_the_sample():
+    # Wilson 95% of 10 in 100 (textbook value); mutation caught: a Wald interval (0.041,
+    # 0.159), or inflation ignored
+    assert stats.wilson_interval(10, 100) == pytest.approx((0.0552, 0.1744), abs=1e-4)
+    assert stats.wilson_interval(10, 100, inflation=2.0) == stats.wilson_interval(5, 50)
+    assert stats.wilson_interval(0, 0) == (0.0, 1.0)
+
+
 def test_markov_inflation():
     assert stats.markov_inflation(0.5, 0.5) == 1.0  # independent
     assert stats.markov_inflation(0.0111, 0.1) == pytest.approx((2 - 0.1111) / 0.1111)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from harness import cli
 from harness.bench.compare import compare
-from testbed import cli
 
 SUMMARY = {"noise_floor_pct": 2.0, "rows": [
     {"loss": 0.1, "variant": "unbiased", "tokens_per_s": 10000.0, "step_p99_ms": 50.0,

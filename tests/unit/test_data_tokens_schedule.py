@@ -1,4 +1,4 @@
-"""The data a run trains and is scored on: the DistributedSampler-like batches, the
+"""The data a run trains and is scored on: the batches (torch's DistributedSampler), the
 held-out split (by hash, none of its windows in training), the subword tokenizer (trained
 on the training split only), and the learning-rate schedule."""
 
@@ -49,6 +49,16 @@ def test_the_order_depends_on_the_seed_alone():
     assert first == [b.next_indices().tolist() for _ in range(10)]
     assert first != [c.next_indices().tolist() for _ in range(10)]
     assert first != [d.next_indices().tolist() for _ in range(10)]
+
+
+def test_no_two_seeds_share_an_epochs_order():
+    # DistributedSampler seeds epoch e of seed s with s + e: without the stride, seed 7's
+    # second epoch is seed 8's first (mutation caught: SEED_STRIDE = 1)
+    tokens = torch.arange(16 * 40 + 1)  # 40 samples: 10 per rank, 2 batches of 5 per epoch
+    seven, eight = Batches(tokens, 0, 4, 5, 16, seed=7), Batches(tokens, 0, 4, 5, 16, seed=8)
+    second_epoch_of_7 = [seven.next_indices().tolist() for _ in range(4)][2:]
+    first_epoch_of_8 = [eight.next_indices().tolist() for _ in range(2)]
+    assert second_epoch_of_7 != first_epoch_of_8
 
 
 def test_too_few_samples_for_a_batch_is_refused():

@@ -135,18 +135,58 @@ def test_the_inventory_is_read_as_ansible_inventory_reads_it(tmp_path):
     assert hosts["gpu1"].lossbed_project == "/from/group_vars"
 
 
-def test_host_ranges_expand_as_ansible_writes_them():
-    assert inventory.expand_hosts("gpu[1:3]") == ["gpu1", "gpu2", "gpu3"]
-    assert inventory.expand_hosts("n[08:10].lab") == ["n08.lab", "n09.lab", "n10.lab"]
-    assert inventory.expand_hosts("r[a:c]") == ["ra", "rb", "rc"]
-    assert inventory.expand_hosts("x[0:6:3]") == ["x0", "x3", "x6"]
-    assert inventory.expand_hosts("h[1:2]-[a:b]") == ["h1-a", "h1-b", "h2-a", "h2-b"]
-    with pytest.raises(UsageError, match="empty"):
-        inventory.expand_hosts("gpu[3:1]")
+def test_host_ranges_expand_as_ansible_writes_them(tmp_path):
+    text = ("all:\n  vars: {lossbed_interface: ens6}\n  hosts:\n"
+            "    n[08:10].lab:\n    r[a:b]:\n    x[0:6:3]:\n")
+    (tmp_path / "host_vars").mkdir()
+    names = ["n08.lab", "n09.lab", "n10.lab", "ra", "rb", "x0", "x3", "x6"]
+    for i, name in enumerate(names):
+        (tmp_path / "host_vars" / f"{name}.yml").write_text(
+            f"ansible_host: {name}\nlossbed_address: 10.1.0.{i + 1}\n")
+    assert sorted(inventory.load(write(tmp_path, text))) == names
 
 
-def test_an_ini_inventory_is_refused_by_name(tmp_path):
+INI = """
+[gpus]
+gpu[1:2] lossbed_interface=ens6
+
+[gpus:vars]
+lossbed_mtu=9000
+
+[rack1]
+gpu1 ansible_host=10.0.0.1 lossbed_address=192.168.50.1 ansible_port=2201
+"""
+
+
+def test_an_ini_inventory_is_read_as_ansible_reads_it(tmp_path):
+    # the same hosts as a YAML inventory would give: ranges, group vars, a host in two
+    # groups, host_vars/ beside the file (before: an INI file was refused)
     path = tmp_path / "hosts.ini"
-    path.write_text("[gpus]\ngpu1 ansible_host=10.0.0.1\n")
-    with pytest.raises(UsageError, match="ansible-inventory -i FILE --list -y"):
+    path.write_text(INI)
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "gpu2.yml").write_text(
+        "ansible_host: 10.0.0.2\nlossbed_address: 192.168.50.2\n")
+    hosts = inventory.load(path)
+    assert sorted(hosts) == ["gpu1", "gpu2"]
+    assert hosts["gpu1"].ansible_port == 2201 and hosts["gpu2"].ansible_port == 22
+    assert {h.lossbed_mtu for h in hosts.values()} == {9000}
+    assert hosts["gpu2"].lossbed_address == "192.168.50.2"
+    assert isinstance(hosts["gpu1"].lossbed_mtu, int)
+
+
+def test_an_inventory_ansible_cannot_read_is_refused_by_name(tmp_path):
+    path = tmp_path / "hosts.ini"
+    path.write_text("[gpus\ngpu1 ansible_host=10.0.0.1\n")
+    with pytest.raises(UsageError, match="could not read it as a YAML or INI inventory"):
         inventory.load(path)
+
+
+def test_reading_an_inventory_leaves_this_process_as_it_was(tmp_path):
+    """ansible-core replaces sys.intern when imported, which broke torch._dynamo imported
+    after it in the same process (the unit suite's order: this file, then training): the
+    inventory is read in a process of its own (mutation caught: reading it here)."""
+    import sys
+
+    intern = sys.intern
+    inventory.load(write(tmp_path, GOOD))
+    assert sys.intern is intern and "ansible" not in sys.modules

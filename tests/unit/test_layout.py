@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 # the rooms, lowest first: a module may import its own room and the rooms below it
 LAYERS = [
     {"testbed", "testbed.errors", "testbed.progress", "testbed.stats", "testbed.ports",
-     "testbed.yamlfile"},
+     "testbed.yamlfile", "testbed.system_packages"},
     {"testbed.profiles"},
     {"testbed.impair"},
     {"testbed.host"},
@@ -96,4 +96,36 @@ def test_the_rooms_are_folders_a_newcomer_finds():
     top = sorted(p.name for p in (REPO / "testbed").iterdir()
                  if p.name != "__pycache__" and not p.name.startswith("."))
     assert top == ["__init__.py", "cli.py", "clusters", "errors.py", "host", "impair",
-                   "ports.py", "profiles", "progress.py", "stats.py", "yamlfile.py"]
+                   "ports.py", "profiles", "progress.py", "stats.py", "system_packages.py",
+                   "yamlfile.py"]
+
+
+def test_testbed_never_imports_harness():
+    # the network half stands alone: the experiment commands live in harness/cli.py, which
+    # adds them to testbed's (mutation caught: testbed/cli.py's bench importing
+    # harness.bench, as it did until 2026-12-03)
+    wrong = []
+    for path in (REPO / "testbed").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            wrong += [(str(path.relative_to(REPO)), n) for n in names
+                      if n == "harness" or n.startswith("harness.")]
+    assert wrong == []
+
+
+def test_one_entry_point_has_every_command_and_testbed_alone_has_its_own():
+    from harness import cli
+    from testbed import cli as testbed_cli
+
+    def commands(parser):
+        action = next(a for a in parser._actions if a.dest == "command")
+        return set(action.choices)
+
+    network = {"up", "down", "status", "exec", "apply", "clear", "show", "verify", "renew",
+               "inventory"}
+    experiment = {"train", "bench", "reproduce", "compare", "collective-bench"}
+    assert commands(testbed_cli.build_parser()) == network
+    assert commands(testbed_cli.build_parser([cli.add_commands])) == network | experiment
+    toml = (REPO / "pyproject.toml").read_text()
+    assert 'lossbed = "harness.cli:main"' in toml

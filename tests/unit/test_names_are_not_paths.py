@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from testbed import cli
+from harness import cli
 from testbed.clusters import inventory, naming, state
 from testbed.errors import UsageError
 from testbed.host import lease

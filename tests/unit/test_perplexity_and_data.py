@@ -60,6 +60,19 @@ def test_latencies_below_one_read_back_as_themselves_and_zero_as_zero():
     assert abs(Histogram.from_dict(h.to_dict()).percentile(99) - 0.5) <= 0.005
 
 
+def test_a_histogram_is_hdrhistograms_and_an_old_record_is_refused_by_name():
+    # the buckets are the hdrhistogram package's (its encoding in the record); a record of
+    # lossbed's old hand-made buckets says what wrote it instead of reading as empty
+    h = Histogram()
+    h.record(1234.5)
+    assert set(h.to_dict()) == {"hdr", "total", "max", "min"}
+    with pytest.raises(ValueError, match="'hdr'"):
+        Histogram.from_dict({"counts": {"100": 1}, "total": 1, "max": 1.0, "min": 1.0})
+    with pytest.raises(ValueError, match="hang"):
+        h.record(4e9)  # over an hour in µs
+    assert Histogram.from_dict(Histogram().to_dict()).summary()["count"] == 0
+
+
 def test_a_percentile_too_few_samples_back_is_not_reported():
     from harness.metrics.hdr import Histogram
 

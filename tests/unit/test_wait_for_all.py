@@ -17,11 +17,11 @@ from harness.reproduce import loopback
 WORLD, NUMEL, STEPS, LATE_STEP, LATE_S = 3, 30_000, 6, 4, 0.6
 
 
-def run(wait_for_all: bool, ceiling_s: float = 0.3) -> tuple[list[int], bool]:
+def run(wait_for_all: bool, ceiling_s: float = 0.3) -> tuple[list[int], bool, float]:
     """STEPS all-reduces on loopback ranks with no loss at all; rank 2 starts step
     LATE_STEP LATE_S late (far past the deadline its peers learned in the steps before, and
     past the deadline's ceiling unless ceiling_s says otherwise). (missing packets per rank,
-    whether every rank's every result was the exact mean)."""
+    whether every rank's every result was the exact mean, seconds for the whole run)."""
     data = [np.random.default_rng(rank).standard_normal((STEPS, NUMEL)).astype(np.float32)
             for rank in range(WORLD)]
     exact_mean = sum(data) / WORLD
@@ -39,14 +39,16 @@ def run(wait_for_all: bool, ceiling_s: float = 0.3) -> tuple[list[int], bool]:
                 exact &= bool(np.allclose(x, exact_mean[step], rtol=1e-5, atol=1e-6))
             return made[rank].counters.missing, exact
 
+        started = time.monotonic()
         results = loopback.on_every_rank(WORLD, work)
-    return [m for m, _ in results], all(e for _, e in results)
+        seconds = time.monotonic() - started
+    return [m for m, _ in results], all(e for _, e in results), seconds
 
 
 def test_with_deadlines_a_rank_late_past_the_ceiling_becomes_loss_at_zero_loss():
     """The control: the same run with deadlines loses the packets of a rank that is silent
     for longer than the deadline's ceiling (0.3 s here)."""
-    missing, exact = run(wait_for_all=False)
+    missing, exact, _ = run(wait_for_all=False)
     assert sum(missing) > 0 and not exact
 
 
@@ -54,12 +56,17 @@ def test_with_deadlines_a_silent_rank_within_the_ceiling_costs_time_not_packets(
     """A rank that has sent nothing of a stage yet is slow, not lossy: its peers wait for
     it up to the ceiling (2 s), then give its tail a budget. Before, its packets came after
     the others' deadlines and were counted late: 29-58 of them missing per rank here."""
-    missing, exact = run(wait_for_all=False, ceiling_s=2.0)
+    missing, exact, _ = run(wait_for_all=False, ceiling_s=2.0)
     assert missing == [0] * WORLD
     assert exact
 
 
 def test_waiting_for_all_keeps_every_packet_of_a_late_rank():
-    missing, exact = run(wait_for_all=True)
+    """And it waits as long as the late rank is late, no longer: the run takes at least
+    LATE_S (the peers did wait) and ends within a few seconds of it (mutation caught: a
+    wait that sleeps out a fixed long timeout, or never returns, which the old test
+    without a time bound let pass as long as every packet came)."""
+    missing, exact, seconds = run(wait_for_all=True)
     assert missing == [0] * WORLD
     assert exact
+    assert LATE_S <= seconds < LATE_S + 10.0, seconds

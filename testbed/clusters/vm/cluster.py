@@ -23,7 +23,7 @@ from pathlib import Path
 
 from testbed.clusters import naming, preflight, state, switch
 from testbed.clusters import netns as netns_cluster
-from testbed.clusters.vm import channel, image
+from testbed.clusters.vm import channel, image, kernel
 from testbed.errors import ClusterError, EnvironmentProblem, LossbedError, UsageError
 from testbed.progress import Progress
 
@@ -228,7 +228,7 @@ def up(spec: VMSpec) -> VMCluster:
     preflight.require_root("lossbed up --kind vm")
     preflight.require_namespaces()
     image.require_qemu()
-    kernel, version = image.find_kernel()
+    guest = kernel.find_kernel()
     if spec.rdma:
         _check_rdma()
     base = validate(spec)
@@ -238,13 +238,13 @@ def up(spec: VMSpec) -> VMCluster:
     state_dir = state.claim(spec.name)
     cluster = VMCluster(
         name=spec.name, subnet=base.subnet, mtu=spec.mtu, ssh=spec.ssh, rdma=spec.rdma,
-        memory_mb=spec.memory_mb, accel="?", kernel=version,
+        memory_mb=spec.memory_mb, accel="?", kernel=guest.version,
         hosts=[VMHost(name=h.name, address=h.address, ifname="eth0",
                       channel=str(state_dir / f"{h.name}.sock")) for h in base.hosts])
     started = time.monotonic()
     try:
         state.write(spec.name, cluster.record("building"))
-        _build(cluster, kernel)
+        _build(cluster, guest)
         state.write(spec.name, cluster.record("up"))
     except BaseException:
         log.error("building VM cluster %s failed: removing what was created", spec.name)
@@ -255,19 +255,19 @@ def up(spec: VMSpec) -> VMCluster:
     return cluster
 
 
-def _accel(kernel: Path, initramfs: Path, workdir: Path) -> str:
+def _accel(vmlinuz: Path, initramfs: Path, workdir: Path) -> str:
     forced = os.environ.get("LOSSBED_VM_ACCEL")
     if forced in ("kvm", "tcg"):
         return forced
     cache = state.state_root() / ".vm-accel.json"
     try:
         cached = json.loads(cache.read_text())
-        if cached.get("kernel") == str(kernel):
+        if cached.get("kernel") == str(vmlinuz):
             return cached["accel"]
     except (OSError, ValueError):
         pass
-    accel = "kvm" if image.kvm_works(kernel, initramfs, workdir) else "tcg"
-    cache.write_text(json.dumps({"kernel": str(kernel), "accel": accel}))
+    accel = "kvm" if image.kvm_works(vmlinuz, initramfs, workdir) else "tcg"
+    cache.write_text(json.dumps({"kernel": str(vmlinuz), "accel": accel}))
     return accel
 
 
@@ -276,7 +276,7 @@ def _mac(cluster: str, index: int) -> str:
     return f"52:54:{digest[0]:02x}:{digest[1]:02x}:{index // 256:02x}:{index % 256:02x}"
 
 
-def _qemu_argv(cluster: VMCluster, host: VMHost, index: int, kernel: Path, initramfs: Path,
+def _qemu_argv(cluster: VMCluster, host: VMHost, index: int, vmlinuz: Path, initramfs: Path,
                tap: str) -> list[str]:
     d = cluster.state_dir
     no_offloads = ",".join(f"{feature}=off" for feature in (
@@ -292,7 +292,7 @@ def _qemu_argv(cluster: VMCluster, host: VMHost, index: int, kernel: Path, initr
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
         "-daemonize", "-pidfile", str(d / f"{host.name}.pid"),
         "-serial", f"file:{d / f'{host.name}.console'}",
-        "-kernel", str(kernel), "-initrd", str(initramfs),
+        "-kernel", str(vmlinuz), "-initrd", str(initramfs),
         "-append", "console=ttyS0 quiet panic=-1",
         "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,"
                    "multidevs=remap",
@@ -319,12 +319,12 @@ def _guest_config(cluster: VMCluster, host: VMHost) -> dict:
     return cfg
 
 
-def _build(cluster: VMCluster, kernel: Path) -> None:
+def _build(cluster: VMCluster, guest) -> None:
     n = len(cluster.hosts)
     progress = Progress(f"up {cluster.name} (VMs)", total=2 * n + 1, show_after_s=0)
     d = cluster.state_dir
-    initramfs = image.build_initramfs(cluster.kernel, d / "initramfs.gz")
-    cluster.accel = _accel(kernel, initramfs, d)
+    initramfs = image.build_initramfs(guest, d / "initramfs.gz")
+    cluster.accel = _accel(guest.image, initramfs, d)
     log.info("VM cluster %s: kernel %s, %s", cluster.name, cluster.kernel,
              "KVM" if cluster.accel == "kvm" else "TCG (software emulation; no working KVM)")
     state.write(cluster.name, cluster.record("building"))
@@ -340,7 +340,7 @@ def _build(cluster: VMCluster, kernel: Path) -> None:
         (d / f"{host.name}.cmd").write_text(
             f"cd {host.project} && PYTHONPATH={host.project} exec {host.python} "
             "-m testbed.clusters.vm.guest")
-        argv = _qemu_argv(cluster, host, index, kernel, initramfs, tap)
+        argv = _qemu_argv(cluster, host, index, guest.image, initramfs, tap)
         # qemu starts inside the switch namespace: its tap device is born there.
         result = subprocess.run(["ip", "netns", "exec", cluster.switch_namespace, *argv],
                                 capture_output=True, text=True)

@@ -1,10 +1,12 @@
-"""What a VM boots: the distribution's kernel, and an initramfs built here at run time.
+"""What a VM boots: the distribution's kernel from lossbed's cache (kernel.py: never one
+installed on the host), and an initramfs built here at run time.
 
 The initramfs holds busybox, the few modules needed to reach the machine's root (virtio,
 9p, overlay, fw_cfg) and an /init that mounts that root read-only over 9p with a tmpfs
-overlay on top, then chroots into it and runs the command lossbed passed through fw_cfg.
-The VM thus runs this machine's own Python, venv and project, and nothing it writes reaches
-the machine's disk.
+overlay on top, binds the guest kernel's modules (from the cache, seen through 9p) over its
+/lib/modules/VERSION, then chroots into it and runs the command lossbed passed through
+fw_cfg. The VM thus runs this machine's own Python, venv and project, and nothing it writes
+reaches the machine's disk.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from __future__ import annotations
 import gzip
 import io
 import logging
+import lzma
 import os
+import shlex
 import shutil
 import stat
 import subprocess
 import time
 from pathlib import Path
 
+from testbed.clusters.vm.kernel import GuestKernel, find_busybox
 from testbed.errors import EnvironmentProblem
 
 log = logging.getLogger(__name__)
@@ -27,21 +32,18 @@ log = logging.getLogger(__name__)
 INITRAMFS_MODULES = ("virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev",
                      "virtio_pci", "netfs", "fscache", "9pnet", "9pnet_virtio", "9p", "overlay",
                      "qemu_fw_cfg")
-BUSYBOX = Path("/bin/busybox")
-BOOT_DIR = Path("/boot")
-MODULES_DIR = Path("/lib/modules")
 QEMU = "qemu-system-x86_64"
 FW_CFG_COMMAND = "opt/lossbed/cmd"
 FW_CFG_CONFIG = "opt/lossbed/config"
 
-INIT_SCRIPT = f"""#!/bin/busybox sh
+INIT_SCRIPT = """#!/bin/busybox sh
 # lossbed VM init: the machine's root read-only over 9p, a tmpfs overlay, then lossbed's
 # command (from fw_cfg) in a chroot. Everything written in the VM stays in its memory.
 # cache=loose: the guest keeps what it read of the machine's files (Python, the venv, the
 # project do not change while a VM lives): torch's first import, 82 s -> 63 s under TCG.
 B=/bin/busybox
 $B mount -t proc proc /proc; $B mount -t sysfs sys /sys; $B mount -t devtmpfs dev /dev
-for m in {' '.join(INITRAMFS_MODULES)}; do
+for m in {modules}; do
   [ -f /mods/$m.ko ] && {{ $B insmod /mods/$m.ko || echo "lossbed-init: insmod $m failed"; }}
 done
 $B mkdir -p /lower /rw /root
@@ -55,7 +57,12 @@ $B mount -t devtmpfs dev /root/dev; $B mkdir -p /root/dev/pts; $B mount -t devpt
 # A fresh /run (no host pid files or sockets). /tmp stays the host's, seen through the
 # overlay (writes stay in the VM): the project or its venv may live under /tmp.
 $B mount -t tmpfs tmpfs /root/run
-CMD=$($B cat /sys/firmware/qemu_fw_cfg/by_name/{FW_CFG_COMMAND}/raw)
+# The guest kernel's modules (lossbed's cache, not the host's /lib/modules): bound over its
+# /lib/modules/VERSION inside the root, so that modprobe there (netem, ifb, rdma_rxe) finds
+# them; the binding is the guest's alone
+$B chroot /root /bin/sh -c "mkdir -p /lib/modules/{version} && mount --bind {guest_modules} /lib/modules/{version}" \\
+  || echo "lossbed-init: guest modules not bound"
+CMD=$($B cat /sys/firmware/qemu_fw_cfg/by_name/{fw_cfg_command}/raw)
 echo "lossbed-init: up, kernel $($B uname -r)"
 $B chroot /root /bin/sh -c "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root; $CMD"
 echo "lossbed-init: command exited with $?"
@@ -63,38 +70,32 @@ $B poweroff -f
 """
 
 
-def find_kernel() -> tuple[Path, str]:
-    """The newest distribution kernel image with its modules installed: (vmlinuz, version)."""
-    candidates = []
-    for image in sorted(BOOT_DIR.glob("vmlinuz-*")):
-        version = image.name.removeprefix("vmlinuz-")
-        if (MODULES_DIR / version / "modules.dep").is_file() and os.access(image, os.R_OK):
-            candidates.append((image, version))
-    if not candidates:
-        raise EnvironmentProblem(
-            f"no kernel image with modules in {BOOT_DIR} and {MODULES_DIR} for VM hosts: "
-            "install linux-image-amd64 (make setup does)")
-    return candidates[-1]
-
-
 def require_qemu() -> str:
     path = shutil.which(QEMU)
     if path is None:
         raise EnvironmentProblem(f"{QEMU} is missing: install qemu-system-x86 (make setup does)")
-    if not BUSYBOX.is_file():
-        raise EnvironmentProblem(f"{BUSYBOX} is missing: install busybox-static (make setup does)")
+    find_busybox()
     return path
 
 
-def module_path(version: str, name: str) -> Path | None:
-    """The module's file, or None when it is built into the kernel."""
-    result = subprocess.run(["modinfo", "-k", version, "-n", name], capture_output=True,
-                            text=True)
+def module_path(kernel: GuestKernel, name: str) -> Path | None:
+    """The module's file in the guest kernel's tree, or None when it is built in."""
+    result = subprocess.run(["modinfo", "-b", str(kernel.root), "-k", kernel.version, "-n",
+                             name], capture_output=True, text=True)
     path = result.stdout.strip()
     if result.returncode != 0 or not path:
-        raise EnvironmentProblem(f"kernel {version} has no module {name}: the VM cannot reach "
-                                 "the machine's root. Install linux-image-amd64")
+        raise EnvironmentProblem(f"kernel {kernel.version} ({kernel.root}) has no module "
+                                 f"{name}: the VM cannot reach the machine's root")
     return None if path.startswith("(builtin)") else Path(path)
+
+
+def module_bytes(path: Path) -> bytes:
+    """A module as busybox's insmod takes it: plain (Debian 13's are xz-compressed)."""
+    if path.suffix == ".xz":
+        return lzma.decompress(path.read_bytes())
+    if path.suffix == ".zst":
+        raise EnvironmentProblem(f"{path} is zstd-compressed; lossbed unpacks .ko and .ko.xz")
+    return path.read_bytes()
 
 
 def _cpio_newc(entries: list[tuple[str, bytes, int]]) -> bytes:
@@ -110,18 +111,22 @@ def _cpio_newc(entries: list[tuple[str, bytes, int]]) -> bytes:
     return out.getvalue()
 
 
-def build_initramfs(version: str, dest: Path) -> Path:
+def init_script(kernel: GuestKernel) -> str:
+    # (the sh -c line is in double quotes: the path goes in single ones)
+    return INIT_SCRIPT.format(modules=" ".join(INITRAMFS_MODULES), version=kernel.version,
+                              guest_modules=shlex.quote(str(kernel.modules)),
+                              fw_cfg_command=FW_CFG_COMMAND)
+
+
+def build_initramfs(kernel: GuestKernel, dest: Path) -> Path:
     entries = [(d, b"", stat.S_IFDIR | 0o755)
                for d in ("bin", "proc", "sys", "dev", "lower", "rw", "root", "mods")]
-    entries.append(("bin/busybox", BUSYBOX.read_bytes(), stat.S_IFREG | 0o755))
-    entries.append(("init", INIT_SCRIPT.encode(), stat.S_IFREG | 0o755))
+    entries.append(("bin/busybox", find_busybox().read_bytes(), stat.S_IFREG | 0o755))
+    entries.append(("init", init_script(kernel).encode(), stat.S_IFREG | 0o755))
     for name in INITRAMFS_MODULES:
-        path = module_path(version, name)
+        path = module_path(kernel, name)
         if path is not None:
-            data = path.read_bytes()
-            if path.suffix == ".xz" or path.suffix == ".zst":
-                raise EnvironmentProblem(f"{path} is compressed; lossbed needs plain .ko modules")
-            entries.append((f"mods/{name}.ko", data, stat.S_IFREG | 0o644))
+            entries.append((f"mods/{name}.ko", module_bytes(path), stat.S_IFREG | 0o644))
     dest.write_bytes(gzip.compress(_cpio_newc(entries), compresslevel=1))
     return dest
 

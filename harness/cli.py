@@ -1,0 +1,347 @@
+"""The experiment half of the `lossbed` command (train, bench, reproduce, compare,
+collective-bench), and `lossbed` itself: main() adds these commands to testbed's (testbed/cli.py:
+clusters and impairments), so one entry point stands above both halves and testbed never
+imports harness. Thin: parse, call the library, print."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from testbed import cli as testbed_cli
+from testbed import clusters
+from testbed.cli import add_inventory, cluster_of
+from testbed.clusters import netns as netns_cluster
+from testbed.errors import UsageError
+
+
+def _cmd_collective_bench(args) -> int:
+    from harness.bench import collective_bench as cb
+
+    spec = cb.BenchSpec(sizes_mib=args.sizes, losses=args.loss, profiles=args.profiles,
+                        algorithms=args.algorithms, iters=args.iters, unsealed=args.unsealed)
+    spec.validate()
+    if args.cluster is None and args.hosts < 2:
+        raise UsageError("--hosts", f"{args.hosts} host cannot run a collective",
+                         "Use --hosts 2 or more (4 by default)")
+    own = None
+    if args.cluster is not None:
+        cluster = clusters.load(args.cluster)
+    else:
+        own = f"cb{os.getpid() % 100000}"
+        cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=args.hosts, name=own,
+                                                             mtu=args.mtu))
+    try:
+        rows = cb.run(cluster, spec, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    finally:
+        if own:
+            clusters.down(own)
+    print(cb.format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        print(f"wrote {len(rows)} rows to {args.json}")
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from harness.train import run
+    from harness.train.config import TrainConfig
+
+    cfg = TrainConfig(variant=args.variant, steps=args.steps, seed=args.seed,
+                      transport=args.transport, resync_every=args.resync_every,
+                      eval_tokens=args.eval_tokens, corpus=args.corpus,
+                      hf_dataset=args.hf_dataset, hf_text_field=args.hf_text_field,
+                      warmup_steps=args.warmup_steps, lossy_stage=args.lossy_stage,
+                      save_model=_new_folder(args.save_model, "--save-model"),
+                      **_training_options(args))
+    cfg.validate()  # the options and LOSSBED_* settings first, before any cluster is touched
+    from harness import launch
+
+    launch.check_environment()
+    cluster = cluster_of(args)
+    run.check(cfg, cluster)  # bad input is refused before any process starts
+    sets = [*(args.set or []), *(["isolated=true"] if args.unsealed else [])]
+    rec = run.train(cluster, cfg, args.profile, sets, args.out,
+                    echo=lambda line: print(line, file=sys.stderr, flush=True))
+    summary = {k: rec[k] for k in ("variant", "profile", "loss", "seed", "steps", "ppl",
+                                   "ppl_rank0", "drift", "tokens_per_s", "measured_loss")}
+    print(json.dumps(summary))
+    if rec.get("wire_warning"):
+        print(f"warning: {rec['wire_warning']}", file=sys.stderr)
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    return 0
+
+
+def _new_folder(path: str | None, option: str) -> str | None:
+    """An absolute path for a folder a run writes, refused if it holds anything already (a
+    run never overwrites what another left)."""
+    if path is None:
+        return None
+    folder = Path(path).resolve()
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise UsageError(option, f"{folder} exists and is not an empty folder",
+                         "Give a new folder (nothing is overwritten)")
+    return str(folder)
+
+
+@contextlib.contextmanager
+def _bench_cluster(prefix: str, spec):
+    """A local cluster made for one bench alone (spec.hosts, spec.mtu), removed after, also
+    on Ctrl-C and on failure. Its datagrams are sealed like any others unless the bench
+    was asked for --unsealed (spec.isolated: then its profiles say isolated)."""
+    name = f"{prefix}{os.getpid() % 100000}"
+    cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=spec.hosts, name=name,
+                                                         mtu=spec.mtu))
+    try:
+        yield cluster
+    finally:
+        clusters.down(name)
+
+
+def _cmd_bench(args) -> int:
+    import time
+    from pathlib import Path
+
+    from harness.bench import report
+    from harness.bench.spec import DEFAULT_VARIANTS, BenchSpec
+    from harness.bench.training_bench import run_bench
+
+    spec = BenchSpec(losses=args.loss, profile=args.profile, hosts=args.hosts, steps=args.steps,
+                     seeds=args.seeds, variants=args.variants or list(DEFAULT_VARIANTS),
+                     mtu=args.mtu, realisations=args.realisations,
+                     speed_steps=args.speed_steps, isolated=args.unsealed,
+                     stability=args.stability,
+                     **_regime_options(args), **_training_options(args))
+    spec.validate()  # bad input is refused before anything is built
+    # absolute: ranks on remote hosts write under it from their own working folder
+    out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if args.cluster is not None or args.inventory:
+        place = contextlib.nullcontext(cluster_of(args))
+    else:
+        place = _bench_cluster("bench", spec)
+    with place as cluster:
+        summary = run_bench(cluster, spec, out,
+                            echo=lambda line: print(line, file=sys.stderr, flush=True))
+    print(report.table(summary))
+    print(f"results in {out}/ (results.jsonl, summary.json, summary.md, *.png)")
+    return 0
+
+
+def _cmd_reproduce(args) -> int:
+    import time
+    from pathlib import Path
+
+    from harness.reproduce import report
+
+    rows = sorted(set(args.rows or report.ROWS))
+    unknown = [r for r in rows if r not in report.ROWS]
+    if unknown:
+        raise UsageError("--rows", f"no row {', '.join(unknown)}",
+                         f"Use some of {' '.join(report.ROWS)} (4: the training rows 4 and 5; "
+                         "6: the regime map)")
+    out = Path(args.out or f"results/reproduce-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    # rows 1-3 start many loopback transports in this process: their start-up lines are
+    # noise here (the bench's ranks log in their own processes)
+    logging.getLogger("harness.transport").setLevel(logging.WARNING)
+    # the training rows' benches each on a cluster of their own
+    result = report.run(quick=not args.full, out=out, rows=rows,
+                        make_cluster=lambda spec: _bench_cluster("repro", spec),
+                        echo=lambda line: print(line, file=sys.stderr, flush=True),
+                        regime=_regime_options(args))
+    print(report.markdown(result))
+    print(f"results in {out}/ (reproduction.md, reproduction.json)")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from harness.bench.compare import compare, format_findings
+    from harness.bench.training_bench import load_summary
+
+    findings = compare(load_summary(args.base), load_summary(args.new),
+                       threshold_pct=args.threshold_pct, ppl_points=args.ppl_points)
+    print(format_findings(findings))
+    return 1 if any(f.regressed for f in findings) else 0
+
+
+def _add_training_options(p, defaults) -> None:
+    """The model, data and optimisation options `train` and `bench` share."""
+    p.add_argument("--preset", default=defaults.preset,
+                   help="tiny, small, or a local HF model folder")
+    p.add_argument("--device", default=defaults.device, help="cpu, or cuda (GPU hosts)")
+    p.add_argument("--batch", type=int, default=defaults.batch,
+                   help="sequences per rank per step")
+    p.add_argument("--seq-len", type=int, default=defaults.seq_len)
+    p.add_argument("--lr", type=float, default=defaults.lr, help="the peak learning rate")
+    p.add_argument("--optimizer", default=defaults.optimizer,
+                   help="adamw or sgd (momentum 0.9; RPS's paper uses SGD)")
+    p.add_argument("--schedule", default=defaults.schedule,
+                   help="cosine (warm-up, then decay to 10%%) or constant")
+    p.add_argument("--tokenizer", default=defaults.tokenizer,
+                   help="bpe (subword, trained on the training split), bpe:N, bytes, or a "
+                        "local HF tokenizer folder")
+
+
+def _add_regime_options(p) -> None:
+    """Where the runs start from (bench and reproduce)."""
+    from harness.bench.spec import DEFAULT_STEPS, FINETUNE_LR, REGIMES
+
+    p.add_argument("--regime", choices=REGIMES, default="scratch",
+                   help="scratch: every run from its seed's initialisation at --lr; "
+                        "finetune: from its seed's lossless checkpoint (--pretrain-steps at "
+                        "--lr, trained once and cached in .cache/checkpoints/) at "
+                        "--finetune-lr")
+    p.add_argument("--finetune-lr", type=float, default=FINETUNE_LR,
+                   help=f"finetune: the runs' peak rate (default {FINETUNE_LR:g})")
+    p.add_argument("--pretrain-steps", type=int, default=DEFAULT_STEPS,
+                   help=f"finetune: the checkpoints' steps (default {DEFAULT_STEPS})")
+
+
+def _regime_options(args) -> dict:
+    return dict(regime=args.regime, finetune_lr=args.finetune_lr,
+                pretrain_steps=args.pretrain_steps)
+
+
+def _training_options(args) -> dict:
+    return {k: getattr(args, k) for k in ("preset", "device", "batch", "seq_len", "lr",
+                                          "optimizer", "schedule", "tokenizer")}
+
+
+def add_commands(sub) -> None:
+    """Register the experiment commands on testbed's subparsers."""
+    from harness.bench.spec import BenchSpec
+    from harness.train.config import TrainConfig
+
+    p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
+    p.add_argument("--cluster", help="default: the only cluster up")
+    add_inventory(p)
+    p.add_argument("--variant", default="reliable",
+                   help="reliable, zero_fill, unbiased, unbiased_drift or rps")
+    p.add_argument("--profile", default="clean", help="impairment profile (default: clean)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="profile override")
+    p.add_argument("--steps", type=int, default=TrainConfig.steps)
+    p.add_argument("--seed", type=int, default=0)
+    _add_training_options(p, TrainConfig)
+    p.add_argument("--warmup-steps", type=int,
+                   help="learning-rate warm-up (default: 5%% of the steps)")
+    p.add_argument("--transport", default="udp",
+                   help="loss semantics of the lossy variants: udp, roce-ud, roce-uc[:BYTES], "
+                        "roce-rc[:BYTES]; or real RDMA queue pairs: verbs-ud, verbs-uc[:BYTES], "
+                        "verbs-rc[:BYTES] (verbs = verbs-uc)")
+    p.add_argument("--resync-every", type=int, default=0,
+                   help="unbiased_drift: reliable parameter resync every K steps (0: never)")
+    p.add_argument("--save-model", metavar="DIR",
+                   help="write rank 0's trained model and its tokenizer to DIR (on rank 0's "
+                        "host), for a later --preset DIR --tokenizer DIR")
+    p.add_argument("--lossy-stage", default="both", choices=["both", "reduce", "broadcast"],
+                   help="lossy variants: the stage that crosses the lossy transport; the "
+                        "other goes over gloo, delivered in full (default: both)")
+    p.add_argument("--eval-tokens", type=int, default=0, help="0: the whole held-out split")
+    p.add_argument("--corpus", help="a text file (default: pydoc_data.topics)")
+    p.add_argument("--hf-dataset", help="an HF dataset in the local cache, or a saved folder")
+    p.add_argument("--hf-text-field", default="text",
+                   help="the HF dataset's column with the text (default: text)")
+    p.add_argument("--out", help="folder for the ranks' metrics (default: a temporary one)")
+    p.add_argument("--json", metavar="FILE", help="append the run's record to this file")
+    _add_unsealed(p)
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("bench", help="the variants (default reliable, unbiased_drift, rps) "
+                                     "at LOSS against the same seed's lossless reference")
+    p.add_argument("--loss", type=float, nargs="+", default=[0.1],
+                   help="loss rates as fractions (0.1 = 10%%), e.g. --loss 0.01 0.05 0.1")
+    p.add_argument("--profile", default="random-loss", help="random-loss or burst-loss")
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--mtu", type=int, default=1500)
+    p.add_argument("--steps", type=int, default=BenchSpec.steps)
+    p.add_argument("--seeds", type=int, default=BenchSpec.seeds)
+    p.add_argument("--variants", nargs="+",
+                   help="default: reliable unbiased_drift rps; the ablations zero_fill and "
+                        "unbiased on request (or all five: make bench-full); each "
+                        "NAME[/reduce|/broadcast][/resync=K][@TRANSPORT]")
+    p.add_argument("--realisations", type=int, default=BenchSpec.realisations,
+                   help="loss seeds at seed 0 for unbiased_drift and rps (1: no more)")
+    p.add_argument("--speed-steps", type=int, default=BenchSpec.speed_steps,
+                   help="steps of reliable under loss (its speed; its model is checked)")
+    p.add_argument("--stability", action="store_true",
+                   help="one run more: seed 0's lossless reference with its initial weights "
+                        "moved by 1e-6, to check that the regime is not chaotic (summary: "
+                        "stability; reproduce always runs it)")
+    _add_training_options(p, BenchSpec)
+    _add_regime_options(p)
+    p.add_argument("--out", help="results folder (default: results/bench-TIME)")
+    p.add_argument("--cluster", help="reuse this cluster instead of building one")
+    add_inventory(p)
+    _add_unsealed(p)
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("compare", help="regressions between two bench results (exit 1)")
+    p.add_argument("base", metavar="BASE", help="summary.json (or its folder)")
+    p.add_argument("new", metavar="NEW", help="summary.json (or its folder)")
+    p.add_argument("--threshold-pct", type=float, default=10.0)
+    p.add_argument("--ppl-points", type=float, default=1.0)
+    p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("reproduce",
+                       help="both papers' claims measured here, each with a verdict")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true",
+                      help="small sizes and short training rows (the default; rows 1-5 "
+                           "about 9 min here, row 6 about 8 more)")
+    mode.add_argument("--full", action="store_true",
+                      help="the sizes the claims need (rows 1-5 about 100 min here, rows 4-5 "
+                           "4 seeds; row 6 about 2 hours more)")
+    p.add_argument("--rows", nargs="+", metavar="ROW",
+                   help="only these rows: 1 aggregation, 2 drift, 3 RPS scaling, "
+                        "4 training (rows 4 and 5), 6 the regime map; default all")
+    _add_regime_options(p)
+    p.add_argument("--out", help="results folder (default: results/reproduce-TIME)")
+    p.set_defaults(func=_cmd_reproduce)
+
+    p = sub.add_parser("collective-bench",
+                       help="lossy all-reduce, RPS and gloo side by side under loss")
+    p.add_argument("--cluster", help="use this cluster (default: build a local one)")
+    p.add_argument("--hosts", type=int, default=4, help="hosts of the local cluster")
+    p.add_argument("--mtu", type=int, default=9000, help="MTU of the local cluster")
+    p.add_argument("--sizes", type=float, nargs="+", default=[1, 4, 16, 64], metavar="MIB")
+    p.add_argument("--loss", type=float, nargs="+", default=[0, 0.01, 0.1],
+                   help="loss rates as fractions (0.1 = 10%%)")
+    p.add_argument("--profiles", nargs="+", default=["random-loss", "burst-loss"])
+    p.add_argument("--algorithms", nargs="+",
+                   default=["reliable", "zero_fill", "unbiased", "rescale", "rps"],
+                   help="reliable (gloo's all-reduce), zero_fill, unbiased (received mean), "
+                        "rescale (1/(1-p)), rps; each optionally @TRANSPORT")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--json", metavar="FILE", help="also write one JSON object per line")
+    _add_unsealed(p)
+    p.set_defaults(func=_cmd_collective_bench)
+
+
+def _add_unsealed(p) -> None:
+    p.add_argument("--unsealed", action="store_true",
+                   help="send the datagrams without their MAC (default: every datagram "
+                        "sealed with a key drawn for the launch); to price the MAC, on a "
+                        "network only the experiment uses")
+
+
+
+
+def build_parser():
+    """The parser of `lossbed`: testbed's commands and these."""
+    return testbed_cli.build_parser([add_commands])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`lossbed`: every command, testbed's and these."""
+    return testbed_cli.main(argv, more=[add_commands])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
