@@ -19,7 +19,8 @@ future step; values that are not finite), is dropped and counted under its reaso
 applied. The per-datagram work of the udp and roce-ud semantics (one datagram a unit) is
 compiled code (native.py, _wire.c), called once per batch. An optional seeded drop
 mask (dropmask.py) loses datagrams at the receiver, replayably, where the kernel cannot
-(hardware RoCE).
+(hardware RoCE): in the batched path it decides on each screened datagram's header between
+the core's screen and its apply.
 """
 
 from __future__ import annotations
@@ -375,7 +376,7 @@ class UdpTransport:
         if self.semantics.reliable:
             self._receive_delivered(deadline, done, handle)
             return
-        if self.batched and handle_batch is not None and self.drop_mask is None:
+        if self.batched and handle_batch is not None:
             self._receive_batches(deadline, done, handle, handle_batch)
             return
         sock, buffer, poller = self.sock, self.buffer, self._poller
@@ -406,7 +407,8 @@ class UdpTransport:
         """Screen a batch in the compiled core (this job's, its source's tag, addressed
         here); plain data packets go to handle_batch, everything else valid (end markers,
         control, bad lengths) through _datagram, one at a time, which counts it exactly as
-        the datagram path does."""
+        the datagram path does. A drop mask decides on the plain data packets here, after
+        the screen and before they are applied: where _datagram decides on the others."""
         rx, c = self._rx, self.counters
         foreign, forged, misdirected, truncated = native.screen(
             rx.data, rx.slot_bytes, rx.sizes, rx.addrs, rx.ports, n, self.rank, self.world,
@@ -418,11 +420,19 @@ class UdpTransport:
         c.truncated += truncated
         classes = rx.classes[:n]
         rows = np.flatnonzero(classes == native.DATA)
+        if len(rows) and self.drop_mask is not None:
+            rows = self._unmasked(rows)
         if len(rows):
             for verdict, count in handle_batch(rx.data, rows).items():
                 self._count(verdict, count)
         others = np.flatnonzero(classes == native.OTHER).tolist()
         if not others:
+            return
+        if self.drop_mask is not None:
+            # each copy of an end marker is its own transmission, with its own verdict
+            for row in others:
+                self._datagram(int(rx.sizes[row]), rx.sender(row), handle,
+                               memoryview(rx.data[row]), checked=True)
             return
         # End markers come in identical copies (several usually in one batch): the first of
         # each goes through _datagram, the others get the verdict it got.
@@ -441,6 +451,16 @@ class UdpTransport:
                                      memoryview(rx.data[row]), checked=True)
             if extra.get(row) and verdict is not None:
                 self._count(verdict, extra[row])
+
+    def _unmasked(self, rows: np.ndarray) -> np.ndarray:
+        """The rows of screened data packets that the drop mask keeps; the others are
+        counted masked. The mask decides on each packet's header (DropMask.drops: its one
+        definition, the same call the datagram path makes), in the order they came."""
+        data, drops = self._rx.data, self.drop_mask.drops
+        kept = np.fromiter((not drops(hdr.unpack(data[row])) for row in rows.tolist()),
+                           dtype=bool, count=len(rows))
+        self.counters.masked += len(rows) - int(np.count_nonzero(kept))
+        return rows[kept]
 
     def _receive_delivered(self, deadline, done, handle) -> None:
         while not done():
