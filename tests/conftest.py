@@ -16,6 +16,7 @@ def _vm_hosts_missing() -> str | None:
     try:
         image.require_qemu()
         kernel.find_kernel()
+        kernel.find_busybox()
     except EnvironmentProblem as err:
         return f"VM hosts cannot boot here: {err}"
     return None

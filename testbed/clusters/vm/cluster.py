@@ -229,6 +229,7 @@ def up(spec: VMSpec) -> VMCluster:
     preflight.require_namespaces()
     image.require_qemu()
     guest = kernel.find_kernel()
+    kernel.find_busybox()  # (after the kernel: an empty cache is named as `make setup`'s)
     if spec.rdma:
         _check_rdma()
     base = validate(spec)

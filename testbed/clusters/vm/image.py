@@ -74,7 +74,6 @@ def require_qemu() -> str:
     path = shutil.which(QEMU)
     if path is None:
         raise EnvironmentProblem(f"{QEMU} is missing: install qemu-system-x86 (make setup does)")
-    find_busybox()
     return path
 
 
