@@ -3,9 +3,12 @@ end-to-end bench test runs one, to stay short)."""
 
 from __future__ import annotations
 
+import pytest
+
 from harness.bench.report import plots
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # (an empty legend warned: no step times)
 def test_ppl_vs_loss_plot_with_two_lossy_rates(tmp_path):
     records = [{"variant": v, "loss": loss, "seed": 0, "losses": [3.0, 2.5, 2.2]}
                for v, loss in (("reliable", 0.0), ("unbiased", 0.05), ("unbiased", 0.1))]
