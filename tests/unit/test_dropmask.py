@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import torch
 
 from harness.collectives.lossy import LossyCollective
+from harness.reproduce.loopback import on_every_rank
 from harness.transport.dropmask import DropMask
 from harness.transport.semantics import Semantics
 from tests.unit.test_transport_hostile import make_pair
@@ -29,12 +29,7 @@ def run_variant(estimator: str, seed: int, semantics: str = "udp", steps: int = 
             xs = [torch.from_numpy(np.random.default_rng(
                 (data_seed, step * 2 + k)).standard_normal(20_000).astype(np.float32))
                 for k in (0, 1)]
-            threads = [threading.Thread(target=c.allreduce, args=(x,))
-                       for c, x in zip(collectives, xs, strict=True)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            on_every_rank(2, lambda r, xs=xs: collectives[r].allreduce(xs[r]))
         drain(transports)
         return [(t.drop_mask.dropped_count, t.drop_mask.dropped_digest) for t in transports]
     finally:
@@ -136,12 +131,7 @@ def _masked_run(batched: bool, steps: int = 4, seed: int = 7, rate: float = 0.2)
         for step in range(steps):
             xs = [torch.from_numpy(np.random.default_rng((step, k)).standard_normal(
                 20_000).astype(np.float32)) for k in (0, 1)]
-            threads = [threading.Thread(target=c.allreduce, args=(x,))
-                       for c, x in zip(collectives, xs, strict=True)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            on_every_rank(2, lambda r, xs=xs: collectives[r].allreduce(xs[r]))
             results.append([x.numpy().copy() for x in xs])
         drain(transports)
         counters = [t.counters.to_dict() for t in transports]
