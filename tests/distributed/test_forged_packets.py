@@ -38,8 +38,12 @@ SAME_RUN_TOLERANCE = 1e-5
 MEMORY_BOUND_MB = 64  # what rank 0 may hold more than in the run without the attacker
 FORGED_PER_ROUND = 36  # to the target in one round of tests/injector.py: 20 + 1 + 12 + 2 + 1
 REDIRECTED_PER_ROUND = 10
-# the unsealed control must move perplexity by far more than two runs of one launch differ
-CONTROL_MOVES_AT_LEAST = 1e-3
+# The unsealed control must move perplexity by far more than two runs of one launch differ
+# (~5e-8) and than the sealed run may (SAME_RUN_TOLERANCE): ten times the latter. How far
+# it moves depends on how many forgeries win the race against the genuine datagrams: 1.9%
+# in one run here (561.82 -> 572.30), 0.057% in a full suite on 2 cores (561.82 -> 561.51,
+# 86 datagrams cut off by forged end markers), which failed the 1e-3 this once was.
+CONTROL_MOVES_AT_LEAST = 10 * SAME_RUN_TOLERANCE
 
 
 COUNTER_TABLE = "lossbedtestforged"
