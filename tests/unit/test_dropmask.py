@@ -7,6 +7,7 @@ import time
 import numpy as np
 import torch
 
+from harness.collectives.deadline import Deadline
 from harness.collectives.lossy import LossyCollective
 from harness.reproduce.loopback import on_every_rank
 from harness.transport.dropmask import DropMask
@@ -126,7 +127,10 @@ def _masked_run(batched: bool, steps: int = 4, seed: int = 7, rate: float = 0.2)
                 t.receive_until = (lambda deadline, done, handle, handle_batch=None, t=t:
                                    type(t).receive_until(t, deadline, done, handle, None))
         native.apply = counting_apply
-        collectives = [LossyCollective(t, store) for t in transports]
+        # a floor of 1 s: under a full suite's load a stalled sender thread must not make a
+        # packet late in one run and not the other (stages end on end markers, not on this)
+        collectives = [LossyCollective(t, store, deadline=Deadline(floor_s=1.0, ceiling_s=5.0))
+                       for t in transports]
         results = []
         for step in range(steps):
             xs = [torch.from_numpy(np.random.default_rng((step, k)).standard_normal(
