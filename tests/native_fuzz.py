@@ -4,12 +4,15 @@ process whose _wire was built with AddressSanitizer and UndefinedBehaviorSanitiz
     python -m tests.native_fuzz PATH_TO_SANITIZED_WIRE.so EXAMPLES
 
 Every example is a batch of BATCH datagrams: genuine packets of a 4-rank job (both stages,
-sealed with each source's key, for rank 0), of which hypothesis mutates any header field to
+sealed with each source's key, for rank 0; half of them fragments of RoCE UC messages, cut
+in FRAGMENT floats), of which hypothesis mutates any header field to
 any value of its width, truncates, grows (payload lengths beyond the datagram), breaks
 tags, redirects (another destination, sealed as genuine), or replaces with random bytes.
 Each batch goes through the real receive path (a loopback socket: recvmmsg, with datagrams
 longer than a row among them), screen(), and apply() of both stages, on the screened rows
-and on every row unscreened (apply checks everything itself). Prints the count fed.
+and on every row unscreened (apply checks everything itself), once as a layout of whole
+packets and once as one of messages reassembled in a staging area (fragment streams).
+Prints the count fed.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from harness.transport import header as hdr
 
 WORLD, RANK, NONCE, STEP, BUCKET = 4, 0, 0x1234_5678_9ABC_DEF0, 7, 1
 PER_PACKET, SHARD, SLOT, BATCH = 16, 40, 256, 256
+FRAGMENT = 6  # floats per fragment of a UC message of PER_PACKET floats (6, 6, 4)
 # (offset, bytes) of every header field but the tag
 FIELDS = [(0, 4), (4, 1), (5, 1), (6, 2), (8, 8), (16, 4), (20, 2), (22, 2), (24, 2), (26, 2),
           (28, 4), (32, 4), (36, 4), (40, 4), (44, 2), (46, 2), (48, 8)]
@@ -54,9 +58,16 @@ def genuine(rng: np.random.Generator) -> bytes:
     if stage == hdr.STAGE_REDUCE_END:
         index, floats = PACKETS, 0
     shard = RANK if stage != hdr.STAGE_BROADCAST else source
-    payload = rng.standard_normal(floats).astype(np.float32).tobytes()
+    values = rng.standard_normal(floats).astype(np.float32)
+    fragment, fragments = 0, 1
+    if floats > FRAGMENT and rng.integers(2):  # a fragment of a UC message
+        fragments = -(-floats // FRAGMENT)
+        fragment = int(rng.integers(fragments))
+        values = values[fragment * FRAGMENT:(fragment + 1) * FRAGMENT]
+    payload = values.tobytes()
     head = bytearray(hdr.pack(stage, source, NONCE, STEP, BUCKET, shard, index, PACKETS,
-                              len(payload), dest=RANK))
+                              len(payload), fragment=fragment, fragments=fragments,
+                              dest=RANK))
     return seal(head, payload, source, int(rng.integers(0, 2**40)))
 
 
@@ -150,16 +161,29 @@ def stage_state(stage: int):
     return expected, last, base, target, got, expected.copy(), np.zeros(WORLD, np.uint8)
 
 
+def staging_for(expected: np.ndarray) -> tuple:
+    """A UC staging area for this layout: per source a region of its messages, which
+    fragments came (none yet), how many."""
+    room = expected * PER_PACKET
+    most = -(-PER_PACKET // FRAGMENT)
+    return (FRAGMENT, np.full(int(room.sum()), np.nan, np.float32), np.cumsum(room) - room,
+            np.zeros(WORLD * PACKETS * most, np.uint8), np.zeros(WORLD * PACKETS, np.int32))
+
+
 def apply_both(data, rows, accept):
     leftover = np.zeros(len(rows), np.int64)
-    for stage in (hdr.STAGE_REDUCE, hdr.STAGE_BROADCAST):
-        expected, last, base, target, got, pending, ended = stage_state(stage)
-        reduce = stage == hdr.STAGE_REDUCE
-        wire.apply(data, SLOT, rows, STEP, BUCKET, stage, RANK if reduce else -1, expected,
-                   last, base, PER_PACKET, target, got, PACKETS, pending,
-                   None if reduce else ended, reduce, accept, leftover)
-        assert np.isfinite(target).all()  # nothing non-finite is ever applied
-        assert (pending >= 0).all()
+    for fragments in (False, True):
+        for stage in (hdr.STAGE_REDUCE, hdr.STAGE_BROADCAST):
+            expected, last, base, target, got, pending, ended = stage_state(stage)
+            reduce = stage == hdr.STAGE_REDUCE
+            staged = staging_for(expected) if fragments else ()
+            # twice: the second time every fragment the first one kept is there already
+            for _ in range(2):
+                wire.apply(data, SLOT, rows, STEP, BUCKET, stage, RANK if reduce else -1,
+                           expected, last, base, PER_PACKET, target, got, PACKETS, pending,
+                           None if reduce else ended, reduce, accept, leftover, *staged)
+            assert np.isfinite(target).all()  # nothing non-finite is ever applied
+            assert (pending >= 0).all()
 
 
 @settings(max_examples=int(sys.argv[2]), deadline=None, database=None,
@@ -200,12 +224,22 @@ if __name__ == "__main__":
     fuzz()
     sender = wire.Sender(receiving.tx.fileno(), 1, NONCE, hdr.HEADER_BYTES + 4 * PER_PACKET, 1)
     x = np.zeros(SHARD, np.float32)
-    for starts, ends in (([0], [SHARD + 1]), ([-1], [3]), ([5], [2]), ([0, 1], [1])):
+    for starts, ends, cut in (([0], [SHARD + 1], 0), ([-1], [3], 0), ([5], [2], 0),
+                              ([0, 1], [1], 0), ([0], [SHARD], -1), ([0], [SHARD], 1 << 62)):
         try:
             sender.send(bytes(16), 0, MACS[1], 0, 0, STEP, BUCKET, 0, x,
-                        np.array(starts, np.int64), np.array(ends, np.int64), 1, 4, 1, 0)
+                        np.array(starts, np.int64), np.array(ends, np.int64), 1, 4, 1, 0, cut)
         except ValueError:
             pass
         else:
-            raise AssertionError(f"packets {starts}-{ends} outside x were sent")
+            if cut != 1 << 62:  # (a cut beyond the packet: sent whole, which is right)
+                raise AssertionError(f"packets {starts}-{ends} outside x were sent")
+    big = np.zeros(70_000, np.float32)  # 70,000 fragments of one value: over 65535
+    try:
+        sender.send(bytes(16), 0, MACS[1], 0, 0, STEP, BUCKET, 0, big,
+                    np.array([0], np.int64), np.array([len(big)], np.int64), 1, 4, 0, 0, 1)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a message of more than 65535 fragments was sent")
     print(f"fed {fed} hostile datagrams")

@@ -53,6 +53,7 @@ from harness.transport.udp import (
     DUPLICATE,
     END,
     FUTURE,
+    HELD,
     MALFORMED,
     NONFINITE,
     STALE,
@@ -107,10 +108,18 @@ class _Stage:
     """One stage of one step as a receiver sees it. Per source: how many packets it sends
     us (0 for ourselves), which have come, and whether its end markers came. Packet i of a
     source holds `per_packet` floats (its last packet holds `last_floats[source]`) and lands
-    at `base[source] + i * per_packet` in `target`."""
+    at `base[source] + i * per_packet` in `target`.
+
+    Where the transport cuts packets into fragments (RoCE UC messages), `staging` (float32,
+    reused step after step, at least staging_floats(expected, per_packet) long) is where the
+    compiled core reassembles them: each source has its own region (reduce messages of all
+    sources go to one place of the target), a message per_packet floats of it. Which
+    fragments came is this step's own (frag_got, frag_count), so partial messages are
+    forgotten with the step."""
 
     def __init__(self, expected: list[int], last_floats: list[int], base: list[int],
-                 per_packet: int, target: np.ndarray):
+                 per_packet: int, target: np.ndarray, fragment_floats: int = 0,
+                 staging: np.ndarray | None = None):
         self.expected = np.array(expected, dtype=np.int64)
         self.last_floats = np.array(last_floats, dtype=np.int64)
         self.base = np.array(base, dtype=np.int64)
@@ -121,6 +130,28 @@ class _Stage:
         self.ended = np.zeros(len(expected), dtype=bool)
         self.left = int(self.expected.sum())
         self.last_at = 0.0  # when its last packet came
+        self.fragment_floats, self.staging = 0, None
+        if staging is not None and 0 < fragment_floats < per_packet:
+            most = -(-per_packet // fragment_floats)  # fragments of a full message
+            room = self.expected * per_packet
+            self.staging_base = np.cumsum(room) - room
+            if staging.size < room.sum():
+                raise ValueError(f"a staging area of {staging.size} floats for messages of "
+                                 f"{int(room.sum())}")
+            self.fragment_floats, self.staging = fragment_floats, staging
+            self.frag_got = np.zeros((*self.got.shape, most), dtype=np.uint8)
+            self.frag_count = np.zeros(self.got.shape, dtype=np.int32)
+
+    def incomplete(self) -> int:
+        """Messages of which some fragments came and others never did (lost whole)."""
+        return int(np.count_nonzero(self.frag_count > 0)) if self.staging is not None else 0
+
+    def fragments_args(self) -> tuple:
+        """What native.apply takes for this stage's fragments (nothing: none are cut)."""
+        if self.staging is None:
+            return ()
+        return (self.fragment_floats, self.staging, self.staging_base, self.frag_got,
+                self.frag_count)
 
     def over(self) -> bool:
         """Every source has delivered everything or said that it sent everything."""
@@ -144,7 +175,8 @@ class _Step:
 
     def __init__(self, layout: Layout, step: int, bucket: int, rank: int,
                  contribution: np.ndarray, shared: np.ndarray, total: np.ndarray,
-                 infer_ends: bool = True):
+                 infer_ends: bool = True, fragment_floats: int = 0,
+                 staging: tuple[np.ndarray, np.ndarray] | None = None):
         self.layout, self.step, self.bucket, self.rank = layout, step, bucket, rank
         # Take a source's broadcast as the end of its reduce packets to us (what end markers
         # say, told again by every broadcast packet): off where paths reorder.
@@ -163,14 +195,16 @@ class _Step:
 
         others = [j != rank for j in range(world)]
         # reduce: every other rank's contribution to our shard, summed into `total`
+        reduce_staging, bcast_staging = staging or (None, None)
         self.reduce = _Stage([self.own_packets * o for o in others],
-                             [last_floats(rank)] * world, [0] * world, per_packet, self.total)
+                             [last_floats(rank)] * world, [0] * world, per_packet, self.total,
+                             fragment_floats, reduce_staging)
         # broadcast: each other owner's shard, written into `shared` where it belongs. Safe
         # at any time: our contribution to that shard was sent before we began receiving.
         self.bcast = _Stage([layout.packets(j) * o for j, o in enumerate(others)],
                             [last_floats(j) for j in range(world)],
                             [layout.shard_bounds(j)[0] for j in range(world)], per_packet,
-                            shared)
+                            shared, fragment_floats, bcast_staging)
         self.stages = {hdr.STAGE_REDUCE: self.reduce, hdr.STAGE_BROADCAST: self.bcast}
         self.accept_reduce = True
         self.late_stages: set[int] = set()  # stages whose packets came after they ended
@@ -185,10 +219,15 @@ class _Step:
         # every packet of a shard holds per_packet values but the last, which holds the rest
         return np.repeat(per_packet, self.layout.per_packet)[:self.own[1] - self.own[0]]
 
+    def incomplete_messages(self) -> int:
+        return self.reduce.incomplete() + self.bcast.incomplete()
+
     def handle(self, head: hdr.Header, payload: memoryview, stash: EarlyStash) -> str:
         """One unit: checked and applied like a batch of one (see _apply)."""
         if head.stage in hdr.DATA_STAGE_OF_END:
             return self._end(head, stash)
+        if head.fragments > 1:
+            return self._fragment(head, payload, stash)
         if head.step != self.step:
             if head.step < self.step:
                 if head.stage in hdr.STAGE_NAMES:
@@ -204,21 +243,41 @@ class _Step:
                                np.zeros(1, dtype=np.int64), 0)
         return next(iter(verdicts))
 
+    def _fragment(self, head: hdr.Header, payload: memoryview, stash: EarlyStash) -> str:
+        """A fragment of a UC message that the batched path could not apply at once (of
+        another step, or kept early for this one). Its message is counted once, by its first
+        fragment (the others say HELD: not counted); one of this step goes through the
+        compiled core like a batch of one, into this step's staging area."""
+        if head.step != self.step:
+            if head.step < self.step:
+                self.late_stages.add(head.stage)
+                verdict = STALE
+            else:
+                verdict = EARLY if stash.keep(head, payload, head.step - self.step) else FUTURE
+            return verdict if head.fragment == 0 else HELD
+        if head.bucket != self.bucket or head.stage not in self.stages:
+            return MALFORMED
+        datagram = hdr.HEADER.pack(*head) + bytes(payload)
+        data = np.frombuffer(datagram, dtype=np.uint8)[None, :]
+        verdicts = self.handle_batch(data, np.zeros(1, dtype=np.int64), stash)
+        return next(iter(verdicts)) if verdicts else HELD
+
     def handle_batch(self, data: np.ndarray, rows: np.ndarray, stash: EarlyStash) -> Counter:
-        """handle() for a batch of plain data packets (see UdpTransport.receive_until): each
-        stage's packets of this step checked and applied by the compiled core (native.apply,
-        the same rules as _apply), the rare others (early, late, another bucket) one at a
-        time. Packet i is the datagram in data[rows[i]]."""
+        """handle() for a batch of data packets and UC fragments (see
+        UdpTransport.receive_until): each stage's packets of this step checked and applied
+        by the compiled core (native.apply, the same rules as _apply; fragments held in the
+        stage's staging area until their message is whole), the rare others (early, late,
+        another bucket) one at a time. Packet i is the datagram in data[rows[i]]."""
         verdicts: Counter = Counter()
         leftover = np.empty(len(rows), dtype=np.int64)
         for stage, st in self.stages.items():
             reduce = stage == hdr.STAGE_REDUCE
-            applied, duplicates, malformed, nonfinite, stale, others = native.apply(
+            applied, duplicates, malformed, nonfinite, stale, others, _held = native.apply(
                 data, data.shape[1], rows, self.step, self.bucket & 0xFFFF, stage,
                 self.rank if reduce else -1, st.expected, st.last_floats, st.base,
                 st.per_packet, st.target, st.got, st.got.shape[1], st.pending,
                 self.reduce.ended if not reduce and self.infer_ends else None, reduce,
-                self.accept_reduce or not reduce, leftover)
+                self.accept_reduce or not reduce, leftover, *st.fragments_args())
             for verdict, count in ((APPLIED, applied), (DUPLICATE, duplicates),
                                    (MALFORMED, malformed), (NONFINITE, nonfinite),
                                    (STALE, stale)):
@@ -386,6 +445,7 @@ class LossyCollective:
                        "collective_steps": 0}
         # per tensor size: its layout and the buffer of the own shard's reduce sums
         self._sizes: dict[int, tuple[Layout, np.ndarray]] = {}
+        self._stagings: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # ... UC's staging
 
     def _size(self, numel: int) -> tuple[Layout, np.ndarray]:
         """The layout of a tensor size and its sums buffer, made once: the packet tables
@@ -397,6 +457,29 @@ class LossyCollective:
             start, end = layout.shard_bounds(self.rank)
             entry = self._sizes[numel] = (layout, np.empty(end - start, np.float32))
         return entry
+
+    def _staging(self, numel: int, layout: Layout) -> tuple[np.ndarray, np.ndarray] | None:
+        """Where UC messages of a tensor size are reassembled (reduce: a region of the own
+        shard's messages per source; broadcast: each other owner's messages), made once per
+        size; None where the transport sends every packet whole."""
+        if self._fragment_floats() == 0:
+            return None
+        entry = self._stagings.get(numel)
+        if entry is None:
+            others = [j for j in range(self.world) if j != self.rank]
+            message = layout.per_packet
+            reduce = len(others) * layout.packets(self.rank) * message
+            bcast = sum(layout.packets(j) for j in others) * message
+            entry = self._stagings[numel] = (np.empty(reduce, np.float32),
+                                             np.empty(bcast, np.float32))
+        return entry
+
+    def _fragment_floats(self) -> int:
+        """The values of a fragment where the batched transport cuts packets (UC), else 0."""
+        t = self.transport
+        if getattr(t, "batched", False) and t.fragment_floats < t.per_packet:
+            return t.fragment_floats
+        return 0
 
     @property
     def loss_rate(self) -> float:
@@ -478,7 +561,9 @@ class LossyCollective:
             self._align(step)
             self.totals["align_s"] += time.monotonic() - aligning
         state = _Step(layout, step, bucket, self.rank, contribution, shared, total,
-                      infer_ends=self.end_copies > 0)
+                      infer_ends=self.end_copies > 0,
+                      fragment_floats=self._fragment_floats(),
+                      staging=self._staging(contribution.size, layout))
         stash, self.transport.stash = self.transport.stash, EarlyStash()
         for head, payload in stash:  # packets of this step that came during the last one
             # (every verdict counted: a kept packet can still be malformed or not finite;
@@ -562,6 +647,7 @@ class LossyCollective:
             _reliable_broadcast(shared, layout, self.world)
             bcast_hit, bcast_expected, bcast_missing = False, 0, 0
         self.transport.counters.missing += reduce_missing + bcast_missing
+        self.transport.counters.messages_incomplete += state.incomplete_messages()
         if reliable:
             # Peers may still need our datagrams again: serve them before leaving the step.
             if not self.transport.flush(time.monotonic() + RC_STAGE_TIMEOUT_S):

@@ -292,22 +292,27 @@ static int wait_writable(int fd) {
 }
 
 /* Sender.send(sockaddr, dest, mac, seq_first, stage, step, bucket, shard, x, starts, ends,
- *             count, end_stage, copies, first_copy)
- *   -> (data_sent, ends_sent, payload_bytes_sent, segmented_sends, gso_refused)
+ *             count, end_stage, copies, first_copy[, fragment_floats])
+ *   -> (datagrams_sent, ends_sent, payload_bytes_sent, segmented_sends, gso_refused)
  *
  * Packet i carries x's float32 values [starts[i], ends[i]) and says index i of `count`;
  * then `copies` end markers (stage end_stage, index == count, no payload, copy numbers
- * from first_copy). With a mac, datagram k gets seq seq_first + k and its tag. */
+ * from first_copy). fragment_floats > 0 cuts every packet longer than that into fragments
+ * of fragment_floats values (its last one the rest), each its own datagram with its own
+ * header (fragment f of F, the fragment's length): the messages of RoCE UC semantics. With
+ * a mac, datagram k gets seq seq_first + k and its tag: the caller reserves one seq per
+ * datagram (fragments and end markers included). */
 static PyObject *Sender_send(SenderObject *self, PyObject *args) {
     Py_buffer addr, x, starts, ends;
     PyObject *mac_obj;
     int dest, stage, bucket, shard, end_stage, copies, first_copy;
     unsigned long long seq_first;
     unsigned int step, count;
+    Py_ssize_t fragment_floats = 0;
     EVP_CIPHER_CTX *mac;
-    if (!PyArg_ParseTuple(args, "y*iOKiIiiy*y*y*Iiii", &addr, &dest, &mac_obj, &seq_first,
+    if (!PyArg_ParseTuple(args, "y*iOKiIiiy*y*y*Iiii|n", &addr, &dest, &mac_obj, &seq_first,
                           &stage, &step, &bucket, &shard, &x, &starts, &ends, &count,
-                          &end_stage, &copies, &first_copy))
+                          &end_stage, &copies, &first_copy, &fragment_floats))
         return NULL;
     PyObject *result = NULL;
     const char *bad = NULL;
@@ -318,29 +323,45 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
     else if (dest < 0 || dest > 0xFFFF || stage < 0 || stage > 255 || end_stage < 0
              || end_stage > 255 || bucket < 0 || bucket > 0xFFFF || shard < 0 || shard > 0xFFFF)
         bad = "a header field is out of its range";
+    else if (fragment_floats < 0) bad = "fragment_floats: 0 (never cut) or the values a fragment holds";
     else if (self->busy) bad = "this Sender is already sending (one thread at a time)";
     if (bad) {
         PyErr_SetString(PyExc_ValueError, bad);
         goto done;
     }
-    Py_ssize_t n = starts.len / 8, total = n + copies;
+    Py_ssize_t n = starts.len / 8;
     const int64_t *st = starts.buf, *en = ends.buf;
-    Py_ssize_t floats = x.len / 4;
+    Py_ssize_t floats = x.len / 4, n_data = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (st[i] < 0 || en[i] < st[i] || en[i] > floats
-            || HEADER_BYTES + 4 * (en[i] - st[i]) > MAX_UDP_PAYLOAD) {
+        int64_t len = en[i] - st[i];
+        int64_t cut = fragment_floats > 0 && len > fragment_floats ? fragment_floats : len;
+        int64_t pieces = cut > 0 ? (len + cut - 1) / cut : 1;
+        if (st[i] < 0 || en[i] < st[i] || en[i] > floats || pieces > 0xFFFF
+            || HEADER_BYTES + 4 * cut > MAX_UDP_PAYLOAD) {
             PyErr_Format(PyExc_ValueError, "packet %zd: [%lld, %lld) is not a packet of x "
-                         "(%zd floats)", i, (long long)st[i], (long long)en[i], floats);
+                         "(%zd floats) that fits in at most 65535 datagrams", i,
+                         (long long)st[i], (long long)en[i], floats);
             goto done;
         }
+        n_data += (Py_ssize_t)pieces;
     }
+    Py_ssize_t total = n_data + copies;
     if (sender_reserve(self, total) < 0) goto done;
 
     const uint8_t *xb = x.buf;
+    Py_ssize_t packet = 0, fragment = 0;
     for (Py_ssize_t k = 0; k < total; k++) {
         uint8_t *h = self->heads + k * HEADER_BYTES;
-        int data = k < n;
-        size_t len = data ? (size_t)(4 * (en[k] - st[k])) : 0;
+        int data = k < n_data;
+        int64_t first = 0, len_f = 0, pieces = 1;
+        if (data) {
+            int64_t len = en[packet] - st[packet];
+            int64_t cut = fragment_floats > 0 && len > fragment_floats ? fragment_floats : len;
+            pieces = cut > 0 ? (len + cut - 1) / cut : 1;
+            first = st[packet] + fragment * cut;
+            len_f = fragment == pieces - 1 ? len - fragment * cut : cut;
+        }
+        size_t len = (size_t)(4 * len_f);
         memset(h, 0, HEADER_BYTES);
         wr32(h + O_MAGIC, MAGIC);
         h[O_VERSION] = VERSION;
@@ -350,15 +371,16 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
         wr32(h + O_STEP, step);
         wr16(h + O_BUCKET, (uint16_t)bucket);
         wr16(h + O_SHARD, (uint16_t)shard);
-        wr16(h + O_FRAGMENTS, 1);
-        wr32(h + O_INDEX, data ? (uint32_t)k : count);
+        wr16(h + O_FRAGMENT, (uint16_t)(data ? fragment : 0));
+        wr16(h + O_FRAGMENTS, (uint16_t)pieces);
+        wr32(h + O_INDEX, data ? (uint32_t)packet : count);
         wr32(h + O_COUNT, count);
         wr32(h + O_LENGTH, (uint32_t)len);
-        wr16(h + O_COPY, (uint16_t)(data ? 0 : first_copy + (k - n)));
+        wr16(h + O_COPY, (uint16_t)(data ? 0 : first_copy + (k - n_data)));
         wr16(h + O_DEST, (uint16_t)dest);
         self->iov[2 * k].iov_base = h;
         self->iov[2 * k].iov_len = HEADER_BYTES;
-        self->iov[2 * k + 1].iov_base = data ? (void *)(xb + 4 * st[k]) : (void *)h;
+        self->iov[2 * k + 1].iov_base = data ? (void *)(xb + 4 * first) : (void *)h;
         self->iov[2 * k + 1].iov_len = len;
         if (mac) {
             wr64(h + SEQ_OFFSET, seq_first + (uint64_t)k);
@@ -367,6 +389,10 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_RuntimeError, "OpenSSL failed to compute a GMAC");
                 goto done;
             }
+        }
+        if (data && ++fragment == pieces) {
+            fragment = 0;
+            packet++;
         }
     }
     const struct sockaddr_in *to = addr.buf;
@@ -404,7 +430,7 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
             /* this message cannot go (e.g. no route): skip it, like a drop */
             for (Py_ssize_t k = self->msg_first[done_msgs];
                  k < self->msg_first[done_msgs] + self->msg_count[done_msgs]; k++) {
-                if (k < n) {
+                if (k < n_data) {
                     failed_data++;
                     bytes -= (long long)self->iov[2 * k + 1].iov_len;
                 } else {
@@ -416,7 +442,7 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     self->busy = 0;
-    result = Py_BuildValue("nnLni", n - failed_data, (Py_ssize_t)copies - failed_ends, bytes,
+    result = Py_BuildValue("nnLni", n_data - failed_data, (Py_ssize_t)copies - failed_ends, bytes,
                            segmented, refused);
 done:
     PyBuffer_Release(&addr);
@@ -607,9 +633,10 @@ static PyTypeObject ReceiverType = {
  * nonce, a source outside the job or this rank itself, or a sender address that is not the
  * source's endpoint), not sealed with its source's key (macs: one Mac per source, or None
  * for a job without a key), addressed to another rank, cut short by the receive buffer, a
- * plain data packet (stage reduce or broadcast, one fragment, a length that fits the
- * datagram), or anything else for the caller's slow path (end markers, control, fragments,
- * bad lengths). */
+ * data packet or fragment of one (stage reduce or broadcast, a fragment number below the
+ * fragment count, a length that fits the datagram: apply() checks the rest against the
+ * layout), or anything else for the caller's slow path (end markers, control, bad
+ * lengths). */
 static PyObject *screen(PyObject *mod, PyObject *args) {
     Py_buffer data, sizes_b, addrs_b, ports_b, paddrs_b, pports_b, cls_b;
     Py_ssize_t slot, n;
@@ -678,8 +705,8 @@ static PyObject *screen(PyObject *mod, PyObject *args) {
         }
         uint32_t length = rd32(p + O_LENGTH);
         int plain = (int64_t)length == size - HEADER_BYTES && length % 4 == 0
-                    && p[O_STAGE] <= STAGE_BROADCAST && rd16(p + O_FRAGMENTS) == 1
-                    && rd16(p + O_FRAGMENT) == 0;
+                    && p[O_STAGE] <= STAGE_BROADCAST
+                    && rd16(p + O_FRAGMENT) < rd16(p + O_FRAGMENTS);
         cls[i] = plain ? CLS_DATA : CLS_OTHER;
     }
     result = Py_BuildValue("nnnn", foreign, unauth, misdirected, truncated);
@@ -722,39 +749,120 @@ static inline void add_floats(float *restrict target, const uint8_t *restrict pa
     }
 }
 
+/* The staging area of apply(): where the fragments of RoCE UC messages wait until their
+ * message is whole. Sized by the receiver's own layout only (per_packet floats for every
+ * message it expects, a flag per fragment a message can have, a count per message), never
+ * by what a datagram says; which fragments came is made anew by the caller for every step
+ * (purged at the step boundary). Each source has its own region: reduce messages of all
+ * sources land on the same place of the target (they are summed there). */
+typedef struct {
+    int64_t fragment_floats; /* values a fragment holds (all but a message's last) */
+    int64_t most;            /* fragments a message of per_packet values is cut into */
+    float *staging;          /* message i of source s at staging_base[s] + i * per_packet */
+    const int64_t *staging_base;
+    uint8_t *frag_got;       /* (world x got_stride) x most: which fragments came */
+    int32_t *frag_count;     /* world x got_stride: how many came; -1 once it was whole */
+} Staging;
+
+/* What one fragment did to its message: HELD (kept, not whole yet), DUPLICATE, or the
+ * message whole (WHOLE: its values are in staging, checked by the caller like a packet). */
+enum { FRAG_HELD, FRAG_DUPLICATE, FRAG_WHOLE };
+
+static int stage_fragment(const Staging *sg, int64_t slot, int64_t at, int fragment,
+                          int64_t fragments, const uint8_t *payload, uint32_t length) {
+    uint8_t *flag = &sg->frag_got[slot * sg->most + fragment];
+    if (*flag || sg->frag_count[slot] < 0) return FRAG_DUPLICATE;
+    memcpy(sg->staging + at + (int64_t)fragment * sg->fragment_floats, payload, length);
+    *flag = 1;
+    if (++sg->frag_count[slot] < fragments) return FRAG_HELD;
+    sg->frag_count[slot] = -1; /* whole: any later fragment of it is a duplicate */
+    return FRAG_WHOLE;
+}
+
 /* apply(data, slot_bytes, rows, step, bucket, stage, owner, expected, last_floats, base,
- *       per_packet, target, got, got_stride, pending, ended, add, accept, leftover)
- *   -> (applied, duplicates, malformed, nonfinite, stale, leftovers)
+ *       per_packet, target, got, got_stride, pending, ended, add, accept, leftover
+ *       [, fragment_floats, staging, staging_base, frag_got, frag_count])
+ *   -> (applied, duplicates, malformed, nonfinite, stale, leftovers, held)
  *
  * The data packets of one stage of one step, from the given rows of `data` (screened:
- * plain, addressed here). Per source s (int64 arrays of world entries): expected[s] packets,
- * the last holding last_floats[s] values and the others per_packet, packet i landing at
- * target[base[s] + i * per_packet] (float32). owner: the shard every packet must name (-1:
- * its source's). got (uint8, world x got_stride) says which have come; pending counts
- * down. ended (uint8 per source, or None): set for a source whose packet fits (its
- * broadcast tells that its reduce packets all went out). add: sum into target, else copy.
- * accept: 0 once the stage was rebuilt (packets then count stale). Rows of this stage for
- * another step or bucket are written to `leftover` (int64) for the caller; rows of the
- * other stage are skipped. */
+ * addressed here, a length that fits the datagram). Per source s (int64 arrays of world
+ * entries): expected[s] packets, the last holding last_floats[s] values and the others
+ * per_packet, packet i landing at target[base[s] + i * per_packet] (float32). owner: the
+ * shard every packet must name (-1: its source's). got (uint8, world x got_stride) says
+ * which have come; pending counts down. ended (uint8 per source, or None): set for a source
+ * whose packet fits (its broadcast tells that its reduce packets all went out). add: sum
+ * into target, else copy. accept: 0 once the stage was rebuilt (packets then count stale).
+ * Rows of this stage for another step or bucket are written to `leftover` (int64) for the
+ * caller; rows of the other stage are skipped.
+ *
+ * fragment_floats (0 or >= per_packet: packets are never cut): a packet of more values is a
+ * message cut into fragments of that many (RoCE UC). Each fragment is checked against the
+ * receiver's layout (its message's fragment count, its own length), copied into `staging`
+ * (float32; message i of source s at staging_base[s] + i * per_packet, int64 per source),
+ * and counted held; the fragment that makes a message whole makes it a packet, checked and
+ * applied from staging as any other (frag_got: uint8, world x got_stride x the most
+ * fragments a message has; frag_count: int32, world x got_stride; both zero at the step's
+ * start). A message missing a fragment is never applied, nor are parts of it: partially
+ * placed data stays in staging. */
 static PyObject *apply(PyObject *mod, PyObject *args) {
     Py_buffer data, rows_b, exp_b, last_b, base_b, target_b, got_b, pend_b, left_b, ended_b;
-    Py_ssize_t slot, per_packet, stride;
+    Py_buffer stg_b, sbase_b, fgot_b, fcount_b;
+    Py_ssize_t slot, per_packet, stride, fragment_floats = 0;
     unsigned int step;
     int bucket, stage, owner, add, accept;
-    PyObject *ended_obj;
-    if (!PyArg_ParseTuple(args, "y*ny*Iiiiy*y*y*nw*w*nw*Oppw*", &data, &slot, &rows_b, &step,
-                          &bucket, &stage, &owner, &exp_b, &last_b, &base_b, &per_packet,
-                          &target_b, &got_b, &stride, &pend_b, &ended_obj, &add, &accept,
-                          &left_b))
+    PyObject *ended_obj, *staging_obj = Py_None, *sbase_obj = Py_None, *fgot_obj = Py_None,
+             *fcount_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "y*ny*Iiiiy*y*y*nw*w*nw*Oppw*|nOOOO", &data, &slot, &rows_b,
+                          &step, &bucket, &stage, &owner, &exp_b, &last_b, &base_b,
+                          &per_packet, &target_b, &got_b, &stride, &pend_b, &ended_obj, &add,
+                          &accept, &left_b, &fragment_floats, &staging_obj, &sbase_obj,
+                          &fgot_obj, &fcount_obj))
         return NULL;
     PyObject *result = NULL;
-    int have_ended = 0;
+    int have_ended = 0, have_staging = 0;
     const char *bad = NULL;
     Py_ssize_t world = exp_b.len / 8, nrows = rows_b.len / 8, target_len = target_b.len / 4;
+    Staging sg = {0};
     if (ended_obj != Py_None) {
         if (PyObject_GetBuffer(ended_obj, &ended_b, PyBUF_WRITABLE) < 0) goto done;
         have_ended = 1;
         if (ended_b.len < world) bad = "ended: one entry per source";
+    }
+    if (!bad && fragment_floats > 0 && fragment_floats < per_packet) {
+        if (PyObject_GetBuffer(staging_obj, &stg_b, PyBUF_WRITABLE) < 0) goto done;
+        if (PyObject_GetBuffer(sbase_obj, &sbase_b, PyBUF_SIMPLE) < 0) {
+            PyBuffer_Release(&stg_b);
+            goto done;
+        }
+        if (PyObject_GetBuffer(fgot_obj, &fgot_b, PyBUF_WRITABLE) < 0) {
+            PyBuffer_Release(&stg_b);
+            PyBuffer_Release(&sbase_b);
+            goto done;
+        }
+        if (PyObject_GetBuffer(fcount_obj, &fcount_b, PyBUF_WRITABLE) < 0) {
+            PyBuffer_Release(&stg_b);
+            PyBuffer_Release(&sbase_b);
+            PyBuffer_Release(&fgot_b);
+            goto done;
+        }
+        have_staging = 1;
+        sg.fragment_floats = fragment_floats;
+        sg.most = (per_packet + fragment_floats - 1) / fragment_floats;
+        sg.staging = stg_b.buf;
+        sg.staging_base = sbase_b.buf;
+        sg.frag_got = fgot_b.buf;
+        sg.frag_count = fcount_b.buf;
+        if (sbase_b.len != world * 8 || fgot_b.len < world * stride * sg.most
+            || fcount_b.len < world * stride * 4)
+            bad = "staging_base, frag_got or frag_count does not fit the layout";
+        /* every message the layout expects must fit its source's staging region */
+        for (Py_ssize_t s = 0; !bad && s < world; s++) {
+            const int64_t *exp = exp_b.buf;
+            if (exp_b.len == world * 8 && exp[s] > 0
+                && (sg.staging_base[s] < 0
+                    || sg.staging_base[s] + exp[s] * per_packet > stg_b.len / 4))
+                bad = "the layout does not fit the staging area";
+        }
     }
     const int64_t *expected = exp_b.buf, *last = last_b.buf, *base = base_b.buf;
     if (!bad && (slot < HEADER_BYTES || per_packet < 1 || stride < 1 || world < 1
@@ -781,6 +889,7 @@ static PyObject *apply(PyObject *mod, PyObject *args) {
     uint8_t *got = got_b.buf, *ended = have_ended ? ended_b.buf : NULL;
     int64_t *pending = pend_b.buf, *leftover = left_b.buf;
     Py_ssize_t applied = 0, dup = 0, malformed = 0, nonfinite = 0, stale = 0, nleft = 0;
+    Py_ssize_t held = 0, claims = 0;
     for (Py_ssize_t r = 0; r < nrows; r++) {
         int64_t row = rows[r];
         if (row < 0 || (row + 1) * slot > data.len) {
@@ -795,6 +904,7 @@ static PyObject *apply(PyObject *mod, PyObject *args) {
         }
         uint16_t src = rd16(p + O_SOURCE);
         uint32_t index = rd32(p + O_INDEX), length = rd32(p + O_LENGTH);
+        uint16_t fragment = rd16(p + O_FRAGMENT), fragments = rd16(p + O_FRAGMENTS);
         if (src >= world) {
             malformed++;
             continue;
@@ -802,19 +912,38 @@ static PyObject *apply(PyObject *mod, PyObject *args) {
         int64_t exp = expected[src];
         int64_t floats = (int64_t)index == exp - 1 ? last[src] : per_packet;
         int64_t own = owner >= 0 ? owner : src;
+        /* the datagrams this packet is cut into, by the receiver's own layout */
+        int64_t pieces = have_staging && floats > fragment_floats
+                             ? (floats + fragment_floats - 1) / fragment_floats : 1;
+        int64_t carried = pieces == 1 ? floats
+                          : fragment == pieces - 1 ? floats - fragment * fragment_floats
+                          : fragment_floats;
         if (rd16(p + O_SHARD) != own || (int64_t)rd32(p + O_COUNT) != exp
-            || (int64_t)index >= exp || (int64_t)length != 4 * floats
-            || HEADER_BYTES + (Py_ssize_t)length > slot) {
+            || (int64_t)index >= exp || fragments != pieces || fragment >= pieces
+            || (int64_t)length != 4 * carried || HEADER_BYTES + (Py_ssize_t)length > slot) {
             malformed++;
             continue;
         }
         if (ended) ended[src] = 1;
+        uint8_t *seen = &got[src * stride + index];
         const uint8_t *payload = p + HEADER_BYTES;
+        if (pieces > 1) {
+            if (*seen) {
+                dup++;
+                continue;
+            }
+            int64_t staged = sg.staging_base[src] + (int64_t)index * per_packet;
+            int what = stage_fragment(&sg, src * stride + index, staged, fragment, pieces,
+                                      payload, length);
+            if (what == FRAG_DUPLICATE) dup++;
+            if (what == FRAG_HELD) held++;
+            if (what != FRAG_WHOLE) continue;
+            payload = (const uint8_t *)(sg.staging + staged); /* the whole message */
+        }
         if (!all_finite(payload, floats)) {
             nonfinite++;
             continue;
         }
-        uint8_t *seen = &got[src * stride + index];
         if (*seen) {
             dup++;
             continue;
@@ -823,9 +952,12 @@ static PyObject *apply(PyObject *mod, PyObject *args) {
             /* too late to be used: not applied and not marked received; but claimed for
              * this call, so that a second copy in this batch is a duplicate (as the
              * reference counts it). The claims are undone below; their rows are kept at
-             * the far end of `leftover`, which the leftovers fill from the front. */
-            *seen = 2;
-            leftover[nrows - 1 - stale] = (int64_t)(src * stride + index);
+             * the far end of `leftover`, which the leftovers fill from the front. (A whole
+             * message needs no claim: its fragments are marked in staging.) */
+            if (pieces == 1) {
+                *seen = 2;
+                leftover[nrows - 1 - claims++] = (int64_t)(src * stride + index);
+            }
             stale++;
             continue;
         }
@@ -839,10 +971,16 @@ static PyObject *apply(PyObject *mod, PyObject *args) {
         pending[src]--;
         applied++;
     }
-    for (Py_ssize_t k = 0; k < stale; k++) got[leftover[nrows - 1 - k]] = 0;
-    result = Py_BuildValue("nnnnnn", applied, dup, malformed, nonfinite, stale, nleft);
+    for (Py_ssize_t k = 0; k < claims; k++) got[leftover[nrows - 1 - k]] = 0;
+    result = Py_BuildValue("nnnnnnn", applied, dup, malformed, nonfinite, stale, nleft, held);
 done:
     if (have_ended) PyBuffer_Release(&ended_b);
+    if (have_staging) {
+        PyBuffer_Release(&stg_b);
+        PyBuffer_Release(&sbase_b);
+        PyBuffer_Release(&fgot_b);
+        PyBuffer_Release(&fcount_b);
+    }
     PyBuffer_Release(&data);
     PyBuffer_Release(&rows_b);
     PyBuffer_Release(&exp_b);

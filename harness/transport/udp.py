@@ -16,8 +16,11 @@ source), that is not sealed with its source's key (auth.py: derived from the job
 to the ranks at launch, never over the network), that was addressed to another rank, or
 that does not fit what is expected (bad length, stage, shard, index, fragments; stale or
 future step; values that are not finite), is dropped and counted under its reason, never
-applied. The per-datagram work of the udp and roce-ud semantics (one datagram a unit) is
-compiled code (native.py, _wire.c), called once per batch. An optional seeded drop
+applied. The per-datagram work of the udp, roce-ud and roce-uc semantics (cutting UC
+messages into fragments and reassembling them included) is compiled code (native.py,
+_wire.c), called once per batch; roce-rc, whose go-back-N a service thread runs, goes a
+datagram at a time (its MAC compiled), as does `send`, the reference the tests hold the
+batched path against. An optional seeded drop
 mask (dropmask.py) loses datagrams at the receiver, replayably, where the kernel cannot
 (hardware RoCE): in the batched path it decides on each screened datagram's header between
 the core's screen and its apply.
@@ -60,6 +63,7 @@ MAX_PARTIAL_MESSAGES = 4096
 APPLIED, DUPLICATE, STALE, FUTURE, MALFORMED = "applied", "duplicate", "stale", "future", \
     "malformed"
 QUEUED = "queued"  # RC: handed to the collective through the queue
+HELD = "held"      # UC: a fragment kept until its message is whole (counted with it)
 END = "end"        # an end marker (header.STAGE_*_END), taken note of
 FOREIGN, MASKED = "foreign", "masked"  # what the transport itself drops, before any handler
 UNAUTHENTICATED = "unauthenticated"    # ... as does a tag that the job's key did not make
@@ -115,8 +119,8 @@ COUNTER_OF_VERDICT = {APPLIED: "packets_received", DUPLICATE: "duplicates", STAL
 
 def count_verdict(c: Counters, verdict: str, count: int = 1) -> None:
     """Count `count` units that a packet handler gave `verdict`."""
-    if verdict == QUEUED:
-        return  # counted when the collective takes it from the queue
+    if verdict in (QUEUED, HELD):
+        return  # counted when the collective takes it from the queue, or its message whole
     name = COUNTER_OF_VERDICT.get(verdict, "malformed")
     setattr(c, name, getattr(c, name) + count)
 
@@ -183,16 +187,18 @@ class UdpTransport:
             except ValueError as err:
                 raise TransportError(f"rank {rank}: {err}") from None
         self.sources = {ep: r for r, ep in enumerate(self.endpoints)}
-        # One datagram per unit and no retransmission: packets go and come in batches
-        # through the compiled core; the other semantics take the datagram-at-a-time path.
-        self.batched = not self.semantics.reliable and self.fragment_floats >= self.per_packet
+        # No retransmission: packets go and come in batches through the compiled core,
+        # which cuts UC messages into fragments and reassembles them (lossy._Stage holds
+        # their staging area); RC (go-back-N, a service thread) takes the datagram-at-a-time
+        # path.
+        self.batched = not self.semantics.reliable
         if self.batched:
             self._rx = native.BatchReceiver(self.sock, slot_bytes=max(mtu, 2048))
             # Segmentation: the kernel cuts one send into many datagrams (UDP GSO), which
             # saves most of the sender's per-datagram work. Only where the impairment sees
             # the cut datagrams (at the receiver's ingress): see UdpTransport's docstring.
             # Chosen once, here, and logged below.
-            segment = hdr.HEADER_BYTES + 4 * self.per_packet
+            segment = hdr.HEADER_BYTES + 4 * min(self.fragment_floats, self.per_packet)
             segments = native.enable_segmentation(self.sock, segment) if segmentation else 1
             self._tx = native.Sender(self.sock.fileno(), rank, self.nonce, segment, segments)
             self._sockaddrs = [native.sockaddr_in(h, p) for h, p in self.endpoints]
@@ -292,12 +298,12 @@ class UdpTransport:
                     first_copy) -> None:
         """Packets x[starts[i]:ends[i]] and `copies` end markers, built, sealed and sent by
         the compiled core in one call."""
-        total = len(starts) + copies
+        total = self._datagrams(starts, ends) + copies
         auth = self.auth
         data, ends_went, nbytes, segmented, refused = self._tx.send(
             self._sockaddrs[dest], dest, auth.mac if auth else None,
             auth.reserve(total) if auth else 0, stage, step, bucket & 0xFFFF, shard, x,
-            starts, ends, count, hdr.END_OF[stage], copies, first_copy)
+            starts, ends, count, hdr.END_OF[stage], copies, first_copy, self.fragment_floats)
         if refused:
             log.warning("rank %d: UDP segmentation refused by the route: sending datagram "
                         "by datagram from now on", self.rank)
@@ -306,6 +312,14 @@ class UdpTransport:
         c.packets_sent += data
         c.ends_sent += ends_went
         c.bytes_sent += nbytes
+
+    def _datagrams(self, starts: np.ndarray, ends: np.ndarray) -> int:
+        """How many datagrams these packets go in: one each, or (UC) one per fragment."""
+        if self.max_fragments == 1:
+            return len(starts)
+        floats = ends - starts
+        return int(np.where(floats > self.fragment_floats,
+                            -(-floats // self.fragment_floats), 1).sum())
 
     def send_end(self, dest: int, stage: int, step: int, bucket: int, shard: int, count: int,
                  copies: int, first_copy: int = 0) -> None:
@@ -405,10 +419,11 @@ class UdpTransport:
 
     def _batch(self, n: int, handle, handle_batch) -> None:
         """Screen a batch in the compiled core (this job's, its source's tag, addressed
-        here); plain data packets go to handle_batch, everything else valid (end markers,
-        control, bad lengths) through _datagram, one at a time, which counts it exactly as
-        the datagram path does. A drop mask decides on the plain data packets here, after
-        the screen and before they are applied: where _datagram decides on the others."""
+        here); data packets and UC fragments go to handle_batch, everything else valid (end
+        markers, control, bad lengths) through _datagram, one at a time, which counts it
+        exactly as the datagram path does. A drop mask decides on the data datagrams here,
+        after the screen and before they are applied: where _datagram decides on the
+        others."""
         rx, c = self._rx, self.counters
         foreign, forged, misdirected, truncated = native.screen(
             rx.data, rx.slot_bytes, rx.sizes, rx.addrs, rx.ports, n, self.rank, self.world,
@@ -602,7 +617,9 @@ class UdpTransport:
         if len(entry[1]) < head.fragments:
             return None
         self._forget_partial(key)
-        whole = head._replace(length=entry[2], fragment=0)
+        # handed on as a unit of one datagram: a header that says fragments > 1 is a raw
+        # fragment (lossy._Step.handle takes those from the batched path)
+        whole = head._replace(length=entry[2], fragment=0, fragments=1)
         return whole, memoryview(entry[0])[:entry[2]]
 
     def _forget_partial(self, key: tuple) -> None:

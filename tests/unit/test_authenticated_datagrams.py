@@ -20,7 +20,7 @@ import torch
 
 from harness.collectives.deadline import Deadline
 from harness.collectives.lossy import LossyCollective
-from harness.transport import auth
+from harness.transport import auth, native
 from harness.transport import header as hdr
 from harness.transport.semantics import Semantics
 from tests.unit.test_transport_hostile import NUMEL, make_pair
@@ -197,14 +197,20 @@ def test_two_launches_with_one_job_key_never_sign_with_the_same_key_and_nonce():
 
 
 def test_a_forged_fragment_bomb_never_reaches_reassembly():
-    """UC semantics (where fragments are reassembled): a forged first fragment of 65535 is
-    refused by its tag before the reassembly code sees it (mutation caught: reassembly
-    before the check; the UDP test above cannot tell, UDP never reassembles)."""
+    """UC semantics (where fragments are reassembled, in the compiled core's apply): a
+    forged first fragment of 65535 is refused by its tag before reassembly sees it
+    (mutation caught: reassembly before the check; the UDP test above cannot tell, UDP
+    never reassembles)."""
     store, (t0, t1) = make_pair(key=KEY, semantics=Semantics.parse("roce-uc:16384"))
     seen = []
-    reassemble = t0._reassemble
-    t0._reassemble = lambda head, payload: (seen.append(head.fragments),
-                                            reassemble(head, payload))[1]
+    real_apply = native.apply
+
+    def recording_apply(data, slot, rows, *rest):
+        for row in rows.tolist():  # the fragment count of every datagram reassembly sees
+            seen.append(int.from_bytes(bytes(data[row, 26:28]), "big"))
+        return real_apply(data, slot, rows, *rest)
+
+    native.apply = recording_apply
     try:
         def attack(step):
             head = hdr.pack(hdr.STAGE_REDUCE, 1, t0.nonce, step, 0, 0, 0, 1,
@@ -215,11 +221,14 @@ def test_a_forged_fragment_bomb_never_reaches_reassembly():
 
         y0, _, exact, delta = one_step_under_attack(t0, t1, store, attack)
     finally:
+        native.apply = real_apply
         t0.close()
         t1.close()
     assert torch.allclose(y0, exact, atol=1e-6)
     assert delta["unauthenticated"] == 20 and 65535 not in seen, delta
-    assert seen, "the genuine fragments went through reassembly (the hook is in place)"
+    assert any(1 < f <= t0.max_fragments for f in seen), "the genuine fragments went " \
+        "through the compiled reassembly (the hook is in place)"
+    assert delta["messages_incomplete"] == 0 and delta["missing"] == 0, delta
 
 
 def test_sealed_values_that_are_not_finite_are_counted_and_never_applied():
