@@ -292,7 +292,7 @@ static int wait_writable(int fd) {
 }
 
 /* Sender.send(sockaddr, dest, mac, seq_first, stage, step, bucket, shard, x, starts, ends,
- *             count, end_stage, copies, first_copy[, fragment_floats])
+ *             count, end_stage, copies, first_copy[, fragment_floats, psn_first])
  *   -> (datagrams_sent, ends_sent, payload_bytes_sent, segmented_sends, gso_refused)
  *
  * Packet i carries x's float32 values [starts[i], ends[i]) and says index i of `count`;
@@ -301,7 +301,8 @@ static int wait_writable(int fd) {
  * of fragment_floats values (its last one the rest), each its own datagram with its own
  * header (fragment f of F, the fragment's length): the messages of RoCE UC semantics. With
  * a mac, datagram k gets seq seq_first + k and its tag: the caller reserves one seq per
- * datagram (fragments and end markers included). */
+ * datagram (fragments and end markers included). psn_first >= 0 (RC): data datagram k
+ * carries psn psn_first + k, which the caller has reserved in its send flow. */
 static PyObject *Sender_send(SenderObject *self, PyObject *args) {
     Py_buffer addr, x, starts, ends;
     PyObject *mac_obj;
@@ -309,10 +310,11 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
     unsigned long long seq_first;
     unsigned int step, count;
     Py_ssize_t fragment_floats = 0;
+    long long psn_first = -1;
     EVP_CIPHER_CTX *mac;
-    if (!PyArg_ParseTuple(args, "y*iOKiIiiy*y*y*Iiii|n", &addr, &dest, &mac_obj, &seq_first,
+    if (!PyArg_ParseTuple(args, "y*iOKiIiiy*y*y*Iiii|nL", &addr, &dest, &mac_obj, &seq_first,
                           &stage, &step, &bucket, &shard, &x, &starts, &ends, &count,
-                          &end_stage, &copies, &first_copy, &fragment_floats))
+                          &end_stage, &copies, &first_copy, &fragment_floats, &psn_first))
         return NULL;
     PyObject *result = NULL;
     const char *bad = NULL;
@@ -346,6 +348,10 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
         n_data += (Py_ssize_t)pieces;
     }
     Py_ssize_t total = n_data + copies;
+    if (psn_first > 0xFFFFFFFFLL - n_data) {
+        PyErr_SetString(PyExc_ValueError, "psn_first: the psns of this send pass 2**32");
+        goto done;
+    }
     if (sender_reserve(self, total) < 0) goto done;
 
     const uint8_t *xb = x.buf;
@@ -376,6 +382,7 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
         wr32(h + O_INDEX, data ? (uint32_t)packet : count);
         wr32(h + O_COUNT, count);
         wr32(h + O_LENGTH, (uint32_t)len);
+        if (data && psn_first >= 0) wr32(h + O_PSN, (uint32_t)(psn_first + k));
         wr16(h + O_COPY, (uint16_t)(data ? 0 : first_copy + (k - n_data)));
         wr16(h + O_DEST, (uint16_t)dest);
         self->iov[2 * k].iov_base = h;

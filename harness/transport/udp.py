@@ -18,9 +18,10 @@ that does not fit what is expected (bad length, stage, shard, index, fragments; 
 future step; values that are not finite), is dropped and counted under its reason, never
 applied. The per-datagram work of the udp, roce-ud and roce-uc semantics (cutting UC
 messages into fragments and reassembling them included) is compiled code (native.py,
-_wire.c), called once per batch; roce-rc, whose go-back-N a service thread runs, goes a
-datagram at a time (its MAC compiled), as does `send`, the reference the tests hold the
-batched path against. An optional seeded drop
+_wire.c), called once per batch. roce-rc sends and receives through the same core, but its
+go-back-N (psns, ACK/NAK, resends, reassembly) runs per datagram in Python, in a service
+thread. `send` and the datagram-at-a-time receive (no handle_batch) are the reference the
+tests hold the compiled paths against. An optional seeded drop
 mask (dropmask.py) loses datagrams at the receiver, replayably, where the kernel cannot
 (hardware RoCE): in the batched path it decides on each screened datagram's header between
 the core's screen and its apply.
@@ -187,24 +188,25 @@ class UdpTransport:
             except ValueError as err:
                 raise TransportError(f"rank {rank}: {err}") from None
         self.sources = {ep: r for r, ep in enumerate(self.endpoints)}
-        # No retransmission: packets go and come in batches through the compiled core,
-        # which cuts UC messages into fragments and reassembles them (lossy._Stage holds
-        # their staging area); RC (go-back-N, a service thread) takes the datagram-at-a-time
-        # path.
+        # batched: received packets reach the collective a batch at a time (handle_batch),
+        # UC fragments reassembled there by the compiled core (lossy._Stage holds their
+        # staging area). RC's units come one by one, in order, from its service thread.
         self.batched = not self.semantics.reliable
-        if self.batched:
-            self._rx = native.BatchReceiver(self.sock, slot_bytes=max(mtu, 2048))
-            # Segmentation: the kernel cuts one send into many datagrams (UDP GSO), which
-            # saves most of the sender's per-datagram work. Only where the impairment sees
-            # the cut datagrams (at the receiver's ingress): see UdpTransport's docstring.
-            # Chosen once, here, and logged below.
-            segment = hdr.HEADER_BYTES + 4 * min(self.fragment_floats, self.per_packet)
-            segments = native.enable_segmentation(self.sock, segment) if segmentation else 1
-            self._tx = native.Sender(self.sock.fileno(), rank, self.nonce, segment, segments)
-            self._sockaddrs = [native.sockaddr_in(h, p) for h, p in self.endpoints]
-            self._peer_address = np.array([native.ipv4(h) for h, _ in self.endpoints],
-                                          dtype=np.uint32)
-            self._peer_port = np.array([p for _, p in self.endpoints], dtype=np.uint16)
+        # Every semantics sends and receives through the compiled core: RC too, whose
+        # service thread reads batches (recvmmsg, screen) and whose sends take their psns
+        # from the flow in Python (the go-back-N state is policy, and stays there).
+        self._rx = native.BatchReceiver(self.sock, slot_bytes=max(mtu, 2048))
+        # Segmentation: the kernel cuts one send into many datagrams (UDP GSO), which
+        # saves most of the sender's per-datagram work. Only where the impairment sees
+        # the cut datagrams (at the receiver's ingress): see UdpTransport's docstring.
+        # Chosen once, here, and logged below.
+        segment = hdr.HEADER_BYTES + 4 * min(self.fragment_floats, self.per_packet)
+        segments = native.enable_segmentation(self.sock, segment) if segmentation else 1
+        self._tx = native.Sender(self.sock.fileno(), rank, self.nonce, segment, segments)
+        self._sockaddrs = [native.sockaddr_in(h, p) for h, p in self.endpoints]
+        self._peer_address = np.array([native.ipv4(h) for h, _ in self.endpoints],
+                                      dtype=np.uint32)
+        self._peer_port = np.array([p for _, p in self.endpoints], dtype=np.uint16)
         if self.semantics.reliable:
             # RC: acknowledgements and retransmissions must go on while the rank computes or
             # waits elsewhere, as a NIC does them: a thread owns the socket and hands the
@@ -215,8 +217,7 @@ class UdpTransport:
             self._service = threading.Thread(target=self._service_loop, daemon=True,
                                              name=f"rc-rank{rank}")
             self._service.start()
-        sending = ("not batched (datagram at a time)" if not self.batched
-                   else f"UDP GSO, {self.segments} datagrams a send" if self.segments > 1
+        sending = (f"UDP GSO, {self.segments} datagrams a send" if self.segments > 1
                    else "sendmmsg")
         log.info("rank %d: UDP transport on %s:%d, MTU %d, %s (%d floats per unit), nonce %x, "
                  "%s, %s", rank, host, bound_port, mtu, self.semantics, self.per_packet,
@@ -227,7 +228,7 @@ class UdpTransport:
     def segments(self) -> int:
         """Datagrams one send may carry (1: no UDP GSO); the sender's own count, which
         falls to 1 if the route refuses segmentation."""
-        return self._tx.segments if self.batched else 1
+        return self._tx.segments
 
     @property
     def authenticated(self) -> bool:
@@ -283,16 +284,42 @@ class UdpTransport:
         packet i carries x[starts[i]:ends[i]] (float32), sent straight from x's memory.
         Then `end_copies` end markers (see send_end), in the same system call."""
         n = len(starts)
-        if not self.batched:
-            view = memoryview(x).cast("B")
-            for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(),
-                                                     strict=True)):
-                self.send(dest, stage, step, bucket, shard, index, n, view[4 * start:4 * end])
+        if self.semantics.reliable:
+            self._send_reliable(dest, stage, step, bucket, shard, x, starts, ends)
             if n and end_copies:
                 self.send_end(dest, stage, step, bucket, shard, n, end_copies)
             return
         self._send_batch(dest, stage, step, bucket, shard, x, starts, ends, n,
                          end_copies if n else 0, 0)
+
+    def _send_reliable(self, dest, stage, step, bucket, shard, x, starts, ends) -> None:
+        """RC: every datagram (fragment) of these packets takes the next psn of the flow to
+        `dest` and is kept, header and payload, until acknowledged (go-back-N resends it
+        from there, datagram by datagram); then the compiled core builds, seals and sends
+        them all at once, with those psns. Same datagrams as `send`, fragment for fragment."""
+        flow, size = self._send_flows[dest], self.fragment_floats
+        view = memoryview(x).cast("B")
+        count = len(starts)
+        with self._lock:  # (the service thread resends and acknowledges meanwhile)
+            psn_first = psn = flow.next_psn
+            for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(),
+                                                     strict=True)):
+                fragments = -(-(end - start) // size) if end - start > size else 1
+                for fragment in range(fragments):
+                    first = start + fragment * size if fragments > 1 else start
+                    last = min(end, first + size) if fragments > 1 else end
+                    flow.sent(psn, self._pack(dest, stage, step, bucket, shard, fragment,
+                                              fragments, index, count, 4 * (last - first),
+                                              psn), view[4 * first:4 * last])
+                    psn += 1
+            flow.next_psn = psn
+            total = psn - psn_first
+            seq_first = self.auth.reserve(total) if self.auth is not None else 0
+        data, _, nbytes, segmented, refused = self._tx.send(
+            self._sockaddrs[dest], dest, self.auth.mac if self.auth else None, seq_first,
+            stage, step, bucket & 0xFFFF, shard, x, starts, ends, count, hdr.END_OF[stage], 0,
+            0, self.fragment_floats, psn_first)
+        self._sent(data, 0, nbytes, segmented, refused)
 
     def _send_batch(self, dest, stage, step, bucket, shard, x, starts, ends, count, copies,
                     first_copy) -> None:
@@ -304,6 +331,11 @@ class UdpTransport:
             self._sockaddrs[dest], dest, auth.mac if auth else None,
             auth.reserve(total) if auth else 0, stage, step, bucket & 0xFFFF, shard, x,
             starts, ends, count, hdr.END_OF[stage], copies, first_copy, self.fragment_floats)
+        self._sent(data, ends_went, nbytes, segmented, refused)
+
+    def _sent(self, data: int, ends_went: int, nbytes: int, segmented: int,
+              refused: bool) -> None:
+        """Count what one call of the compiled sender sent."""
         if refused:
             log.warning("rank %d: UDP segmentation refused by the route: sending datagram "
                         "by datagram from now on", self.rank)
@@ -424,16 +456,8 @@ class UdpTransport:
         exactly as the datagram path does. A drop mask decides on the data datagrams here,
         after the screen and before they are applied: where _datagram decides on the
         others."""
-        rx, c = self._rx, self.counters
-        foreign, forged, misdirected, truncated = native.screen(
-            rx.data, rx.slot_bytes, rx.sizes, rx.addrs, rx.ports, n, self.rank, self.world,
-            self.nonce, self.auth.macs if self.auth is not None else None,
-            self._peer_address, self._peer_port, rx.classes)
-        c.foreign += foreign
-        c.unauthenticated += forged
-        c.misdirected += misdirected
-        c.truncated += truncated
-        classes = rx.classes[:n]
+        rx = self._rx
+        classes = self._screen(n)
         rows = np.flatnonzero(classes == native.DATA)
         if len(rows) and self.drop_mask is not None:
             rows = self._unmasked(rows)
@@ -500,22 +524,41 @@ class UdpTransport:
         return False
 
     def _service_loop(self) -> None:
-        """RC: read the socket, answer with ACKs and NAKs, retransmit, hand units over."""
-        buffer = bytearray(65536)
-        view = memoryview(buffer)
+        """RC: read the socket a batch at a time (recvmmsg, screened by the compiled core:
+        this job's, its source's tag, addressed here), answer with ACKs and NAKs,
+        retransmit, hand units over. Go-back-N takes the screened datagrams one by one, in
+        the order they came (_datagram)."""
+        rx = self._rx
         while not self._stopping.is_set():
             try:
-                size, sender = self.sock.recvfrom_into(buffer)
-            except BlockingIOError:
+                n = rx.receive()
+            except OSError:
+                return  # closed
+            if n == 0:
                 with self._lock:
                     self._acknowledge_all()
                     self._check_timers()
                 self._poller.poll(RC_TICK_S * 1000)
                 continue
-            except OSError:
-                return  # closed
             with self._lock:
-                self._datagram(size, sender, self._enqueue, view)
+                for row in np.flatnonzero(self._screen(n) >= native.DATA).tolist():
+                    self._datagram(int(rx.sizes[row]), rx.sender(row), self._enqueue,
+                                   memoryview(rx.data[row]), checked=True)
+
+    def _screen(self, n: int) -> np.ndarray:
+        """The compiled core's verdict on the n datagrams of a received batch, what it
+        refused counted: the class of each row (native.DATA and OTHER: this job's, sealed
+        by its source, addressed here)."""
+        rx, c = self._rx, self.counters
+        foreign, forged, misdirected, truncated = native.screen(
+            rx.data, rx.slot_bytes, rx.sizes, rx.addrs, rx.ports, n, self.rank, self.world,
+            self.nonce, self.auth.macs if self.auth is not None else None,
+            self._peer_address, self._peer_port, rx.classes)
+        c.foreign += foreign
+        c.unauthenticated += forged
+        c.misdirected += misdirected
+        c.truncated += truncated
+        return rx.classes[:n]
 
     def _enqueue(self, head: hdr.Header, payload: memoryview) -> str:
         self._delivered.put((head, bytes(payload)))
