@@ -3,15 +3,16 @@
 Host tc cannot see hardware RoCE traffic, so on real RDMA NICs loss is emulated here: a
 datagram is dropped when a hash of (seed, its identity) falls below the rate. The identity
 is the receiver, source, step, stage, shard, packet index, fragment and copy (which
-transmission of that packet it is: an end marker's copy, an RC retransmission), never the
-payload. The receiver is in it because one broadcast packet goes to every rank with the
-same header: without it every replica lost the same packets at once, where loss on
-separate links (netem's, and the papers' model) is independent per receiver. The decision
-is independent of the values carried, the same seed drops the same packets in every variant
-that sends them, and a duplicate or replayed copy of a datagram gets the verdict of the
-original (it has the original's identity). With a key (the default) a forged datagram never
-gets this far (auth.py); unsealed (--unsealed), anyone who can send on the network can
-forge one with any identity, and the mask gives it that identity's verdict.
+transmission of that packet it is: an end marker's copy, an RC retransmission, the n-th ACK
+or NAK to a peer), never the payload. The receiver is in it because one broadcast packet
+goes to every rank with the same header: without it every replica lost the same packets at
+once, where loss on separate links (netem's, and the papers' model) is independent per
+receiver. The decision is independent of the values carried, the same seed drops the same
+packets in every variant that sends them, and a duplicate or replayed copy of a datagram
+gets the verdict of the original (it has the original's identity). With a key (the default)
+a forged datagram never gets this far (auth.py); unsealed (--unsealed), anyone who can send
+on the network can forge one with any identity, and the mask gives it that identity's
+verdict.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@
 A "packet" here is what the collective rebuilds as a unit: one datagram, or for RoCE UC/RC
 semantics one message cut into `fragments` datagrams. psn is the go-back-N sequence number
 of RC semantics (0 otherwise); ACK and NAK control packets carry only a psn. `copy` tells
-apart the transmissions of one packet: the copies of an end marker, an RC retransmission.
+apart the transmissions of one packet: the copies of an end marker, an RC retransmission,
+the ACKs and NAKs to one peer (numbered in turn).
 
 seq and tag authenticate the datagram (auth.py): seq counts the datagrams its sender sealed
 (the MAC's nonce) and tag is the MAC over the header up to the tag and the payload. Without

@@ -168,6 +168,7 @@ class UdpTransport:
         self._partial_of = [0] * world  # ... of them per source
         self._send_flows = [SendFlow() for _ in range(world)]
         self._recv_flows = [ReceiveFlow() for _ in range(world)]
+        self._controls_sent = [0] * world  # ACKs and NAKs, per peer (see _control)
         # Exchange endpoints, salts and the nonce through the rendezvous store.
         host, bound_port = self.sock.getsockname()
         salt = self.auth.salt.hex() if self.auth is not None else ""
@@ -405,7 +406,14 @@ class UdpTransport:
         self.counters.bytes_sent += len(payload)
 
     def _control(self, dest: int, stage: int, psn: int) -> None:
-        head = hdr.pack(stage, self.rank, self.nonce, 0, 0, 0, 0, 0, 0, psn=psn, dest=dest)
+        """An ACK or NAK to `dest`. Each is a new transmission, numbered (copy) by how many
+        went to `dest` before: the drop mask draws afresh for it, as a network loses each
+        packet on its own. (With one number for all, a mask that dropped one ACK of a flow
+        dropped every later one: the flow stalled for good.)"""
+        copy = self._controls_sent[dest]
+        self._controls_sent[dest] = (copy + 1) & 0xFFFF
+        head = hdr.pack(stage, self.rank, self.nonce, 0, 0, 0, 0, 0, 0, psn=psn, copy=copy,
+                        dest=dest)
         self._transmit(dest, self._seal(head, b""), b"")
 
     # ---- receiving ----------------------------------------------------------------------

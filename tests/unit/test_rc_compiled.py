@@ -111,3 +111,33 @@ def test_rc_through_the_compiled_core_delivers_everything_under_a_drop_mask():
     assert all(c.missing == 0 and c.unauthenticated == 0 for c in counters)
     assert len(screened) > 0
 
+
+class FirstTransmissionOfControlLost(DropMask):
+    """A network that loses the first transmission of every ACK and NAK (and nothing
+    else): a receiver must get through by sending it again, as a new datagram."""
+
+    def drops(self, head) -> bool:
+        return head.stage in (hdr.STAGE_ACK, hdr.STAGE_NAK) and head.copy == 0
+
+
+def test_every_ack_and_nak_is_a_new_transmission_with_its_own_verdict(monkeypatch):
+    """An ACK or NAK sent again (the receiver's answer to a resend) is another packet on
+    the network: the drop mask draws for it afresh. Before, every control datagram of a
+    flow had one identity (copy 0, no step or index), so a mask that dropped one dropped
+    them all: a seed could stall an RC flow for good (here: RankLost at the stage
+    timeout)."""
+    import harness.collectives.lossy as lossy
+
+    monkeypatch.setattr(lossy, "RC_STAGE_TIMEOUT_S", 5.0)
+    store, transports = make_pair(semantics=Semantics.parse("roce-rc:16384"), key=KEY,
+                                  drop_mask=FirstTransmissionOfControlLost(1, 0.5))
+    try:
+        collectives = [LossyCollective(t, store) for t in transports]
+        xs = [torch.full((20_000,), float(k)) for k in (1, 3)]
+        on_every_rank(2, lambda r: collectives[r].allreduce(xs[r]))
+        counters = [t.counters for t in transports]
+    finally:
+        for t in transports:
+            t.close()
+    assert all(torch.equal(x, torch.full((20_000,), 2.0)) for x in xs)
+    assert all(c.masked > 0 and c.missing == 0 for c in counters)
