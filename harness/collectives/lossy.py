@@ -111,7 +111,7 @@ class _Stage:
     at `base[source] + i * per_packet` in `target`.
 
     Where the transport cuts packets into fragments (RoCE UC messages), `staging` (float32,
-    reused step after step, at least staging_floats(expected, per_packet) long) is where the
+    reused step after step, per_packet floats for every packet expected) is where the
     compiled core reassembles them: each source has its own region (reduce messages of all
     sources go to one place of the target), a message per_packet floats of it. Which
     fragments came is this step's own (frag_got, frag_count), so partial messages are
@@ -250,7 +250,8 @@ class _Step:
         compiled core like a batch of one, into this step's staging area."""
         if head.step != self.step:
             if head.step < self.step:
-                self.late_stages.add(head.stage)
+                if head.stage in hdr.STAGE_NAMES:
+                    self.late_stages.add(head.stage)
                 verdict = STALE
             else:
                 verdict = EARLY if stash.keep(head, payload, head.step - self.step) else FUTURE
