@@ -223,7 +223,9 @@ class _Step:
         return self.reduce.incomplete() + self.bcast.incomplete()
 
     def handle(self, head: hdr.Header, payload: memoryview, stash: EarlyStash) -> str:
-        """One unit: checked and applied like a batch of one (see _apply)."""
+        """One unit (an RC message, a packet kept early or left over from a batch): checked
+        and applied by the compiled core like a batch of one (handle_batch). _apply, the
+        numpy code that did it before, is the tests' reference."""
         if head.stage in hdr.DATA_STAGE_OF_END:
             return self._end(head, stash)
         if head.fragments > 1:
@@ -234,14 +236,10 @@ class _Step:
                     self.late_stages.add(head.stage)
                 return STALE
             return EARLY if stash.keep(head, payload, head.step - self.step) else FUTURE
-        if head.bucket != self.bucket or head.stage not in self.stages or len(payload) % 4:
+        if (head.bucket != self.bucket or head.stage not in self.stages
+                or head.length != len(payload)):
             return MALFORMED
-        one = np.array  # header fields as arrays of one
-        verdicts = self._apply(head.stage, one([head.source]), one([head.shard]),
-                               one([head.index]), one([head.count]), one([head.length]),
-                               np.frombuffer(payload, dtype=np.uint8)[None, :],
-                               np.zeros(1, dtype=np.int64), 0)
-        return next(iter(verdicts))
+        return self._one(head, payload, stash)
 
     def _fragment(self, head: hdr.Header, payload: memoryview, stash: EarlyStash) -> str:
         """A fragment of a UC message that the batched path could not apply at once (of
@@ -256,8 +254,14 @@ class _Step:
             else:
                 verdict = EARLY if stash.keep(head, payload, head.step - self.step) else FUTURE
             return verdict if head.fragment == 0 else HELD
-        if head.bucket != self.bucket or head.stage not in self.stages:
+        if (head.bucket != self.bucket or head.stage not in self.stages
+                or head.length != len(payload)):
             return MALFORMED
+        return self._one(head, payload, stash)
+
+    def _one(self, head: hdr.Header, payload, stash: EarlyStash) -> str:
+        """A unit or fragment of this step and bucket through the compiled core, as a batch
+        of one datagram (its header packed again): its verdict (HELD: a fragment kept)."""
         datagram = hdr.HEADER.pack(*head) + bytes(payload)
         data = np.frombuffer(datagram, dtype=np.uint8)[None, :]
         verdicts = self.handle_batch(data, np.zeros(1, dtype=np.int64), stash)

@@ -85,6 +85,17 @@ def reference_handle_batch(state: _Step, data: np.ndarray, rows: np.ndarray,
     return verdicts
 
 
+def reference_one(state: _Step, head: hdr.Header, payload, stash: EarlyStash) -> str:
+    """What _Step._one (one unit of this step through the compiled core) was before: the
+    numpy reference, _apply on arrays of one. For the datagram-at-a-time reference runs."""
+    one = np.array  # header fields as arrays of one
+    verdicts = state._apply(head.stage, one([head.source]), one([head.shard]),
+                            one([head.index]), one([head.count]), one([head.length]),
+                            np.frombuffer(payload, dtype=np.uint8)[None, :],
+                            np.zeros(1, dtype=np.int64), 0)
+    return next(iter(verdicts))
+
+
 def make_state(world: int, rank: int, numel: int, seed: int) -> _Step:
     layout = Layout(numel, world, PER_PACKET)
     rng = np.random.default_rng(seed)
