@@ -7,7 +7,7 @@ may be lost) does the same from the oldest unacknowledged packet, and doubles th
 
 Receiver, per source: only the expected psn is accepted; a later one is dropped and answered
 by one NAK per gap; an earlier one is a duplicate. Cumulative ACKs go back every few packets
-and whenever the receiver goes idle.
+(UdpTransport: once for every batch it reads) and whenever the receiver goes idle.
 """
 
 from __future__ import annotations

@@ -532,10 +532,8 @@ class UdpTransport:
         return False
 
     def _service_loop(self) -> None:
-        """RC: read the socket a batch at a time (recvmmsg, screened by the compiled core:
-        this job's, its source's tag, addressed here), answer with ACKs and NAKs,
-        retransmit, hand units over. Go-back-N takes the screened datagrams one by one, in
-        the order they came (_datagram)."""
+        """RC: read the socket a batch at a time, answer with ACKs and NAKs, retransmit,
+        hand units over."""
         rx = self._rx
         while not self._stopping.is_set():
             try:
@@ -549,9 +547,19 @@ class UdpTransport:
                 self._poller.poll(RC_TICK_S * 1000)
                 continue
             with self._lock:
-                for row in np.flatnonzero(self._screen(n) >= native.DATA).tolist():
-                    self._datagram(int(rx.sizes[row]), rx.sender(row), self._enqueue,
-                                   memoryview(rx.data[row]), checked=True)
+                self._serve_batch(n)
+
+    def _serve_batch(self, n: int) -> None:
+        """RC: a received batch, screened by the compiled core (this job's, its source's
+        tag, addressed here); go-back-N takes the screened datagrams one by one, in the
+        order they came (_datagram), and every source with datagrams newly in order gets
+        one cumulative ACK for the batch (not one every ACK_EVERY: each is a sealed datagram
+        and a system call). Gaps are NAKed and duplicates answered at once, as before."""
+        rx = self._rx
+        for row in np.flatnonzero(self._screen(n) >= native.DATA).tolist():
+            self._datagram(int(rx.sizes[row]), rx.sender(row), self._enqueue,
+                           memoryview(rx.data[row]), checked=True, acknowledge=False)
+        self._acknowledge_all()
 
     def _screen(self, n: int) -> np.ndarray:
         """The compiled core's verdict on the n datagrams of a received batch, what it
@@ -573,10 +581,11 @@ class UdpTransport:
         return QUEUED
 
     def _datagram(self, size: int, sender, handle, view: memoryview,
-                  checked: bool = False) -> str | None:
+                  checked: bool = False, acknowledge: bool = True) -> str | None:
         """Check one datagram, hand it on, count it; returns the verdict counted (None for
         RC control and retransmission traffic, and for a fragment of a message not yet
-        whole). checked: its tag was already found good (_batch)."""
+        whole). checked: its tag was already found good (_batch). acknowledge=False: RC's
+        cumulative ACK waits for the end of the batch (_serve_batch)."""
         c = self.counters
         head = hdr.unpack(view[:size])
         if head is None or head.nonce != self.nonce or head.source >= self.world \
@@ -616,7 +625,7 @@ class UdpTransport:
                     flow.nak_sent_for = flow.expected
                     c.naks_sent += 1
                 return
-            if flow.unacked_in_order >= ACK_EVERY:
+            if acknowledge and flow.unacked_in_order >= ACK_EVERY:
                 self._control(head.source, hdr.STAGE_ACK, flow.expected)
                 flow.unacked_in_order = 0
         payload = view[hdr.HEADER_BYTES:size]

@@ -6,6 +6,7 @@ Loopback ranks only (127.0.0.1)."""
 from __future__ import annotations
 
 import socket
+import time
 
 import numpy as np
 import torch
@@ -170,3 +171,30 @@ def test_rc_messages_are_applied_by_the_compiled_core():
             t.close()
     assert all(torch.equal(x, torch.full((20_000,), 2.0)) for x in xs)
     assert applied and not referenced
+
+
+def test_a_receiver_acknowledges_a_batch_once():
+    """RC: one cumulative ACK per source for a batch it read, not one every ACK_EVERY
+    datagrams (each ACK is a sealed datagram and a system call in Python). 64 in-order
+    datagrams in one batch: one ACK, for all 64. On the old code: 4 (every 16), and no
+    _serve_batch."""
+    _, (t0, t1) = make_pair(semantics=Semantics.parse("roce-rc:16384"), key=KEY)
+    try:
+        t0._stopping.set()  # this test reads t0's socket itself
+        t0._service.join(5)
+        t1._send_flows[0].rto_s = 60.0  # no resend while t0 is not reading
+        x = np.zeros(64 * t1.fragment_floats, np.float32)
+        starts = np.arange(64, dtype=np.int64) * t1.fragment_floats
+        t1.send_packets(0, hdr.STAGE_REDUCE, 0, 0, 0, x, starts, starts + t1.fragment_floats)
+        time.sleep(0.2)
+        n = t0._rx.receive()
+        assert n == 64
+        t0._serve_batch(n)
+        assert t0._controls_sent[1] == 1 and t0._recv_flows[1].expected == 64
+        deadline = time.monotonic() + 2  # ... and that one ACK released all 64 at t1
+        while t1._send_flows[0].unacked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not t1._send_flows[0].unacked
+    finally:
+        t0.close()
+        t1.close()
