@@ -154,6 +154,22 @@ def _masked_run(batched: bool, steps: int = 4, seed: int = 7, rate: float = 0.2,
             t.close()
 
 
+COMPARED = ("packets_received", "missing", "masked", "duplicates", "unauthenticated",
+            "foreign", "malformed", "nonfinite")
+
+
+def assert_same_run(batched, reference) -> None:
+    """Two _masked_run results: the compiled core did the applying in the first and not in
+    the second; results to the bit, the COMPARED counters and the masks' records equal."""
+    assert batched[3] > 0 and reference[3] == 0
+    for step_b, step_r in zip(batched[0], reference[0], strict=True):
+        for b, r in zip(step_b, step_r, strict=True):
+            np.testing.assert_array_equal(b, r)
+    assert [{k: c[k] for k in COMPARED} for c in batched[1]] == \
+        [{k: c[k] for k in COMPARED} for c in reference[1]]
+    assert batched[2] == reference[2]
+
+
 def test_the_masked_batched_path_matches_the_datagram_reference():
     """With a drop mask the batched path (screen, mask, apply in the compiled core) keeps
     and applies exactly what the datagram-at-a-time reference does: the same results to the
@@ -162,19 +178,11 @@ def test_the_masked_batched_path_matches_the_datagram_reference():
     a mask decided after apply, or not at all, changes the results and counters."""
     batched = _masked_run(batched=True)
     reference = _masked_run(batched=False)
-    assert batched[3] > 0 and reference[3] == 0  # the compiled core did the applying
-    for step_b, step_r in zip(batched[0], reference[0], strict=True):
-        for b, r in zip(step_b, step_r, strict=True):
-            np.testing.assert_array_equal(b, r)
-    keys = ("packets_received", "missing", "masked", "duplicates", "unauthenticated",
-            "foreign", "malformed", "nonfinite")
-    assert [{k: c[k] for k in keys} for c in batched[1]] == \
-        [{k: c[k] for k in keys} for c in reference[1]]
+    assert_same_run(batched, reference)
     # copies of the last step's end markers that came after its stages were over: read
     # ahead with the step's last batch (ends_received) or left for the drain (late)
     assert [c["ends_received"] + c["late"] for c in batched[1]] == \
         [c["ends_received"] + c["late"] for c in reference[1]]
-    assert batched[2] == reference[2]
     assert sum(c["masked"] for c in batched[1]) > 0
 
 
@@ -186,14 +194,6 @@ def test_uc_messages_in_the_compiled_core_match_the_datagram_reference():
     datagram through Python, and the compiled core applied nothing (0 batches)."""
     batched = _masked_run(batched=True, rate=0.02, semantics="roce-uc:16384")
     reference = _masked_run(batched=False, rate=0.02, semantics="roce-uc:16384")
-    assert batched[3] > 0 and reference[3] == 0
-    for step_b, step_r in zip(batched[0], reference[0], strict=True):
-        for b, r in zip(step_b, step_r, strict=True):
-            np.testing.assert_array_equal(b, r)
-    keys = ("packets_received", "missing", "masked", "duplicates", "unauthenticated",
-            "foreign", "malformed", "nonfinite")
-    assert [{k: c[k] for k in keys} for c in batched[1]] == \
-        [{k: c[k] for k in keys} for c in reference[1]]
-    assert batched[2] == reference[2]
+    assert_same_run(batched, reference)
     # messages lost whole: fragments masked, the rest of their message never applied
     assert all(c["missing"] > 0 and c["messages_incomplete"] > 0 for c in batched[1])
