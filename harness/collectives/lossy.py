@@ -570,12 +570,7 @@ class LossyCollective:
                       fragment_floats=self._fragment_floats(),
                       staging=self._staging(contribution.size, layout))
         stash, self.transport.stash = self.transport.stash, EarlyStash()
-        for head, payload in stash:  # packets of this step that came during the last one
-            # (every verdict counted: a kept packet can still be malformed or not finite;
-            # one kept again, for a later step, was counted early when it came)
-            verdict = state.handle(head, memoryview(payload), self.transport.stash)
-            if verdict != EARLY:
-                count_verdict(self.transport.counters, verdict)
+        self._replay(state, stash)
 
         kind = f"{contribution.size}"
         reliable = self.transport.semantics.reliable
@@ -667,6 +662,32 @@ class LossyCollective:
         self.totals["collective_steps"] += 1
         return StepStats(step, time.monotonic() - state.started, reduce_expected,
                          reduce_missing, bcast_expected, bcast_missing, reduce_hit, bcast_hit)
+
+    def _replay(self, state: _Step, stash: EarlyStash) -> None:
+        """The packets that came for this step during the last one: its data packets and
+        fragments in one call of the compiled core (a rank that fell behind catches up at
+        its speed), the rest (end markers, packets of later steps) one at a time. Every
+        verdict is counted (a kept packet can still be malformed or not finite) but that of
+        one kept again for a later step, which was counted early when it came."""
+        counters = self.transport.counters
+        now = [(h, p) for h, p in stash if h.step == state.step and h.stage in hdr.STAGE_NAMES]
+        if now:
+            width = hdr.HEADER_BYTES + max(len(p) for _, p in now)
+            data = np.zeros((len(now), width), dtype=np.uint8)
+            for row, (head, payload) in enumerate(now):
+                data[row, :hdr.HEADER_BYTES] = np.frombuffer(hdr.HEADER.pack(*head), np.uint8)
+                data[row, hdr.HEADER_BYTES:hdr.HEADER_BYTES + len(payload)] = np.frombuffer(
+                    payload, np.uint8)
+            verdicts = state.handle_batch(data, np.arange(len(now), dtype=np.int64),
+                                          self.transport.stash)
+            for verdict, count in verdicts.items():
+                count_verdict(counters, verdict, count)
+        for head, payload in stash:
+            if head.step == state.step and head.stage in hdr.STAGE_NAMES:
+                continue
+            verdict = state.handle(head, memoryview(payload), self.transport.stash)
+            if verdict != EARLY:
+                count_verdict(counters, verdict)
 
     # ---- what callers use ---------------------------------------------------------------
 
