@@ -223,29 +223,13 @@ class _Step:
         return self.reduce.incomplete() + self.bcast.incomplete()
 
     def handle(self, head: hdr.Header, payload: memoryview, stash: EarlyStash) -> str:
-        """One unit (an RC message, a packet kept early or left over from a batch): checked
-        and applied by the compiled core like a batch of one (handle_batch). _apply, the
-        numpy code that did it before, is the tests' reference."""
+        """One unit (an RC message, a packet kept early or left over from a batch) or a raw
+        UC fragment: checked and applied by the compiled core like a batch of one
+        (handle_batch). _apply, the numpy code that did it before, is the tests' reference.
+        A message of another step is counted once, by its first fragment (the others say
+        HELD: not counted)."""
         if head.stage in hdr.DATA_STAGE_OF_END:
             return self._end(head, stash)
-        if head.fragments > 1:
-            return self._fragment(head, payload, stash)
-        if head.step != self.step:
-            if head.step < self.step:
-                if head.stage in hdr.STAGE_NAMES:
-                    self.late_stages.add(head.stage)
-                return STALE
-            return EARLY if stash.keep(head, payload, head.step - self.step) else FUTURE
-        if (head.bucket != self.bucket or head.stage not in self.stages
-                or head.length != len(payload)):
-            return MALFORMED
-        return self._one(head, payload, stash)
-
-    def _fragment(self, head: hdr.Header, payload: memoryview, stash: EarlyStash) -> str:
-        """A fragment of a UC message that the batched path could not apply at once (of
-        another step, or kept early for this one). Its message is counted once, by its first
-        fragment (the others say HELD: not counted); one of this step goes through the
-        compiled core like a batch of one, into this step's staging area."""
         if head.step != self.step:
             if head.step < self.step:
                 if head.stage in hdr.STAGE_NAMES:
@@ -261,10 +245,8 @@ class _Step:
 
     def _one(self, head: hdr.Header, payload, stash: EarlyStash) -> str:
         """A unit or fragment of this step and bucket through the compiled core, as a batch
-        of one datagram (its header packed again): its verdict (HELD: a fragment kept)."""
-        datagram = hdr.HEADER.pack(*head) + bytes(payload)
-        data = np.frombuffer(datagram, dtype=np.uint8)[None, :]
-        verdicts = self.handle_batch(data, np.zeros(1, dtype=np.int64), stash)
+        of one datagram: its verdict (HELD: a fragment kept)."""
+        verdicts = self.handle_batch(*as_batch([(head, payload)]), stash)
         return next(iter(verdicts)) if verdicts else HELD
 
     def handle_batch(self, data: np.ndarray, rows: np.ndarray, stash: EarlyStash) -> Counter:
@@ -387,6 +369,18 @@ class _Step:
         return END
 
 
+def as_batch(units: list) -> tuple[np.ndarray, np.ndarray]:
+    """(header, payload) pairs as a receive batch for handle_batch: one datagram a row (the
+    header packed again, then the payload), and the rows."""
+    width = hdr.HEADER_BYTES + max(len(payload) for _, payload in units)
+    data = np.zeros((len(units), width), dtype=np.uint8)
+    for row, (head, payload) in enumerate(units):
+        data[row, :hdr.HEADER_BYTES] = np.frombuffer(hdr.HEADER.pack(*head), np.uint8)
+        data[row, hdr.HEADER_BYTES:hdr.HEADER_BYTES + len(payload)] = np.frombuffer(
+            payload, np.uint8)
+    return data, np.arange(len(units), dtype=np.int64)
+
+
 def _finite(data: np.ndarray, rows: np.ndarray, first: int, floats: np.ndarray,
             per_packet: int) -> np.ndarray:
     """Per packet: are all its values finite? Packet i's floats[i] values are at
@@ -451,6 +445,10 @@ class LossyCollective:
         # per tensor size: its layout and the buffer of the own shard's reduce sums
         self._sizes: dict[int, tuple[Layout, np.ndarray]] = {}
         self._stagings: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # ... UC's staging
+        # the values of a fragment where the batched transport cuts packets (UC), else 0
+        t = transport
+        self._fragment_floats = (t.fragment_floats if getattr(t, "batched", False)
+                                 and t.fragment_floats < t.per_packet else 0)
 
     def _size(self, numel: int) -> tuple[Layout, np.ndarray]:
         """The layout of a tensor size and its sums buffer, made once: the packet tables
@@ -467,7 +465,7 @@ class LossyCollective:
         """Where UC messages of a tensor size are reassembled (reduce: a region of the own
         shard's messages per source; broadcast: each other owner's messages), made once per
         size; None where the transport sends every packet whole."""
-        if self._fragment_floats() == 0:
+        if self._fragment_floats == 0:
             return None
         entry = self._stagings.get(numel)
         if entry is None:
@@ -478,13 +476,6 @@ class LossyCollective:
             entry = self._stagings[numel] = (np.empty(reduce, np.float32),
                                              np.empty(bcast, np.float32))
         return entry
-
-    def _fragment_floats(self) -> int:
-        """The values of a fragment where the batched transport cuts packets (UC), else 0."""
-        t = self.transport
-        if getattr(t, "batched", False) and t.fragment_floats < t.per_packet:
-            return t.fragment_floats
-        return 0
 
     @property
     def loss_rate(self) -> float:
@@ -567,7 +558,7 @@ class LossyCollective:
             self.totals["align_s"] += time.monotonic() - aligning
         state = _Step(layout, step, bucket, self.rank, contribution, shared, total,
                       infer_ends=self.end_copies > 0,
-                      fragment_floats=self._fragment_floats(),
+                      fragment_floats=self._fragment_floats,
                       staging=self._staging(contribution.size, layout))
         stash, self.transport.stash = self.transport.stash, EarlyStash()
         self._replay(state, stash)
@@ -670,21 +661,15 @@ class LossyCollective:
         verdict is counted (a kept packet can still be malformed or not finite) but that of
         one kept again for a later step, which was counted early when it came."""
         counters = self.transport.counters
-        now = [(h, p) for h, p in stash if h.step == state.step and h.stage in hdr.STAGE_NAMES]
+        now, rest = [], []
+        for unit in stash:
+            (now if unit[0].step == state.step and unit[0].stage in hdr.STAGE_NAMES
+             else rest).append(unit)
         if now:
-            width = hdr.HEADER_BYTES + max(len(p) for _, p in now)
-            data = np.zeros((len(now), width), dtype=np.uint8)
-            for row, (head, payload) in enumerate(now):
-                data[row, :hdr.HEADER_BYTES] = np.frombuffer(hdr.HEADER.pack(*head), np.uint8)
-                data[row, hdr.HEADER_BYTES:hdr.HEADER_BYTES + len(payload)] = np.frombuffer(
-                    payload, np.uint8)
-            verdicts = state.handle_batch(data, np.arange(len(now), dtype=np.int64),
-                                          self.transport.stash)
+            verdicts = state.handle_batch(*as_batch(now), self.transport.stash)
             for verdict, count in verdicts.items():
                 count_verdict(counters, verdict, count)
-        for head, payload in stash:
-            if head.step == state.step and head.stage in hdr.STAGE_NAMES:
-                continue
+        for head, payload in rest:
             verdict = state.handle(head, memoryview(payload), self.transport.stash)
             if verdict != EARLY:
                 count_verdict(counters, verdict)

@@ -356,16 +356,21 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
 
     const uint8_t *xb = x.buf;
     Py_ssize_t packet = 0, fragment = 0;
+    int64_t len_p = 0, cut = 0, pieces = 1; /* of the packet being cut (set at its fragment 0) */
     for (Py_ssize_t k = 0; k < total; k++) {
         uint8_t *h = self->heads + k * HEADER_BYTES;
         int data = k < n_data;
-        int64_t first = 0, len_f = 0, pieces = 1;
-        if (data) {
-            int64_t len = en[packet] - st[packet];
-            int64_t cut = fragment_floats > 0 && len > fragment_floats ? fragment_floats : len;
-            pieces = cut > 0 ? (len + cut - 1) / cut : 1;
+        int64_t first = 0, len_f = 0;
+        if (!data) {
+            pieces = 1;
+        } else {
+            if (fragment == 0) {
+                len_p = en[packet] - st[packet];
+                cut = fragment_floats > 0 && len_p > fragment_floats ? fragment_floats : len_p;
+                pieces = cut > 0 ? (len_p + cut - 1) / cut : 1;
+            }
             first = st[packet] + fragment * cut;
-            len_f = fragment == pieces - 1 ? len - fragment * cut : cut;
+            len_f = fragment == pieces - 1 ? len_p - fragment * cut : cut;
         }
         size_t len = (size_t)(4 * len_f);
         memset(h, 0, HEADER_BYTES);

@@ -93,7 +93,3 @@ class BatchReceiver:
     def receive(self) -> int:
         """How many datagrams arrived (0: none queued). Rows 0..n-1 of `data` hold them."""
         return self._rx.receive()
-
-    def sender(self, row: int) -> tuple[str, int]:
-        return (socket.inet_ntoa(int(self.addrs[row]).to_bytes(4, "big")),
-                int(self.ports[row]))

@@ -118,6 +118,13 @@ COUNTER_OF_VERDICT = {APPLIED: "packets_received", DUPLICATE: "duplicates", STAL
                       MISDIRECTED: "misdirected"}
 
 
+def fragments_of(floats, fragment_floats: int):
+    """Datagrams a unit of `floats` values is cut into (an int, or per unit for an array):
+    one, or as many fragments of fragment_floats as it takes. The compiled sender cuts by
+    the same rule (_wire.c, Sender.send)."""
+    return np.maximum(1, -(-floats // fragment_floats))
+
+
 def count_verdict(c: Counters, verdict: str, count: int = 1) -> None:
     """Count `count` units that a packet handler gave `verdict`."""
     if verdict in (QUEUED, HELD):
@@ -260,7 +267,7 @@ class UdpTransport:
              count: int, payload: memoryview) -> None:
         """One unit (packet or message) to `dest`, cut into datagrams as the semantics say."""
         size = 4 * self.fragment_floats
-        fragments = max(1, -(-len(payload) // size))
+        fragments = int(fragments_of(len(payload) // 4, self.fragment_floats))
         flow = self._send_flows[dest] if self.semantics.reliable else None
         for fragment in range(fragments):
             part = payload[fragment * size:(fragment + 1) * size]
@@ -305,10 +312,10 @@ class UdpTransport:
             psn_first = psn = flow.next_psn
             for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(),
                                                      strict=True)):
-                fragments = -(-(end - start) // size) if end - start > size else 1
+                fragments = int(fragments_of(end - start, size))
                 for fragment in range(fragments):
-                    first = start + fragment * size if fragments > 1 else start
-                    last = min(end, first + size) if fragments > 1 else end
+                    first = start + fragment * size
+                    last = min(end, first + size)
                     flow.sent(psn, self._pack(dest, stage, step, bucket, shard, fragment,
                                               fragments, index, count, 4 * (last - first),
                                               psn), view[4 * first:4 * last])
@@ -350,9 +357,7 @@ class UdpTransport:
         """How many datagrams these packets go in: one each, or (UC) one per fragment."""
         if self.max_fragments == 1:
             return len(starts)
-        floats = ends - starts
-        return int(np.where(floats > self.fragment_floats,
-                            -(-floats // self.fragment_floats), 1).sum())
+        return int(fragments_of(ends - starts, self.fragment_floats).sum())
 
     def send_end(self, dest: int, stage: int, step: int, bucket: int, shard: int, count: int,
                  copies: int, first_copy: int = 0) -> None:
@@ -478,7 +483,7 @@ class UdpTransport:
         if self.drop_mask is not None:
             # each copy of an end marker is its own transmission, with its own verdict
             for row in others:
-                self._datagram(int(rx.sizes[row]), rx.sender(row), handle,
+                self._datagram(int(rx.sizes[row]), None, handle,
                                memoryview(rx.data[row]), checked=True)
             return
         # End markers come in identical copies (several usually in one batch): the first of
@@ -494,7 +499,7 @@ class UdpTransport:
                 first.append(row)
         extra = {row: times - 1 for row, times in copies.values()}
         for row in sorted(first + list(extra)):
-            verdict = self._datagram(int(rx.sizes[row]), rx.sender(row), handle,
+            verdict = self._datagram(int(rx.sizes[row]), None, handle,
                                      memoryview(rx.data[row]), checked=True)
             if extra.get(row) and verdict is not None:
                 self._count(verdict, extra[row])
@@ -557,7 +562,7 @@ class UdpTransport:
         and a system call). Gaps are NAKed and duplicates answered at once, as before."""
         rx = self._rx
         for row in np.flatnonzero(self._screen(n) >= native.DATA).tolist():
-            self._datagram(int(rx.sizes[row]), rx.sender(row), self._enqueue,
+            self._datagram(int(rx.sizes[row]), None, self._enqueue,
                            memoryview(rx.data[row]), checked=True, acknowledge=False)
         self._acknowledge_all()
 
@@ -584,12 +589,14 @@ class UdpTransport:
                   checked: bool = False, acknowledge: bool = True) -> str | None:
         """Check one datagram, hand it on, count it; returns the verdict counted (None for
         RC control and retransmission traffic, and for a fragment of a message not yet
-        whole). checked: its tag was already found good (_batch). acknowledge=False: RC's
+        whole). checked: screened by the compiled core (this job's, from the endpoint of the
+        source it names, its tag good: sender unused). acknowledge=False: RC's
         cumulative ACK waits for the end of the batch (_serve_batch)."""
         c = self.counters
         head = hdr.unpack(view[:size])
-        if head is None or head.nonce != self.nonce or head.source >= self.world \
-                or self.sources.get(sender) != head.source or head.source == self.rank:
+        if not checked and (head is None or head.nonce != self.nonce
+                            or head.source >= self.world or head.source == self.rank
+                            or self.sources.get(sender) != head.source):
             c.foreign += 1
             return FOREIGN
         if self.auth is not None and not checked and not self.auth.check(view, size):
