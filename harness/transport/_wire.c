@@ -734,6 +734,65 @@ done:
     return result;
 }
 
+/* ---- RC: taking datagrams in order ----------------------------------------------------- */
+
+/* Go-back-N's receiver (gobackn.ReceiveFlow.accept, its reference), for the screened data
+ * datagrams data[rows[i]] in the order they came: a source's next psn is delivered (its
+ * expected psn moves on, the row goes to `delivered`, in order), an earlier psn is a
+ * duplicate (counted per source), a later one comes after a gap and is dropped (per source,
+ * the highest such psn). What to answer (ACK, NAK) is the caller's. A source past the
+ * flows (`expected` has one entry per source) is taken by none of them. Returns how many
+ * rows were delivered. */
+static PyObject *in_order(PyObject *mod, PyObject *args) {
+    Py_buffer data, rows_b, exp_b, out_b, dup_b, gap_b;
+    Py_ssize_t slot;
+    if (!PyArg_ParseTuple(args, "y*ny*w*w*w*w*", &data, &slot, &rows_b, &exp_b, &out_b,
+                          &dup_b, &gap_b))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t nrows = rows_b.len / 8, world = exp_b.len / 8;
+    Py_ssize_t slots = slot >= HEADER_BYTES ? data.len / slot : 0;
+    const int64_t *rows = rows_b.buf;
+    int64_t *expected = exp_b.buf, *delivered = out_b.buf, *duplicates = dup_b.buf,
+            *gap_max = gap_b.buf;
+    if (slot < HEADER_BYTES || out_b.len < nrows * 8 || dup_b.len != world * 8
+        || gap_b.len != world * 8) {
+        PyErr_SetString(PyExc_ValueError, "in_order: a slot shorter than a header, fewer "
+                        "outputs than rows, or per-source arrays of different lengths");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < nrows; i++) {
+        if (rows[i] < 0 || rows[i] >= slots) {
+            PyErr_SetString(PyExc_ValueError, "in_order: a row outside the buffer");
+            goto done;
+        }
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < nrows; i++) {
+        const uint8_t *p = (const uint8_t *)data.buf + rows[i] * slot;
+        uint16_t source = rd16(p + O_SOURCE);
+        int64_t psn = rd32(p + O_PSN);
+        if (source >= world) continue;
+        if (psn == expected[source]) {
+            expected[source]++;
+            delivered[k++] = rows[i];
+        } else if (psn < expected[source]) {
+            duplicates[source]++;
+        } else if (psn > gap_max[source]) {
+            gap_max[source] = psn;
+        }
+    }
+    result = PyLong_FromSsize_t(k);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&rows_b);
+    PyBuffer_Release(&exp_b);
+    PyBuffer_Release(&out_b);
+    PyBuffer_Release(&dup_b);
+    PyBuffer_Release(&gap_b);
+    return result;
+}
+
 /* ---- applying ----------------------------------------------------------------------- */
 
 /* Whether none of the values is a NaN or an infinity (all exponent bits set). No early
@@ -1184,6 +1243,7 @@ static PyObject *mac_cost(PyObject *mod, PyObject *args) {
 static PyMethodDef module_methods[] = {
     {"screen", screen, METH_VARARGS, "Classify a received batch (see the C source)."},
     {"apply", apply, METH_VARARGS, "Apply one stage's data packets of a batch."},
+    {"in_order", in_order, METH_VARARGS, "RC: a batch's data datagrams taken in order."},
     {"blast", blast, METH_VARARGS, "Send and drain as fast as the wire goes."},
     {"mac_cost", mac_cost, METH_VARARGS, "Seconds to seal and to check a number of datagrams."},
     {NULL, NULL, 0, NULL}};

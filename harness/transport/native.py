@@ -41,6 +41,7 @@ Mac = _wire.Mac
 Sender = _wire.Sender
 screen = _wire.screen
 apply = _wire.apply
+in_order = _wire.in_order
 blast = _wire.blast
 mac_cost = _wire.mac_cost
 FOREIGN, UNAUTHENTICATED, MISDIRECTED, TRUNCATED, DATA, OTHER = (

@@ -46,7 +46,7 @@ from harness.transport import native
 from harness.transport.auth import PacketAuth
 from harness.transport.dropmask import DropMask
 from harness.transport.early import EARLY_WINDOW_STEPS, EarlyStash
-from harness.transport.gobackn import ACK_EVERY, ReceiveFlow, SendFlow
+from harness.transport.gobackn import SendFlow
 from harness.transport.semantics import Semantics
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,6 @@ MAX_PARTIAL_MESSAGES = 4096
 # What a packet handler says about a packet it was given
 APPLIED, DUPLICATE, STALE, FUTURE, MALFORMED = "applied", "duplicate", "stale", "future", \
     "malformed"
-QUEUED = "queued"  # RC: handed to the collective through the queue
 HELD = "held"      # UC: a fragment kept until its message is whole (counted with it)
 END = "end"        # an end marker (header.STAGE_*_END), taken note of
 FOREIGN, MASKED = "foreign", "masked"  # what the transport itself drops, before any handler
@@ -127,8 +126,8 @@ def fragments_of(floats, fragment_floats: int):
 
 def count_verdict(c: Counters, verdict: str, count: int = 1) -> None:
     """Count `count` units that a packet handler gave `verdict`."""
-    if verdict in (QUEUED, HELD):
-        return  # counted when the collective takes it from the queue, or its message whole
+    if verdict == HELD:
+        return  # counted with its message, when that is whole
     name = COUNTER_OF_VERDICT.get(verdict, "malformed")
     setattr(c, name, getattr(c, name) + count)
 
@@ -174,7 +173,11 @@ class UdpTransport:
         self._partial: dict[tuple, list] = {}  # UC/RC messages being reassembled
         self._partial_of = [0] * world  # ... of them per source
         self._send_flows = [SendFlow() for _ in range(world)]
-        self._recv_flows = [ReceiveFlow() for _ in range(world)]
+        # RC's receiver, per source: the next psn in order (native.in_order moves it on),
+        # what the last ACK to it said, the psn of the last NAK (one per gap)
+        self._expected = np.zeros(world, np.int64)
+        self._acked = np.zeros(world, np.int64)
+        self._nak_sent_for = np.full(world, -1, np.int64)
         self._controls_sent = [0] * world  # ACKs and NAKs, per peer (see _control)
         # Exchange endpoints, salts and the nonce through the rendezvous store.
         host, bound_port = self.sock.getsockname()
@@ -197,13 +200,22 @@ class UdpTransport:
                 raise TransportError(f"rank {rank}: {err}") from None
         self.sources = {ep: r for r, ep in enumerate(self.endpoints)}
         # batched: received packets reach the collective a batch at a time (handle_batch),
-        # UC fragments reassembled there by the compiled core (lossy._Stage holds their
-        # staging area). RC's units come one by one, in order, from its service thread.
-        self.batched = not self.semantics.reliable
+        # UC and RC fragments reassembled there by the compiled core (lossy._Stage holds
+        # their staging area). RC's come from its service thread, in order.
+        self.batched = True
         # Every semantics sends and receives through the compiled core: RC too, whose
-        # service thread reads batches (recvmmsg, screen) and whose sends take their psns
-        # from the flow in Python (the go-back-N state is policy, and stays there).
+        # service thread reads batches (recvmmsg, screen), takes them in order
+        # (native.in_order) and answers; its sends take their psns from the flow in Python
+        # (go-back-N's decisions are policy, and stay there).
         self._rx = native.BatchReceiver(self.sock, slot_bytes=max(mtu, 2048))
+        if self.semantics.reliable:
+            # what in_order writes for a batch: its rows delivered, per source the
+            # duplicates and the highest psn beyond a gap
+            self._in_order_rows = np.empty(self._rx.batch, np.int64)
+            self._duplicates_of = np.zeros(world, np.int64)
+            self._gap_max = np.zeros(world, np.int64)
+            # the width of a delivered datagram's row (a header and one fragment)
+            self._delivered_width = -(-(hdr.HEADER_BYTES + 4 * self.fragment_floats) // 64) * 64
         # Segmentation: the kernel cuts one send into many datagrams (UDP GSO), which
         # saves most of the sender's per-datagram work. Only where the impairment sees
         # the cut datagrams (at the receiver's ingress): see UdpTransport's docstring.
@@ -433,7 +445,7 @@ class UdpTransport:
         receive buffer `data` (one datagram a row) and the row of each packet in it; it
         returns how many packets got each verdict."""
         if self.semantics.reliable:
-            self._receive_delivered(deadline, done, handle)
+            self._receive_delivered(deadline, done, handle, handle_batch)
             return
         if self.batched and handle_batch is not None:
             self._receive_batches(deadline, done, handle, handle_batch)
@@ -514,16 +526,32 @@ class UdpTransport:
         self.counters.masked += len(rows) - int(np.count_nonzero(kept))
         return rows[kept]
 
-    def _receive_delivered(self, deadline, done, handle) -> None:
+    def _receive_delivered(self, deadline, done, handle, handle_batch) -> None:
+        """RC: what the service thread delivered, in order, a batch at a time: to
+        handle_batch (the collective's: fragments reassembled and applied by the compiled
+        core), or where the caller has none (tests) to handle, unit by unit, messages
+        reassembled here (_reassemble)."""
         while not done():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             try:
-                head, payload = self._delivered.get(timeout=remaining)
+                block = self._delivered.get(timeout=remaining)
             except queue.Empty:
                 return
-            self._count(handle(head, memoryview(payload)))
+            if handle_batch is not None:
+                for verdict, count in handle_batch(block, np.arange(len(block))).items():
+                    self._count(verdict, count)
+                continue
+            for row in block:
+                head = hdr.unpack(row)
+                payload = memoryview(row)[hdr.HEADER_BYTES:hdr.HEADER_BYTES + head.length]
+                if head.fragments > 1:
+                    whole = self._reassemble(head, payload)
+                    if whole is None:
+                        continue
+                    head, payload = whole
+                self._count(handle(head, payload))
 
     def flush(self, deadline: float) -> bool:
         """RC: wait until every datagram this rank sent was acknowledged, or the deadline."""
@@ -556,15 +584,44 @@ class UdpTransport:
 
     def _serve_batch(self, n: int) -> None:
         """RC: a received batch, screened by the compiled core (this job's, its source's
-        tag, addressed here); go-back-N takes the screened datagrams one by one, in the
-        order they came (_datagram), and every source with datagrams newly in order gets
-        one cumulative ACK for the batch (not one every ACK_EVERY: each is a sealed datagram
-        and a system call). Gaps are NAKed and duplicates answered at once, as before."""
-        rx = self._rx
-        for row in np.flatnonzero(self._screen(n) >= native.DATA).tolist():
-            self._datagram(int(rx.sizes[row]), None, self._enqueue,
-                           memoryview(rx.data[row]), checked=True, acknowledge=False)
-        self._acknowledge_all()
+        tag, addressed here). ACKs and NAKs go to the send flows one by one (_datagram);
+        the data datagrams the drop mask keeps are taken in order by the compiled core
+        (native.in_order: go-back-N's receiver) and those it delivers go to the collective
+        as one batch. Then the answers, per source: a NAK for a gap still open (one per
+        gap), and one cumulative ACK for everything newly in order (not one every few
+        datagrams: each is a sealed datagram and a system call), or again for duplicates
+        (the sender resent what we have: our ACK was lost)."""
+        rx, c = self._rx, self.counters
+        classes = self._screen(n)
+        for row in np.flatnonzero(classes == native.OTHER).tolist():
+            view = memoryview(rx.data[row])
+            if view[5] in (hdr.STAGE_ACK, hdr.STAGE_NAK):  # (the header's stage)
+                self._datagram(int(rx.sizes[row]), None, None, view, checked=True)
+            else:
+                c.malformed += 1  # an RC peer sends data, ACKs and NAKs, nothing else
+        rows = np.flatnonzero(classes == native.DATA)
+        if len(rows) and self.drop_mask is not None:
+            rows = self._unmasked(rows)
+        if not len(rows):
+            self._acknowledge_all()
+            return
+        duplicates, gap_max, expected = self._duplicates_of, self._gap_max, self._expected
+        duplicates.fill(0)
+        gap_max.fill(-1)
+        k = native.in_order(rx.data, rx.slot_bytes, rows, expected, self._in_order_rows,
+                            duplicates, gap_max)
+        if k:  # a copy (the buffer is read into again), a header and a fragment wide
+            self._delivered.put(rx.data[self._in_order_rows[:k], :self._delivered_width])
+        c.duplicates += int(duplicates.sum())
+        again = duplicates > 0
+        for source in np.flatnonzero(gap_max >= expected).tolist():
+            if self._nak_sent_for[source] != expected[source]:
+                psn = int(expected[source])
+                self._control(source, hdr.STAGE_NAK, psn)
+                self._nak_sent_for[source] = self._acked[source] = psn  # (a NAK acks too)
+                again[source] = False
+                c.naks_sent += 1
+        self._acknowledge_all(again)
 
     def _screen(self, n: int) -> np.ndarray:
         """The compiled core's verdict on the n datagrams of a received batch, what it
@@ -581,17 +638,12 @@ class UdpTransport:
         c.truncated += truncated
         return rx.classes[:n]
 
-    def _enqueue(self, head: hdr.Header, payload: memoryview) -> str:
-        self._delivered.put((head, bytes(payload)))
-        return QUEUED
-
     def _datagram(self, size: int, sender, handle, view: memoryview,
-                  checked: bool = False, acknowledge: bool = True) -> str | None:
+                  checked: bool = False) -> str | None:
         """Check one datagram, hand it on, count it; returns the verdict counted (None for
-        RC control and retransmission traffic, and for a fragment of a message not yet
-        whole). checked: screened by the compiled core (this job's, from the endpoint of the
-        source it names, its tag good: sender unused). acknowledge=False: RC's
-        cumulative ACK waits for the end of the batch (_serve_batch)."""
+        RC control, and for a fragment of a message not yet whole). checked: screened by
+        the compiled core (this job's, from the endpoint of the source it names, its tag
+        good: sender unused)."""
         c = self.counters
         head = hdr.unpack(view[:size])
         if not checked and (head is None or head.nonce != self.nonce
@@ -618,23 +670,6 @@ class UdpTransport:
                 return MALFORMED
             self._on_control(head)
             return None
-        if self.semantics.reliable:
-            flow = self._recv_flows[head.source]
-            verdict = flow.accept(head.psn)
-            if verdict == "duplicate":
-                # A retransmission of something we have: our ACK was lost. Say it again.
-                c.duplicates += 1
-                self._control(head.source, hdr.STAGE_ACK, flow.expected)
-                return
-            if verdict == "gap":
-                if flow.nak_sent_for != flow.expected:
-                    self._control(head.source, hdr.STAGE_NAK, flow.expected)
-                    flow.nak_sent_for = flow.expected
-                    c.naks_sent += 1
-                return
-            if acknowledge and flow.unacked_in_order >= ACK_EVERY:
-                self._control(head.source, hdr.STAGE_ACK, flow.expected)
-                flow.unacked_in_order = 0
         payload = view[hdr.HEADER_BYTES:size]
         if head.fragments > 1:
             whole = self._reassemble(head, payload)
@@ -701,11 +736,15 @@ class UdpTransport:
         flow.ack(head.psn)  # a NAK for psn also acknowledges everything before it
         self._resend(head.source, flow, flow.from_psn(head.psn))
 
-    def _acknowledge_all(self) -> None:
-        for source, flow in enumerate(self._recv_flows):
-            if flow.unacked_in_order:
-                self._control(source, hdr.STAGE_ACK, flow.expected)
-                flow.unacked_in_order = 0
+    def _acknowledge_all(self, again: np.ndarray | None = None) -> None:
+        """RC: a cumulative ACK to every source whose flow moved on since the last one,
+        and to those in `again`."""
+        owed = self._expected != self._acked
+        if again is not None:
+            owed |= again
+        for source in np.flatnonzero(owed).tolist():
+            self._control(source, hdr.STAGE_ACK, int(self._expected[source]))
+        np.copyto(self._acked, self._expected)
 
     def _check_timers(self) -> None:
         now = time.monotonic()
