@@ -232,6 +232,8 @@ class UdpTransport:
             # waits elsewhere, as a NIC does them: a thread owns the socket and hands the
             # delivered units over through a queue.
             self._lock = threading.Lock()
+            # notified when an ACK leaves nothing unacknowledged (flush waits on it)
+            self._all_acked = threading.Condition(self._lock)
             self._delivered: queue.Queue = queue.Queue()
             self._stopping = threading.Event()
             self._service = threading.Thread(target=self._service_loop, daemon=True,
@@ -557,12 +559,12 @@ class UdpTransport:
         """RC: wait until every datagram this rank sent was acknowledged, or the deadline."""
         if not self.semantics.reliable:
             return True
-        while time.monotonic() < deadline:
-            with self._lock:
-                if not any(f.unacked for f in self._send_flows):
-                    return True
-            time.sleep(RC_TICK_S)
-        return False
+        with self._all_acked:  # (woken by the ACK that acknowledges the last of it)
+            return self._all_acked.wait_for(self._nothing_unacked,
+                                            max(0.0, deadline - time.monotonic()))
+
+    def _nothing_unacked(self) -> bool:
+        return not any(flow.unacked for flow in self._send_flows)
 
     def _service_loop(self) -> None:
         """RC: read the socket a batch at a time, answer with ACKs and NAKs, retransmit,
@@ -730,11 +732,11 @@ class UdpTransport:
 
     def _on_control(self, head: hdr.Header) -> None:
         flow = self._send_flows[head.source]
-        if head.stage == hdr.STAGE_ACK:
-            flow.ack(head.psn)
-            return
-        flow.ack(head.psn)  # a NAK for psn also acknowledges everything before it
-        self._resend(head.source, flow, flow.from_psn(head.psn))
+        flow.ack(head.psn)  # (a NAK for psn also acknowledges everything before it)
+        if head.stage == hdr.STAGE_NAK:
+            self._resend(head.source, flow, flow.from_psn(head.psn))
+        if not flow.unacked and self._nothing_unacked():
+            self._all_acked.notify_all()
 
     def _acknowledge_all(self, again: np.ndarray | None = None) -> None:
         """RC: a cumulative ACK to every source whose flow moved on since the last one,

@@ -23,6 +23,7 @@ from harness.transport import native
 from harness.transport.dropmask import DropMask
 from harness.transport.gobackn import ReceiveFlow
 from harness.transport.semantics import Semantics
+from harness.transport import udp
 from harness.transport.udp import UdpTransport
 from tests.unit.test_native_core import KEY
 from tests.unit.test_transport_hostile import make_pair
@@ -316,3 +317,22 @@ def test_rc_data_reaches_the_collective_a_batch_at_a_time():
     # 2 steps x 2 ranks x 2 stages of 15,000 floats: 8 messages of 4 fragments each a
     # stage, 128 fragments at least in all (more with resends), in fewer calls than that
     assert sum(batches) >= 128 and len(batches) < sum(batches)
+
+
+def test_flush_returns_when_the_last_ack_comes_not_at_the_next_tick(monkeypatch):
+    """A rank leaves an RC step once its peers acknowledged everything (flush): it must
+    leave when the last ACK comes, not when a polling tick next looks (the tick is 2 ms,
+    on a 16 ms all-reduce). With a 1 s tick: on the old code flush slept it out (>= 1 s)."""
+    monkeypatch.setattr(udp, "RC_TICK_S", 1.0)
+    _, (t0, t1) = make_pair(semantics=Semantics.parse("roce-rc:16384"), key=KEY)
+    try:
+        x = np.zeros(4 * t1.fragment_floats, np.float32)
+        starts = np.arange(4, dtype=np.int64) * t1.fragment_floats
+        t1.send_packets(0, hdr.STAGE_REDUCE, 0, 0, 0, x, starts, starts + t1.fragment_floats)
+        started = time.monotonic()
+        assert t1.flush(started + 5)
+        waited = time.monotonic() - started
+    finally:
+        t0.close()
+        t1.close()
+    assert waited < 0.5
