@@ -11,8 +11,9 @@ tags, redirects (another destination, sealed as genuine), or replaces with rando
 Each batch goes through the real receive path (a loopback socket: recvmmsg, with datagrams
 longer than a row among them), screen(), and apply() of both stages, on the screened rows
 and on every row unscreened (apply checks everything itself), once as a layout of whole
-packets and once as one of messages reassembled in a staging area (fragment streams).
-Prints the count fed.
+packets and once as one of messages reassembled in a staging area (fragment streams), and
+RC's in_order() on both (any source, any psn). The sender is given packets outside x and
+resends from fragments that do not exist. Prints the count fed.
 """
 
 from __future__ import annotations
@@ -186,6 +187,17 @@ def apply_both(data, rows, accept):
             assert (pending >= 0).all()
 
 
+def in_order_both(data, screened, rng):
+    """RC's go-back-N receiver on the screened rows and on all of them (sources and psns
+    as hostile as the headers), from flows that expect psns near what came."""
+    for rows in (screened, np.arange(BATCH, dtype=np.int64)):
+        expected = rng.integers(0, 4, WORLD).astype(np.int64)
+        delivered = np.full(len(rows), -1, np.int64)
+        duplicates, gap_max = np.zeros(WORLD, np.int64), np.full(WORLD, -1, np.int64)
+        k = wire.in_order(data, SLOT, rows, expected, delivered, duplicates, gap_max)
+        assert 0 <= k <= len(rows) and set(delivered[:k].tolist()) <= set(rows.tolist())
+
+
 @settings(max_examples=int(sys.argv[2]), deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**32 - 1), mutations=st.lists(mutation, min_size=1, max_size=24),
@@ -209,6 +221,7 @@ def fuzz(seed, mutations, accept):
                 MACS, receiving.peer_addrs, receiving.peer_ports, classes)
     apply_both(data, np.flatnonzero(classes == wire.CLS_DATA), accept)
     apply_both(data, np.arange(BATCH, dtype=np.int64), accept)  # unscreened, all of them
+    in_order_both(data, np.flatnonzero(classes == wire.CLS_DATA), rng)
     for row in range(0, BATCH, 16):
         MACS[1].check(data[row], int(rng.integers(0, SLOT + 1)))
     # 2. some of them through a real socket (recvmmsg, one longer than a row)
@@ -234,6 +247,18 @@ if __name__ == "__main__":
         else:
             if cut != 1 << 62:  # (a cut beyond the packet: sent whole, which is right)
                 raise AssertionError(f"packets {starts}-{ends} outside x were sent")
+    # resends (RC) from a fragment the first packet does not have, indexes past 32 bits
+    for first_fragment, index_first, copy in ((3, 0, 0), (-1, 0, 0), (0, 2**32 - 1, 0),
+                                              (0, -1, 0), (0, 0, 1 << 16), (0, 0, -1)):
+        try:
+            sender.send(bytes(16), 0, MACS[1], 0, 0, STEP, BUCKET, 0, x,
+                        np.array([0, 6], np.int64), np.array([6, 12], np.int64), 2, 4, 0, 0,
+                        3, 0, index_first, first_fragment, copy)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"a resend from fragment {first_fragment}, index "
+                                 f"{index_first}, copy {copy} was sent")
     big = np.zeros(70_000, np.float32)  # 70,000 fragments of one value: over 65535
     try:
         sender.send(bytes(16), 0, MACS[1], 0, 0, STEP, BUCKET, 0, big,

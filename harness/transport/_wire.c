@@ -292,7 +292,8 @@ static int wait_writable(int fd) {
 }
 
 /* Sender.send(sockaddr, dest, mac, seq_first, stage, step, bucket, shard, x, starts, ends,
- *             count, end_stage, copies, first_copy[, fragment_floats, psn_first])
+ *             count, end_stage, copies, first_copy[, fragment_floats, psn_first,
+ *             index_first, first_fragment, copy])
  *   -> (datagrams_sent, ends_sent, payload_bytes_sent, segmented_sends, gso_refused)
  *
  * Packet i carries x's float32 values [starts[i], ends[i]) and says index i of `count`;
@@ -302,19 +303,23 @@ static int wait_writable(int fd) {
  * header (fragment f of F, the fragment's length): the messages of RoCE UC semantics. With
  * a mac, datagram k gets seq seq_first + k and its tag: the caller reserves one seq per
  * datagram (fragments and end markers included). psn_first >= 0 (RC): data datagram k
- * carries psn psn_first + k, which the caller has reserved in its send flow. */
+ * carries psn psn_first + k, which the caller has reserved in its send flow.
+ * Sending again (RC's go-back-N): packet i says index index_first + i, the first packet
+ * starts at its fragment first_fragment, and every data datagram carries copy `copy`. */
 static PyObject *Sender_send(SenderObject *self, PyObject *args) {
     Py_buffer addr, x, starts, ends;
     PyObject *mac_obj;
     int dest, stage, bucket, shard, end_stage, copies, first_copy;
     unsigned long long seq_first;
     unsigned int step, count;
-    Py_ssize_t fragment_floats = 0;
+    Py_ssize_t fragment_floats = 0, index_first = 0, first_fragment = 0;
     long long psn_first = -1;
+    int data_copy = 0;
     EVP_CIPHER_CTX *mac;
-    if (!PyArg_ParseTuple(args, "y*iOKiIiiy*y*y*Iiii|nL", &addr, &dest, &mac_obj, &seq_first,
-                          &stage, &step, &bucket, &shard, &x, &starts, &ends, &count,
-                          &end_stage, &copies, &first_copy, &fragment_floats, &psn_first))
+    if (!PyArg_ParseTuple(args, "y*iOKiIiiy*y*y*Iiii|nLnni", &addr, &dest, &mac_obj,
+                          &seq_first, &stage, &step, &bucket, &shard, &x, &starts, &ends,
+                          &count, &end_stage, &copies, &first_copy, &fragment_floats,
+                          &psn_first, &index_first, &first_fragment, &data_copy))
         return NULL;
     PyObject *result = NULL;
     const char *bad = NULL;
@@ -326,6 +331,9 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
              || end_stage > 255 || bucket < 0 || bucket > 0xFFFF || shard < 0 || shard > 0xFFFF)
         bad = "a header field is out of its range";
     else if (fragment_floats < 0) bad = "fragment_floats: 0 (never cut) or the values a fragment holds";
+    else if (index_first < 0 || index_first + starts.len / 8 > 0xFFFFFFFFLL)
+        bad = "index_first: the packets' indexes must fit 32 bits";
+    else if (data_copy < 0 || data_copy > 0xFFFF) bad = "copy out of range";
     else if (self->busy) bad = "this Sender is already sending (one thread at a time)";
     if (bad) {
         PyErr_SetString(PyExc_ValueError, bad);
@@ -345,7 +353,16 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
                          (long long)st[i], (long long)en[i], floats);
             goto done;
         }
-        n_data += (Py_ssize_t)pieces;
+        if (i == 0 && first_fragment != 0 && (first_fragment < 0 || first_fragment >= pieces)) {
+            PyErr_Format(PyExc_ValueError, "first_fragment %zd: packet 0 has %lld fragments",
+                         first_fragment, (long long)pieces);
+            goto done;
+        }
+        n_data += (Py_ssize_t)pieces - (i == 0 ? first_fragment : 0);
+    }
+    if (n == 0 && first_fragment != 0) {
+        PyErr_SetString(PyExc_ValueError, "first_fragment: there is no packet to start in");
+        goto done;
     }
     Py_ssize_t total = n_data + copies;
     if (psn_first > 0xFFFFFFFFLL - n_data) {
@@ -355,8 +372,10 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
     if (sender_reserve(self, total) < 0) goto done;
 
     const uint8_t *xb = x.buf;
-    Py_ssize_t packet = 0, fragment = 0;
-    int64_t len_p = 0, cut = 0, pieces = 1; /* of the packet being cut (set at its fragment 0) */
+    Py_ssize_t packet = 0, fragment = first_fragment;
+    int starting = 1; /* at the first datagram of a packet: work out its cut */
+    int64_t len_p = 0, cut = 0, pieces = 1; /* of the packet being cut */
+    long long bytes = 0;
     for (Py_ssize_t k = 0; k < total; k++) {
         uint8_t *h = self->heads + k * HEADER_BYTES;
         int data = k < n_data;
@@ -364,15 +383,17 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
         if (!data) {
             pieces = 1;
         } else {
-            if (fragment == 0) {
+            if (starting) {
                 len_p = en[packet] - st[packet];
                 cut = fragment_floats > 0 && len_p > fragment_floats ? fragment_floats : len_p;
                 pieces = cut > 0 ? (len_p + cut - 1) / cut : 1;
+                starting = 0;
             }
             first = st[packet] + fragment * cut;
             len_f = fragment == pieces - 1 ? len_p - fragment * cut : cut;
         }
         size_t len = (size_t)(4 * len_f);
+        bytes += (long long)len;
         memset(h, 0, HEADER_BYTES);
         wr32(h + O_MAGIC, MAGIC);
         h[O_VERSION] = VERSION;
@@ -384,11 +405,11 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
         wr16(h + O_SHARD, (uint16_t)shard);
         wr16(h + O_FRAGMENT, (uint16_t)(data ? fragment : 0));
         wr16(h + O_FRAGMENTS, (uint16_t)pieces);
-        wr32(h + O_INDEX, data ? (uint32_t)packet : count);
+        wr32(h + O_INDEX, data ? (uint32_t)(index_first + packet) : count);
         wr32(h + O_COUNT, count);
         wr32(h + O_LENGTH, (uint32_t)len);
         if (data && psn_first >= 0) wr32(h + O_PSN, (uint32_t)(psn_first + k));
-        wr16(h + O_COPY, (uint16_t)(data ? 0 : first_copy + (k - n_data)));
+        wr16(h + O_COPY, (uint16_t)(data ? data_copy : first_copy + (k - n_data)));
         wr16(h + O_DEST, (uint16_t)dest);
         self->iov[2 * k].iov_base = h;
         self->iov[2 * k].iov_len = HEADER_BYTES;
@@ -405,13 +426,12 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
         if (data && ++fragment == pieces) {
             fragment = 0;
             packet++;
+            starting = 1;
         }
     }
     const struct sockaddr_in *to = addr.buf;
     Py_ssize_t m = group(self, to, 0, total, 0);
     Py_ssize_t done_msgs = 0, failed_data = 0, failed_ends = 0, segmented = 0;
-    long long bytes = 0;
-    for (Py_ssize_t k = 0; k < n; k++) bytes += 4 * (en[k] - st[k]);
     int refused = 0;
     self->busy = 1;
     Py_BEGIN_ALLOW_THREADS

@@ -46,7 +46,7 @@ from harness.transport import native
 from harness.transport.auth import PacketAuth
 from harness.transport.dropmask import DropMask
 from harness.transport.early import EARLY_WINDOW_STEPS, EarlyStash
-from harness.transport.gobackn import SendFlow
+from harness.transport.gobackn import Burst, SendFlow
 from harness.transport.semantics import Semantics
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,7 @@ class TransportError(RuntimeError):
 
 _NO_VALUES = np.zeros(0, np.float32)  # what end markers alone carry (send_end)
 _NO_PACKETS = np.zeros(0, np.int64)
+_ONE_START = np.zeros(1, np.int64)  # a send of one packet, from x's start (RC's send)
 
 
 # The counter each handler verdict adds to (anything else: malformed)
@@ -223,6 +224,9 @@ class UdpTransport:
         segment = hdr.HEADER_BYTES + 4 * min(self.fragment_floats, self.per_packet)
         segments = native.enable_segmentation(self.sock, segment) if segmentation else 1
         self._tx = native.Sender(self.sock.fileno(), rank, self.nonce, segment, segments)
+        # RC's service thread sends again (go-back-N) while the rank sends: its own sender
+        self._tx_again = (native.Sender(self.sock.fileno(), rank, self.nonce, segment,
+                                        segments) if self.semantics.reliable else None)
         self._sockaddrs = [native.sockaddr_in(h, p) for h, p in self.endpoints]
         self._peer_address = np.array([native.ipv4(h) for h, _ in self.endpoints],
                                       dtype=np.uint32)
@@ -279,24 +283,20 @@ class UdpTransport:
 
     def send(self, dest: int, stage: int, step: int, bucket: int, shard: int, index: int,
              count: int, payload: memoryview) -> None:
-        """One unit (packet or message) to `dest`, cut into datagrams as the semantics say."""
+        """One unit (packet or message) to `dest`, cut into datagrams as the semantics say:
+        datagram by datagram from Python (the reference the compiled sender is held
+        against), but RC's, which go as a send of one packet (its resends need a Burst)."""
+        if self.semantics.reliable:
+            x = np.frombuffer(payload, np.float32)
+            self._send_reliable(dest, stage, step, bucket, shard, x, _ONE_START,
+                                np.array([len(x)], np.int64), index_first=index, count=count)
+            return
         size = 4 * self.fragment_floats
         fragments = int(fragments_of(len(payload) // 4, self.fragment_floats))
-        flow = self._send_flows[dest] if self.semantics.reliable else None
         for fragment in range(fragments):
             part = payload[fragment * size:(fragment + 1) * size]
-            psn = 0
-            if flow is not None:
-                with self._lock:
-                    psn = flow.next_psn
-                    flow.next_psn += 1
-                    head = self._pack(dest, stage, step, bucket, shard, fragment, fragments,
-                                      index, count, len(part), psn)
-                    flow.sent(psn, head, part)
-                    head = self._seal(head, part)
-            else:
-                head = self._seal(self._pack(dest, stage, step, bucket, shard, fragment,
-                                             fragments, index, count, len(part), psn), part)
+            head = self._seal(self._pack(dest, stage, step, bucket, shard, fragment,
+                                         fragments, index, count, len(part), 0), part)
             self._transmit(dest, head, part)
 
     def send_packets(self, dest: int, stage: int, step: int, bucket: int, shard: int,
@@ -314,33 +314,29 @@ class UdpTransport:
         self._send_batch(dest, stage, step, bucket, shard, x, starts, ends, n,
                          end_copies if n else 0, 0)
 
-    def _send_reliable(self, dest, stage, step, bucket, shard, x, starts, ends) -> None:
+    def _send_reliable(self, dest, stage, step, bucket, shard, x, starts, ends,
+                       index_first: int = 0, count: int | None = None) -> None:
         """RC: every datagram (fragment) of these packets takes the next psn of the flow to
-        `dest` and is kept, header and payload, until acknowledged (go-back-N resends it
-        from there, datagram by datagram); then the compiled core builds, seals and sends
-        them all at once, with those psns. Same datagrams as `send`, fragment for fragment."""
-        flow, size = self._send_flows[dest], self.fragment_floats
-        view = memoryview(x).cast("B")
-        count = len(starts)
+        `dest`, and the send is kept (a Burst: what it sent, not the datagrams) until
+        acknowledged; then the compiled core builds, seals and sends them all at once, with
+        those psns (_resend sends them again from any psn on)."""
+        flow = self._send_flows[dest]
+        count = len(starts) if count is None else count
+        datagrams = fragments_of(ends - starts, self.fragment_floats)
         with self._lock:  # (the service thread resends and acknowledges meanwhile)
-            psn_first = psn = flow.next_psn
-            for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(),
-                                                     strict=True)):
-                fragments = int(fragments_of(end - start, size))
-                for fragment in range(fragments):
-                    first = start + fragment * size
-                    last = min(end, first + size)
-                    flow.sent(psn, self._pack(dest, stage, step, bucket, shard, fragment,
-                                              fragments, index, count, 4 * (last - first),
-                                              psn), view[4 * first:4 * last])
-                    psn += 1
-            flow.next_psn = psn
-            total = psn - psn_first
+            psn_first = flow.next_psn
+            packet_psn = np.empty(len(starts) + 1, np.int64)
+            packet_psn[0] = psn_first
+            np.cumsum(datagrams, out=packet_psn[1:])
+            packet_psn[1:] += psn_first
+            flow.sent(Burst(packet_psn, stage, step, bucket, shard, x, starts, ends, count,
+                            index_first))
+            total = flow.next_psn - psn_first
             seq_first = self.auth.reserve(total) if self.auth is not None else 0
         data, _, nbytes, segmented, refused = self._tx.send(
             self._sockaddrs[dest], dest, self.auth.mac if self.auth else None, seq_first,
             stage, step, bucket & 0xFFFF, shard, x, starts, ends, count, hdr.END_OF[stage], 0,
-            0, self.fragment_floats, psn_first)
+            0, self.fragment_floats, psn_first, index_first)
         self._sent(data, 0, nbytes, segmented, refused)
 
     def _send_batch(self, dest, stage, step, bucket, shard, x, starts, ends, count, copies,
@@ -378,14 +374,8 @@ class UdpTransport:
         """Tell `dest` that all `count` packets of `shard` for `stage` went out: `copies`
         end markers (header only), after the data on the same path, numbered from
         first_copy (markers sent again later are new transmissions, not replays)."""
-        if self.batched:  # all copies in one system call
-            self._send_batch(dest, stage, step, bucket, shard, _NO_VALUES, _NO_PACKETS,
-                             _NO_PACKETS, count, copies, first_copy)
-            return
-        for copy in range(first_copy, first_copy + copies):
-            head = self._pack(dest, hdr.END_OF[stage], step, bucket, shard, 0, 1, count, count,
-                              0, 0, copy)
-            self._transmit(dest, self._seal(head, b""), b"", end_marker=True)
+        self._send_batch(dest, stage, step, bucket, shard, _NO_VALUES, _NO_PACKETS,
+                         _NO_PACKETS, count, copies, first_copy)  # all in one system call
 
     def _pack(self, dest, stage, step, bucket, shard, fragment, fragments, index, count,
               length, psn, copy=0) -> bytes:
@@ -396,18 +386,25 @@ class UdpTransport:
         """The header with its seq and tag (unchanged without a job key)."""
         return head if self.auth is None else self.auth.seal(head, payload)
 
-    def _resend(self, dest: int, flow: SendFlow, psns: list[int]) -> None:
-        """RC: send these unacknowledged datagrams again, each as a new transmission (its
-        copy number one more, freshly sealed)."""
-        for psn in psns:
-            head, payload = flow.unacked[psn]
-            fields = hdr.HEADER.unpack(head)
-            head = hdr.HEADER.pack(*fields[:14], (fields[14] + 1) & 0xFFFF, *fields[15:])
-            flow.unacked[psn] = (head, payload)
-            self._transmit(dest, self._seal(head, payload), payload)
-        self.counters.retransmitted += len(psns)
+    def _resend(self, dest: int, flow: SendFlow, psn: int) -> None:
+        """RC: send everything unacknowledged from `psn` on again, by the compiled sender,
+        one call per send it first went in: each datagram as it went (fragment, index,
+        psn), as a new transmission (the send's copy number one more, freshly sealed)."""
+        auth = self.auth
+        for burst, first in flow.from_psn(psn):
+            packet, fragment = burst.position(first)
+            burst.copy = (burst.copy + 1) & 0xFFFF
+            total = burst.psn_end - first
+            data, _, nbytes, segmented, refused = self._tx_again.send(
+                self._sockaddrs[dest], dest, auth.mac if auth else None,
+                auth.reserve(total) if auth else 0, burst.stage, burst.step,
+                burst.bucket & 0xFFFF, burst.shard, burst.x, burst.starts[packet:],
+                burst.ends[packet:], burst.count, hdr.END_OF[burst.stage], 0, 0,
+                self.fragment_floats, first, burst.index_first + packet, fragment, burst.copy)
+            self._sent(data, 0, nbytes, segmented, refused)
+            self.counters.retransmitted += data
 
-    def _transmit(self, dest: int, head: bytes, payload, end_marker: bool = False) -> None:
+    def _transmit(self, dest: int, head: bytes, payload) -> None:
         while True:
             try:
                 self.sock.sendmsg([head, payload], [], 0, self.endpoints[dest])
@@ -418,9 +415,6 @@ class UdpTransport:
             except OSError as err:
                 log.debug("rank %d: send to %d failed: %s", self.rank, dest, err)
                 return
-        if end_marker:
-            self.counters.ends_sent += 1
-            return
         self.counters.packets_sent += 1
         self.counters.bytes_sent += len(payload)
 
@@ -449,7 +443,7 @@ class UdpTransport:
         if self.semantics.reliable:
             self._receive_delivered(deadline, done, handle, handle_batch)
             return
-        if self.batched and handle_batch is not None:
+        if handle_batch is not None:
             self._receive_batches(deadline, done, handle, handle_batch)
             return
         sock, buffer, poller = self.sock, self.buffer, self._poller
@@ -734,7 +728,7 @@ class UdpTransport:
         flow = self._send_flows[head.source]
         flow.ack(head.psn)  # (a NAK for psn also acknowledges everything before it)
         if head.stage == hdr.STAGE_NAK:
-            self._resend(head.source, flow, flow.from_psn(head.psn))
+            self._resend(head.source, flow, head.psn)
         if not flow.unacked and self._nothing_unacked():
             self._all_acked.notify_all()
 
@@ -752,6 +746,6 @@ class UdpTransport:
         now = time.monotonic()
         for dest, flow in enumerate(self._send_flows):
             if flow.timed_out(now):
-                self._resend(dest, flow, list(flow.unacked))
+                self._resend(dest, flow, flow.acked)
                 self.counters.timeouts += 1
                 flow.backoff(now)

@@ -19,72 +19,138 @@ from harness.collectives import lossy
 from harness.collectives.lossy import LossyCollective
 from harness.reproduce.loopback import on_every_rank
 from harness.transport import header as hdr
-from harness.transport import native
+from harness.transport import native, udp
 from harness.transport.dropmask import DropMask
 from harness.transport.gobackn import ReceiveFlow
 from harness.transport.semantics import Semantics
-from harness.transport import udp
 from harness.transport.udp import UdpTransport
 from tests.unit.test_native_core import KEY
 from tests.unit.test_transport_hostile import make_pair
 from tests.unit.test_uc_fragments import raw_datagrams
 
 
-def test_rc_sends_are_the_reference_datagrams_with_the_flows_psns():
-    """The same messages through the compiled sender (send_packets) and the reference
-    (send, a datagram at a time) to a plain socket: the same datagrams but seq and tag,
-    psns running on from one call to the next, each kept for resending as it was sent.
-    On the old code RC sent datagram by datagram (no compiled send: 0 calls)."""
+class CountingSender:
+    """A transport's compiled sender, its calls counted."""
+
+    def __init__(self, real, calls: list):
+        self.real, self.calls, self.segments = real, calls, real.segments
+
+    def send(self, *args):
+        self.calls.append(args)
+        return self.real.send(*args)
+
+
+def rc_to_a_sink(t1, sink, calls: list) -> None:
+    """t1 (rank 1) sends to `sink` in rank 0's place, its service thread stopped (nothing
+    resent behind the test's back) and its compiled senders counted."""
+    t1._stopping.set()
+    t1._service.join(5)
+    t1.endpoints[0] = sink.getsockname()
+    t1._sockaddrs[0] = native.sockaddr_in(*sink.getsockname())
+    t1._tx = CountingSender(t1._tx, calls)
+    t1._tx_again = CountingSender(t1._tx_again, calls)
+
+
+def datagrams_by_the_rule(t1, x, starts, ends, psn_first, copy=0) -> list[bytes]:
+    """What RC must send for these packets (step 4, bucket 1, shard 0, to rank 0), by the
+    rule of fragments_of and header.pack, datagram by datagram, seq and tag left 0."""
+    out, psn, size = [], psn_first, t1.fragment_floats
+    for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        fragments = int(udp.fragments_of(end - start, size))
+        for fragment in range(fragments):
+            part = x[start + fragment * size:min(end, start + (fragment + 1) * size)].tobytes()
+            out.append(hdr.pack(hdr.STAGE_REDUCE, 1, t1.nonce, 4, 1, 0, index, len(starts),
+                                len(part), fragment, fragments, psn, copy, 0) + part)
+            psn += 1
+    return out
+
+
+def assert_same_but_seal(got: list[bytes], want: list[bytes], auth) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert a[:hdr.SEQ_OFFSET] == b[:hdr.SEQ_OFFSET]
+        assert a[hdr.HEADER_BYTES:] == b[hdr.HEADER_BYTES:]
+        assert auth.check(a, len(a))
+
+
+def test_rc_sends_are_the_datagrams_of_the_rule_with_the_flows_psns():
+    """RC's sends, a batch of messages (send_packets) and one message at a time (send),
+    through the compiled sender, one call each: the datagrams that fragments_of and
+    header.pack say, psns running on from one call to the next. On the old code `send`
+    went datagram by datagram (1 compiled call for the three sends)."""
     _, (t0, t1) = make_pair(semantics=Semantics.parse("roce-rc:16384"), key=KEY)
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sink.bind(("127.0.0.1", 0))
     sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     calls = []
-    real_send = t1._tx
-
-    class CountingSender:
-        segments = real_send.segments
-
-        def send(self, *args):
-            calls.append(1)
-            return real_send.send(*args)
-
     try:
-        t1._stopping.set()  # no resends to the sink: it never acknowledges
-        t1._service.join(5)
-        t1.endpoints[0] = sink.getsockname()
-        t1._sockaddrs[0] = native.sockaddr_in(*sink.getsockname())
-        t1._tx = CountingSender()
+        rc_to_a_sink(t1, sink, calls)
         per_message = t1.per_packet
         x = np.random.default_rng(2).standard_normal(2 * per_message - 7).astype(np.float32)
         starts = np.array([0, per_message], np.int64)
         ends = np.array([per_message, len(x)], np.int64)
         t1.send_packets(0, hdr.STAGE_REDUCE, 4, 1, 0, x, starts, ends)
-        compiled = raw_datagrams(sink)
-        kept = dict(t1._send_flows[0].unacked)
+        batched = raw_datagrams(sink)
         view = memoryview(x).cast("B")
         for index in range(2):
             t1.send(0, hdr.STAGE_REDUCE, 4, 1, 0, index, 2,
                     view[4 * int(starts[index]):4 * int(ends[index])])
-        reference = raw_datagrams(sink)
+        one_by_one = raw_datagrams(sink)
     finally:
         sink.close()
         t0.close()
         t1.close()
-    assert calls == [1]
-    n = len(compiled)
-    assert n == len(reference) == 2 * -(-per_message // t1.fragment_floats)
-    assert [hdr.unpack(d).psn for d in compiled] == list(range(n))
-    assert [hdr.unpack(d).psn for d in reference] == list(range(n, 2 * n))
-    psn = slice(40, 44)  # the psn field: the one field they may differ in
-    for a, b in zip(compiled, reference, strict=True):
-        assert a[:40] == b[:40] and a[44:hdr.SEQ_OFFSET] == b[44:hdr.SEQ_OFFSET]
-        assert a[hdr.HEADER_BYTES:] == b[hdr.HEADER_BYTES:] and a[psn] != b[psn]
-        assert t0.auth.check(a, len(a))
-    for k, datagram in enumerate(compiled):  # what a resend would send again
-        head, payload = kept[k]
-        assert head[:hdr.SEQ_OFFSET] == datagram[:hdr.SEQ_OFFSET]
-        assert bytes(payload) == datagram[hdr.HEADER_BYTES:]
+    assert len(calls) == 3
+    n = 2 * -(-per_message // t1.fragment_floats)
+    assert_same_but_seal(batched, datagrams_by_the_rule(t1, x, starts, ends, 0), t0.auth)
+    assert_same_but_seal(one_by_one, datagrams_by_the_rule(t1, x, starts, ends, n), t0.auth)
+
+
+def test_go_back_n_resends_from_the_nak_through_the_compiled_sender():
+    """A NAK for psn p: everything from p on sent again by the compiled sender, one call
+    per send it came from, each datagram as it went first (fragment, index, psn) but its
+    copy number (one more: a new transmission) and its seal; what came before p counted
+    acknowledged. A timeout sends everything unacknowledged again, copy 2. On the old code
+    resends went datagram by datagram from Python (no compiled call)."""
+    _, (t0, t1) = make_pair(semantics=Semantics.parse("roce-rc:16384"), key=KEY)
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    calls = []
+    try:
+        rc_to_a_sink(t1, sink, calls)
+        per_message = t1.per_packet
+        x = np.random.default_rng(3).standard_normal(3 * per_message - 5).astype(np.float32)
+        starts = np.array([0, per_message, 2 * per_message], np.int64)
+        ends = np.array([per_message, 2 * per_message, len(x)], np.int64)
+        t1.send_packets(0, hdr.STAGE_REDUCE, 4, 1, 0, x, starts[:2], ends[:2])
+        t1.send_packets(0, hdr.STAGE_REDUCE, 4, 1, 0, x, starts, ends)
+        first = raw_datagrams(sink)
+        calls.clear()
+        fragments = -(-per_message // t1.fragment_floats)  # of a message (12)
+        p = fragments + 1  # the second fragment of the second message of the first send
+        nak = hdr.unpack(hdr.pack(hdr.STAGE_NAK, 0, t1.nonce, 0, 0, 0, 0, 0, 0, psn=p,
+                                  dest=1))
+        with t1._lock:
+            t1._on_control(nak)
+        again = raw_datagrams(sink)
+        resends = len(calls)
+        flow = t1._send_flows[0]
+        acked_after_nak, unacked_after_nak = flow.acked, flow.unacked
+        with t1._lock:
+            flow.last_progress -= 10
+            t1._check_timers()
+        timed_out = raw_datagrams(sink)
+    finally:
+        sink.close()
+        t0.close()
+        t1.close()
+    want = (datagrams_by_the_rule(t1, x, starts[:2], ends[:2], 0, copy=1)[p:]
+            + datagrams_by_the_rule(t1, x, starts, ends, 2 * fragments, copy=1))
+    assert resends == 2 and len(first) == 5 * fragments
+    assert_same_but_seal(again, want, t0.auth)
+    assert acked_after_nak == p and unacked_after_nak == len(first) - p
+    assert_same_but_seal(timed_out, [d[:44] + b"\0\2" + d[46:] for d in want], t0.auth)
 
 
 def test_rc_through_the_compiled_core_delivers_everything_under_a_drop_mask():
