@@ -16,12 +16,12 @@ source), that is not sealed with its source's key (auth.py: derived from the job
 to the ranks at launch, never over the network), that was addressed to another rank, or
 that does not fit what is expected (bad length, stage, shard, index, fragments; stale or
 future step; values that are not finite), is dropped and counted under its reason, never
-applied. The per-datagram work of the udp, roce-ud and roce-uc semantics (cutting UC
-messages into fragments and reassembling them included) is compiled code (native.py,
-_wire.c), called once per batch. roce-rc sends and receives through the same core, but its
-go-back-N (psns, ACK/NAK, resends, reassembly) runs per datagram in Python, in a service
-thread. `send` and the datagram-at-a-time receive (no handle_batch) are the reference the
-tests hold the compiled paths against. An optional seeded drop
+applied. The per-datagram work of every semantics (cutting UC and RC messages into
+fragments and reassembling them, RC's taking datagrams in order and its resends included) is
+compiled code (native.py, _wire.c), called once per batch; RC's go-back-N decisions (ACK,
+NAK, when to send again) are Python's, in a service thread, per batch. `send` (but RC's)
+and the datagram-at-a-time receive (no handle_batch) are the reference the tests hold the
+compiled paths against. An optional seeded drop
 mask (dropmask.py) loses datagrams at the receiver, replayably, where the kernel cannot
 (hardware RoCE): in the batched path it decides on each screened datagram's header between
 the core's screen and its apply.
@@ -56,7 +56,8 @@ SO_RCVBUFFORCE, SO_SNDBUFFORCE = 33, 32
 BUFFER_OPTIONS = ((SO_RCVBUFFORCE, socket.SO_RCVBUF), (SO_SNDBUFFORCE, socket.SO_SNDBUF))
 DEFAULT_BUFFER_BYTES = 64 << 20
 RC_TICK_S = 0.002  # how often a waiting RC endpoint checks its timers
-# UC/RC messages being reassembled at once, at most: each holds up to one message's bytes.
+# Messages being reassembled at once by the datagram-at-a-time reference (_reassemble), at
+# most: each holds up to one message's bytes.
 # Beyond it a fragment that would start another is dropped (counted future).
 MAX_PARTIAL_MESSAGES = 4096
 
@@ -171,7 +172,7 @@ class UdpTransport:
         self.view = memoryview(self.buffer)
         self._step = 0
         self.stash = EarlyStash()  # packets of coming steps that came early, kept for them
-        self._partial: dict[tuple, list] = {}  # UC/RC messages being reassembled
+        self._partial: dict[tuple, list] = {}  # messages being reassembled (_reassemble)
         self._partial_of = [0] * world  # ... of them per source
         self._send_flows = [SendFlow() for _ in range(world)]
         # RC's receiver, per source: the next psn in order (native.in_order moves it on),
