@@ -23,7 +23,8 @@ def _cmd_collective_bench(args) -> int:
     from harness.bench import collective_bench as cb
 
     spec = cb.BenchSpec(sizes_mib=args.sizes, losses=args.loss, profiles=args.profiles,
-                        algorithms=args.algorithms, iters=args.iters, unsealed=args.unsealed)
+                        algorithms=args.algorithms, iters=args.iters, unsealed=args.unsealed,
+                        align_every=args.align_every)
     spec.validate()
     if args.cluster is None and args.hosts < 2:
         raise UsageError("--hosts", f"{args.hosts} host cannot run a collective",
@@ -319,6 +320,10 @@ def add_commands(sub) -> None:
                    help="reliable (gloo's all-reduce), zero_fill, unbiased (received mean), "
                         "rescale (1/(1-p)), rps; each optionally @TRANSPORT")
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--align-every", type=int, default=0, metavar="N",
+                   help="the lossy collectives' ranks meet in the store every N-th step "
+                        "before it starts (default 0: at the first only, as training does; "
+                        "1: every step, two store round trips on each step's time)")
     p.add_argument("--json", metavar="FILE", help="also write one JSON object per line")
     _add_unsealed(p)
     p.set_defaults(func=_cmd_collective_bench)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from harness import launch
 from harness.bench.collective_worker import ALGORITHMS
+from harness.train.config import TrainConfig
 from harness.transport import header as hdr
 from harness.transport.semantics import Semantics
 from testbed import profiles
@@ -37,6 +38,9 @@ class BenchSpec:
     iters: int = 10
     warmup: int = 2
     unsealed: bool = False  # datagrams without their MAC (to price it): --unsealed
+    # the lossy collectives start every align_every-th step together through the store (0:
+    # only the first): as training does by default (TrainConfig.align_every), unless asked
+    align_every: int = TrainConfig.align_every
 
     def validate(self) -> None:
         unknown = [a for a in self.algorithms if a.partition("@")[0] not in ALGORITHMS]
@@ -55,6 +59,10 @@ class BenchSpec:
             raise UsageError("--sizes", "sizes must be positive (MiB)", "e.g. --sizes 1 4")
         if self.iters < 1:
             raise UsageError("--iters", f"{self.iters} is too few", "Use --iters 1 or more")
+        if self.align_every < 0:
+            raise UsageError("--align-every", f"{self.align_every} steps",
+                             "Give 0 or more (0: the ranks meet at the first step only, as "
+                             "training does; 1: at every step)")
         for name in self.profiles:  # every profile at every loss, before a cluster is built
             for loss in self.losses:
                 profiles.load(name, [f"loss_pct={loss * 100}"] if loss > 0 else [])
@@ -112,7 +120,8 @@ def run(cluster, spec: BenchSpec, progress=print) -> list[dict]:
         try:
             results = launch.run(cluster, "harness.bench.collective_worker", [
                 "--sizes", *map(str, sizes), "--algorithms", *spec.algorithms,
-                "--iters", str(spec.iters), "--warmup", str(spec.warmup)],
+                "--iters", str(spec.iters), "--warmup", str(spec.warmup),
+                "--align-every", str(spec.align_every)],
                 timeout_s=3600, extra_env=launch.transport_env(profile),
                 authenticate=not spec.unsealed)
             report = verify.verify(cluster)
@@ -127,7 +136,7 @@ def run(cluster, spec: BenchSpec, progress=print) -> list[dict]:
             row = json.loads(line)
             row.update(profile=profile_name, loss=loss, measured_loss=measured,
                        backend=report.backend, hosts=len(cluster.hosts), mtu=cluster.mtu,
-                       sealed=not spec.unsealed,
+                       sealed=not spec.unsealed, align_every=spec.align_every,
                        raw_udp_pps=raw_pps,
                        raw_rate_fraction=(row["packets_per_s"] / raw_pps
                                           if row.get("packets_per_s") and raw_pps else None))

@@ -79,6 +79,7 @@ def main(argv=None) -> int:
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--align-every", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     r = runtime.start()
@@ -93,7 +94,8 @@ def main(argv=None) -> int:
                 runners[name] = RPS(transport, r.store).average
             else:
                 runners[name] = LossyCollective(transport, r.store,
-                                                estimator=ESTIMATOR_OF[base]).allreduce
+                                                estimator=ESTIMATOR_OF[base],
+                                                align_every=args.align_every).allreduce
         for size in args.sizes:
             numel = max(size // 4, 1)
             tensor = torch.randn(numel, generator=torch.Generator().manual_seed(r.rank))

@@ -12,7 +12,7 @@ from tests.helpers import lossbed
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 FIELDS = {"algorithm", "size_bytes", "profile", "loss", "measured_loss", "p50_ms", "p99_ms",
-          "max_ms", "algbw_gbps", "hosts", "mtu"}
+          "max_ms", "algbw_gbps", "hosts", "mtu", "align_every"}
 
 
 def test_collective_bench_writes_every_field_for_every_run_and_cleans_up(tmp_path):
@@ -29,6 +29,7 @@ def test_collective_bench_writes_every_field_for_every_run_and_cleans_up(tmp_pat
     for row in rows:
         assert FIELDS <= set(row), FIELDS - set(row)
         assert row["hosts"] == 2 and row["mtu"] == 9000 and row["size_bytes"] == 262144
+        assert row["align_every"] == 0  # the lossy collective as training runs it
     lossy = [r for r in rows if r["profile"] == "random-loss"]
     assert all(0.05 < r["measured_loss"] < 0.15 for r in lossy)  # the kernel applied ~10%
     assert "p99/rel" in result.stdout and "raw UDP rate" in result.stdout

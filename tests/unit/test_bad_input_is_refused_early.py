@@ -24,6 +24,7 @@ def no_cluster_is_built(monkeypatch):
     (["collective-bench", "--hosts", "1"], ["--hosts", "2 or more"]),
     (["collective-bench", "--loss", "0.1", "--profiles", "random-loss", "--sizes", "0"],
      ["--sizes"]),
+    (["collective-bench", "--align-every", "-1"], ["--align-every", "0 or more"]),
     (["train", "--cluster", "nosuch", "--eval-tokens", "-1"], ["--eval-tokens", "negative"]),
     (["train", "--cluster", "nosuch", "--seed", "-3"], ["--seed", "negative"]),
     (["train", "--cluster", "nosuch", "--lr", "nan"], ["--lr"]),
