@@ -444,8 +444,8 @@ class LossyCollective:
                        "collective_steps": 0}
         # per tensor size: its layout and the buffer of the own shard's reduce sums
         self._sizes: dict[int, tuple[Layout, np.ndarray]] = {}
-        self._stagings: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # ... UC's staging
-        # the values of a fragment where the batched transport cuts packets (UC), else 0
+        self._stagings: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # ... UC/RC staging
+        # the values of a fragment where the batched transport cuts packets (UC, RC), else 0
         t = transport
         self._fragment_floats = (t.fragment_floats if getattr(t, "batched", False)
                                  and t.fragment_floats < t.per_packet else 0)
@@ -462,7 +462,7 @@ class LossyCollective:
         return entry
 
     def _staging(self, numel: int, layout: Layout) -> tuple[np.ndarray, np.ndarray] | None:
-        """Where UC messages of a tensor size are reassembled (reduce: a region of the own
+        """Where UC and RC messages of a tensor size are reassembled (reduce: a region of the own
         shard's messages per source; broadcast: each other owner's messages), made once per
         size; None where the transport sends every packet whole."""
         if self._fragment_floats == 0:

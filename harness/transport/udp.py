@@ -175,11 +175,6 @@ class UdpTransport:
         self._partial: dict[tuple, list] = {}  # messages being reassembled (_reassemble)
         self._partial_of = [0] * world  # ... of them per source
         self._send_flows = [SendFlow() for _ in range(world)]
-        # RC's receiver, per source: the next psn in order (native.in_order moves it on),
-        # what the last ACK to it said, the psn of the last NAK (one per gap)
-        self._expected = np.zeros(world, np.int64)
-        self._acked = np.zeros(world, np.int64)
-        self._nak_sent_for = np.full(world, -1, np.int64)
         self._controls_sent = [0] * world  # ACKs and NAKs, per peer (see _control)
         # Exchange endpoints, salts and the nonce through the rendezvous store.
         host, bound_port = self.sock.getsockname()
@@ -211,6 +206,11 @@ class UdpTransport:
         # (go-back-N's decisions are policy, and stay there).
         self._rx = native.BatchReceiver(self.sock, slot_bytes=max(mtu, 2048))
         if self.semantics.reliable:
+            # RC's receiver, per source: the next psn in order (native.in_order moves it
+            # on), what the last ACK to it said, the psn of the last NAK (one per gap)
+            self._expected = np.zeros(world, np.int64)
+            self._acked = np.zeros(world, np.int64)
+            self._nak_sent_for = np.full(world, -1, np.int64)
             # what in_order writes for a batch: its rows delivered, per source the
             # duplicates and the highest psn beyond a gap
             self._in_order_rows = np.empty(self._rx.batch, np.int64)
@@ -326,10 +326,7 @@ class UdpTransport:
         datagrams = fragments_of(ends - starts, self.fragment_floats)
         with self._lock:  # (the service thread resends and acknowledges meanwhile)
             psn_first = flow.next_psn
-            packet_psn = np.empty(len(starts) + 1, np.int64)
-            packet_psn[0] = psn_first
-            np.cumsum(datagrams, out=packet_psn[1:])
-            packet_psn[1:] += psn_first
+            packet_psn = psn_first + np.concatenate(([0], np.cumsum(datagrams)))
             flow.sent(Burst(packet_psn, stage, step, bucket, shard, x, starts, ends, count,
                             index_first))
             total = flow.next_psn - psn_first
@@ -365,7 +362,7 @@ class UdpTransport:
         c.bytes_sent += nbytes
 
     def _datagrams(self, starts: np.ndarray, ends: np.ndarray) -> int:
-        """How many datagrams these packets go in: one each, or (UC) one per fragment."""
+        """How many datagrams these packets go in: one each, or (UC, RC) one per fragment."""
         if self.max_fragments == 1:
             return len(starts)
         return int(fragments_of(ends - starts, self.fragment_floats).sum())
@@ -542,13 +539,8 @@ class UdpTransport:
                 continue
             for row in block:
                 head = hdr.unpack(row)
-                payload = memoryview(row)[hdr.HEADER_BYTES:hdr.HEADER_BYTES + head.length]
-                if head.fragments > 1:
-                    whole = self._reassemble(head, payload)
-                    if whole is None:
-                        continue
-                    head, payload = whole
-                self._count(handle(head, payload))
+                self._hand_on(head, memoryview(row)[hdr.HEADER_BYTES:
+                                                    hdr.HEADER_BYTES + head.length], handle)
 
     def flush(self, deadline: float) -> bool:
         """RC: wait until every datagram this rank sent was acknowledged, or the deadline."""
@@ -667,11 +659,15 @@ class UdpTransport:
                 return MALFORMED
             self._on_control(head)
             return None
-        payload = view[hdr.HEADER_BYTES:size]
+        return self._hand_on(head, view[hdr.HEADER_BYTES:size], handle)
+
+    def _hand_on(self, head: hdr.Header, payload: memoryview, handle) -> str | None:
+        """A datagram's unit to `handle`, counted: a fragment waits in _reassemble until its
+        message is whole (None meanwhile)."""
         if head.fragments > 1:
             whole = self._reassemble(head, payload)
             if whole is None:
-                return
+                return None
             head, payload = whole
         verdict = handle(head, payload)
         self._count(verdict)
