@@ -19,7 +19,9 @@ a source's packets in order, so what is still missing then was lost, and waiting
 would only add latency. Bursts of loss take the markers with the tail of the data they
 follow, so the news is told twice more, later: a source's broadcast packets (it broadcasts
 only after sending us all its reduce packets) end its reduce stage, and LATE_END_COPIES of
-its broadcast markers follow LATE_END_AFTER_S after its broadcast. The deadline remains for
+its broadcast markers follow LATE_END_AFTER_S after its broadcast (or as it leaves a step
+that ended sooner), and as many again LATE_END_AFTER_S after it in any case, from whatever
+wait the source is in by then, this step's or its next's. The deadline remains for
 sources that fall silent (all markers lost, a rank stalled or dead). On a path that reorders
 (netem delay with jitter), a packet overtaken by the markers arrives after its stage ended
 and is counted late, not applied.
@@ -77,6 +79,9 @@ RC_STAGE_TIMEOUT_S = 60.0  # reliable semantics wait for everything, but not for
 END_COPIES = 8
 LATE_END_COPIES = 4       # copies of the broadcast's end markers sent again, later ...
 LATE_END_AFTER_S = 0.012  # ... this long after the broadcast (see _run)
+# The timed set of late markers (see _run) is numbered after the first ones and the first
+# late set: each its own transmission, which a drop mask draws afresh for, as a network would.
+TIMED_END_FIRST_COPY = END_COPIES + LATE_END_COPIES
 # How long the first alignment of a collective waits for a rank before naming it lost: TCP
 # backs off 0.2, 0.4, 0.8, ... s per consecutive loss of a segment, so a 60 s stall takes
 # nine in a row (at 30% loss: one segment in 50,000); a setup that slow is not just loss.
@@ -449,6 +454,9 @@ class LossyCollective:
         t = transport
         self._fragment_floats = (t.fragment_floats if getattr(t, "batched", False)
                                  and t.fragment_floats < t.per_packet else 0)
+        # Broadcasts whose late end markers are still to go: (when, layout, step, bucket),
+        # in the order they are due (see _run)
+        self._timed_ends: list[tuple[float, Layout, int, int]] = []
 
     def _size(self, numel: int) -> tuple[Layout, np.ndarray]:
         """The layout of a tensor size and its sums buffer, made once: the packet tables
@@ -492,7 +500,8 @@ class LossyCollective:
         copies = 0 if self.transport.semantics.reliable else self.end_copies
         self.transport.send_packets(dest, stage, step, bucket, shard, x, starts, ends, copies)
 
-    def _send_late_ends(self, layout: Layout, step: int, bucket: int) -> None:
+    def _send_late_ends(self, layout: Layout, step: int, bucket: int,
+                        first_copy: int) -> None:
         count = layout.packets(self.rank)
         if not count:  # an empty shard: no broadcast, nothing to say about it
             return
@@ -501,7 +510,31 @@ class LossyCollective:
                 # numbered after the first ones: a new transmission (a drop mask draws
                 # afresh for it, as a network would), not a replay of a lost one
                 self.transport.send_end(dest, hdr.STAGE_BROADCAST, step, bucket, self.rank,
-                                        count, LATE_END_COPIES, first_copy=self.end_copies)
+                                        count, LATE_END_COPIES, first_copy=first_copy)
+
+    def _send_timed_ends(self) -> float:
+        """Send the late end markers that are due; when the next ones are (inf: none)."""
+        now = time.monotonic()
+        while self._timed_ends and self._timed_ends[0][0] <= now:
+            _, layout, step, bucket = self._timed_ends.pop(0)
+            self._send_late_ends(layout, step, bucket, TIMED_END_FIRST_COPY)
+        return self._timed_ends[0][0] if self._timed_ends else float("inf")
+
+    def finish(self) -> None:
+        """Send the late end markers still to go, once due (at most LATE_END_AFTER_S from
+        now): after a run's last step, for a peer still waiting for them."""
+        if self._timed_ends:
+            time.sleep(max(0.0, self._timed_ends[-1][0] - time.monotonic()))
+            self._send_timed_ends()
+
+    def _receive_until(self, deadline: float, until, handle, handle_batch) -> None:
+        """transport.receive_until, sending late end markers as they fall due meanwhile."""
+        while True:
+            due = self._send_timed_ends()
+            self.transport.receive_until(min(deadline, due), until, handle, handle_batch)
+            if until() or time.monotonic() >= deadline:
+                self._send_timed_ends()
+                return
 
     def _receive(self, state: _Step, until, budget: float,
                  stage: _Stage | None = None) -> bool:
@@ -527,7 +560,7 @@ class LossyCollective:
         silent = stage.silent() if stage is not None else None
         patience = max(budget, self.deadline.floor_s)
         while True:
-            self.transport.receive_until(deadline, until, handle, handle_batch)
+            self._receive_until(deadline, until, handle, handle_batch)
             if until() or silent is None:
                 break
             now, still = time.monotonic(), stage.silent()
@@ -552,6 +585,7 @@ class LossyCollective:
         # Steps are numbered by the transport, so collectives sharing it (several
         # estimators, or a collective and RPS) never take each other's packets.
         step = self.transport.next_step()
+        self._send_timed_ends()  # (those of our last step that fell due since it ended)
         if not self._aligned_once or (self.align_every and step % self.align_every == 0):
             aligning = time.monotonic()
             self._align(step)
@@ -623,12 +657,18 @@ class LossyCollective:
                 # Say again, a little later, that our broadcast went out. Under burst loss
                 # the markers right after the data often share its fate (a burst of 10
                 # packets takes all 8). These go LATE_END_AFTER_S after the data, or when our
-                # own broadcast stage ends if sooner, by when a burst has usually ended (the
-                # burst profile ends them after 10 ms at most). A peer still waiting for our
-                # broadcast then stops waiting, instead of at its deadline.
+                # own broadcast stage ends if sooner: then a peer that waits for them before
+                # our next step (after the last step of a run, or a training step's compute)
+                # has them. And once more LATE_END_AFTER_S after the data in any case, from
+                # this wait or our next step's, by when a burst has usually ended (the burst
+                # profile ends them after 10 ms at most): the first set, when our stage ended
+                # at once, went in the burst that took the markers. A peer still waiting for
+                # our broadcast then stops waiting, instead of at its deadline.
+                self._timed_ends.append((waiting_since + LATE_END_AFTER_S, layout, step,
+                                         bucket))
                 first = min(bcast_budget, LATE_END_AFTER_S)
                 bcast_hit = self._receive(state, state.bcast.over, first)
-                self._send_late_ends(layout, step, bucket)
+                self._send_late_ends(layout, step, bucket, self.end_copies)
                 if bcast_hit:  # (the rest of the budget, which may be none: silent owners)
                     bcast_hit = self._receive(state, state.bcast.over,
                                               waiting_since + bcast_budget - time.monotonic(),

@@ -33,19 +33,21 @@ def run_variant(estimator: str, seed: int, semantics: str = "udp", steps: int = 
                 (data_seed, step * 2 + k)).standard_normal(20_000).astype(np.float32))
                 for k in (0, 1)]
             on_every_rank(2, lambda r, xs=xs: collectives[r].allreduce(xs[r]))
-        drain(transports)
+        drain(transports, collectives)
         return [(t.drop_mask.dropped_count, t.drop_mask.dropped_digest) for t in transports]
     finally:
         for t in transports:
             t.close()
 
 
-def drain(transports) -> None:
-    """Read what is still queued after the last step (its late end markers, the copies
-    that came after a stage was over), so that the masks have judged every datagram sent:
-    a receiver reads a batch at a time, and how much of the last step's tail is in its
-    last batch depends on timing."""
-    time.sleep(0.2)  # the late end markers follow the step by LATE_END_AFTER_S
+def drain(transports, collectives) -> None:
+    """Send the last step's timed late end markers (LossyCollective.finish), then read what
+    is still queued (its late end markers, the copies that came after a stage was over), so
+    that the masks have judged every datagram sent: a receiver reads a batch at a time, and
+    how much of the last step's tail is in its last batch depends on timing."""
+    for c in collectives:
+        c.finish()
+    time.sleep(0.2)
     for t in transports:
         t.receive_until(time.monotonic() + 0.1, lambda: False, lambda h, p: "stale")
 
@@ -144,7 +146,7 @@ def _masked_run(batched: bool, steps: int = 4, seed: int = 7, rate: float = 0.2,
                 20_000).astype(np.float32)) for k in (0, 1)]
             on_every_rank(2, lambda r, xs=xs: collectives[r].allreduce(xs[r]))
             results.append([x.numpy().copy() for x in xs])
-        drain(transports)
+        drain(transports, collectives)
         counters = [t.counters.to_dict() for t in transports]
         masks = [(t.drop_mask.dropped_count, t.drop_mask.dropped_digest) for t in transports]
         return results, counters, masks, len(applied)

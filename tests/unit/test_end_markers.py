@@ -38,6 +38,8 @@ def run(end_copies: int, steps: int, seed: int = 11):
                 20_000).astype(np.float32)) for k in (0, 1)]
             results.append(xs)
             stats.append(step_both(collectives, xs))
+        for c in collectives:
+            c.finish()  # (the last step's timed late markers)
         counters = [t.counters.to_dict() for t in transports]
     finally:
         for t in transports:
@@ -68,10 +70,10 @@ def test_under_loss_end_markers_end_stages_long_before_the_deadline():
         for s in step:  # ... yet no stage waited for its deadline
             assert not s.reduce_deadline_hit and not s.broadcast_deadline_hit, s
             assert s.seconds < DEADLINE_S / 2, s
-    # 3 steps x (2 stages x 4 copies + 4 late copies of the broadcast's) to the one peer;
-    # the mask lost some of those received
-    assert all(c["ends_sent"] == 36 for c in counters), counters
-    assert all(0 < c["ends_received"] <= 36 for c in counters), counters
+    # 3 steps x (2 stages x 4 copies + twice 4 late copies of the broadcast's) to the one
+    # peer; the mask lost some of those received
+    assert all(c["ends_sent"] == 48 for c in counters), counters
+    assert all(0 < c["ends_received"] <= 48 for c in counters), counters
     assert all(c["late"] == 0 for c in counters), counters  # nothing came after its stage
 
 
@@ -170,10 +172,11 @@ def test_a_lost_broadcast_tail_ends_with_the_late_end_markers():
 
 
 def test_late_end_markers_are_new_transmissions_not_replays():
-    """The broadcast's late end markers are numbered after its first ones. Numbered alike,
-    a drop mask (which gives a copy its original's verdict) lost them exactly where it had
-    lost the first ones, so they never ended a wait: with seed 11 at 20%, all four of a
-    step's broadcast markers to rank 0 were lost, and its late ones with them."""
+    """The broadcast's late end markers are numbered after its first ones, the timed ones
+    after those (0-7, 8-11, 12-15). Numbered alike, a drop mask (which gives a copy its
+    original's verdict) lost them exactly where it had lost the first ones, so they never
+    ended a wait: with seed 11 at 20%, all four of a step's broadcast markers to rank 0 were
+    lost, and its late ones with them."""
     received = []
 
     class Logging(DropMask):
@@ -186,10 +189,50 @@ def test_late_end_markers_are_new_transmissions_not_replays():
     try:
         collectives = [LossyCollective(t, store) for t in transports]
         step_both(collectives, [torch.ones(20_000) * (k + 1) for k in (0, 1)])
-        time.sleep(0.2)  # the late copies follow the step
+        for c in collectives:
+            c.finish()  # (the timed late copies, sent from the next step or here)
+        time.sleep(0.2)
         for t in transports:  # (what came after the step: read, then dropped as stale)
             t.receive_until(time.monotonic() + 0.1, lambda: False, lambda h, p: "stale")
     finally:
         for t in transports:
             t.close()
-    assert sorted(set(received)) == list(range(END_COPIES + LATE_END_COPIES)), received
+    assert sorted(set(received)) == list(range(END_COPIES + 2 * LATE_END_COPIES)), received
+
+
+def test_a_burst_that_outlasts_the_sources_step_ends_with_the_timed_late_markers():
+    """A burst on rank 1's path to rank 0 takes the tail of its step-0 broadcast, the end
+    markers right after it and the late copies rank 1 sends as it leaves the step (its own
+    broadcast stage ended at once: it had everything). The copies rank 1 sends
+    LATE_END_AFTER_S after its broadcast, from its next step, end rank 0's wait. Before,
+    the late copies went only as rank 1 left its step, inside the burst, and rank 0 waited
+    out its deadline (under `collective-bench`'s 10% burst loss: 27 of 400 rank-steps, a
+    p99 of 135-241 ms on a p50 of 15)."""
+    from harness.collectives.lossy import LATE_END_AFTER_S
+    from harness.reproduce.loopback import on_every_rank
+
+    class BurstUntilLeaving(DropMask):
+        def drops(self, head):
+            if head.source != 1 or head.step != 0:
+                return False
+            if head.stage == hdr.STAGE_BROADCAST:
+                return head.index == head.count - 1
+            return (head.stage == hdr.STAGE_BROADCAST_END
+                    and head.copy < END_COPIES + LATE_END_COPIES)
+
+    store, transports = make_pair(drop_mask=BurstUntilLeaving(0, 0.0))
+    try:
+        def work(rank):
+            collective = LossyCollective(transports[rank], store, align_every=0,
+                                         deadline=Deadline(floor_s=DEADLINE_S,
+                                                           ceiling_s=DEADLINE_S))
+            return [collective.allreduce(torch.ones(20_000) * (rank + 1)) for _ in range(3)]
+
+        stats = on_every_rank(2, work)
+    finally:
+        for t in transports:
+            t.close()
+    first = stats[0][0]
+    assert first.broadcast_missing == 1, first
+    assert not first.broadcast_deadline_hit, first
+    assert LATE_END_AFTER_S <= first.seconds < DEADLINE_S / 2, first
