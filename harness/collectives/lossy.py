@@ -627,8 +627,8 @@ class LossyCollective:
             state.accept_reduce = False
             reduce_hit, reduce_expected, reduce_missing = False, 0, 0
             on_reduced(start, end, _reliable_mean(contribution, self.world)[start:end])
-            # the broadcast's budget below counts from here: nothing of the reduce to wait for
-            reduce_since, reduce_budget = time.monotonic(), 0.0
+            # (how long our reduce took: nothing of it here)
+            reduce_since = time.monotonic()
 
         if self.lossy_broadcast:
             # Broadcast: our shard to everyone, then wait for the others'.
@@ -636,23 +636,21 @@ class LossyCollective:
                 if dest != self.rank:
                     self._send_shard(layout, shared, hdr.STAGE_BROADCAST, self.rank, dest,
                                      step, bucket)
-            # An owner broadcasts once its own reduce stage ends, which may be a whole
-            # reduce budget after ours did (we had everything, it waited for a lost packet):
-            # the broadcast deadline counts from the start of the reduce stage and
-            # includes what is left of its budget. A reduce that outlasted its budget (it
-            # waited for a silent source) leaves none: the broadcast still gets all of its
-            # own, as that source broadcasts after its reduce, as late as we do. (Taken off
-            # the broadcast's, the overrun left it none, and a source that had started its
-            # broadcast then lost the rest to it: at 0% loss 874 datagrams of one 40-step
-            # `train --profile clean` on 3 hosts.)
+            # An owner broadcasts once its own reduce stage ends, which may be long after
+            # ours did (it waited for a lost packet, or for a slow source): until then it is
+            # silent, and _receive waits for it up to the ceiling, then gives it one more
+            # budget. So the broadcast's deadline is its own budget, from now. (It used to
+            # carry what our reduce had left of its budget as well: a broadcast whose tail
+            # and markers were all lost then cost 45-300 ms under 10% burst loss; and where
+            # the reduce outlasted its budget, the overrun was taken off the broadcast's,
+            # which then cut short a source that had begun: 874 datagrams late in one
+            # 40-step `train --profile clean` on 3 hosts at 0% loss.)
             waiting_since = time.monotonic()
             own_reduce_s = waiting_since - reduce_since
-            bcast_own_budget = (RC_STAGE_TIMEOUT_S if patient
-                                else self.deadline.budget(
-                                    "broadcast:" + kind,
-                                    first_at_least=self.deadline.multiplier * own_reduce_s))
-            bcast_budget = (max(0.0, reduce_since + reduce_budget - waiting_since)
-                            + bcast_own_budget)
+            bcast_budget = (RC_STAGE_TIMEOUT_S if patient
+                            else self.deadline.budget(
+                                "broadcast:" + kind,
+                                first_at_least=self.deadline.multiplier * own_reduce_s))
             if self.end_copies and not reliable:
                 # Say again, a little later, that our broadcast went out. Under burst loss
                 # the markers right after the data often share its fate (a burst of 10

@@ -236,3 +236,33 @@ def test_a_burst_that_outlasts_the_sources_step_ends_with_the_timed_late_markers
     assert first.broadcast_missing == 1, first
     assert not first.broadcast_deadline_hit, first
     assert LATE_END_AFTER_S <= first.seconds < DEADLINE_S / 2, first
+
+
+def test_a_broadcast_whose_every_marker_is_lost_costs_its_own_budget_only():
+    """Rank 1's broadcast tail and every end marker of it, the late copies too, are lost to
+    rank 0: rank 0's broadcast stage ends at its deadline. That deadline is the broadcast's
+    own budget (FLOOR_S here). Before, it also carried what the reduce stage had left of
+    its budget, for an owner still in its reduce, which waits for it as a silent source
+    now: a lost tail cost twice FLOOR_S (under `collective-bench`'s 10% burst loss,
+    broadcast budgets of 45-300 ms on a p50 of 15)."""
+    FLOOR_S = 1.0
+
+    class AllBroadcastEndsLost(DropMask):
+        def drops(self, head):
+            if head.source != 1 or head.step != 0:
+                return False
+            if head.stage == hdr.STAGE_BROADCAST:
+                return head.index == head.count - 1
+            return head.stage == hdr.STAGE_BROADCAST_END
+
+    store, transports = make_pair(drop_mask=AllBroadcastEndsLost(0, 0.0))
+    try:
+        collectives = [LossyCollective(t, store, deadline=Deadline(floor_s=FLOOR_S,
+                                                                   ceiling_s=2 * FLOOR_S))
+                       for t in transports]
+        stats = step_both(collectives, [torch.ones(20_000) * (k + 1) for k in (0, 1)])[0]
+    finally:
+        for t in transports:
+            t.close()
+    assert stats.broadcast_missing == 1 and stats.broadcast_deadline_hit, stats
+    assert FLOOR_S <= stats.seconds < 1.6 * FLOOR_S, stats
