@@ -121,24 +121,21 @@ def test_copies_of_an_end_marker_in_one_batch_get_the_verdict_of_the_first():
         tx.close()
 
 
-def tail_burst(stage: int):
-    """A drop mask that loses, in step 0, rank 1's last packet of `stage` to rank 0 and the
-    END_COPIES end markers sent right after it: a burst that takes the tail of a stream."""
+EVERY_COPY = 1 << 16  # (copy numbers are 16 bits)
+
+
+def tail_burst(stage: int, copies_lost: int = END_COPIES):
+    """A drop mask that loses, in step 0, rank 1's last packet of `stage` to rank 0 and its
+    end markers numbered below `copies_lost` (END_COPIES: those sent right after it): a
+    burst that takes the tail of a stream."""
 
     class TailBurst(DropMask):
-        def __init__(self, seed, rate):
-            super().__init__(seed, 0.0)
-            self.markers_lost = 0
-
         def drops(self, head):
             if head.source != 1 or head.step != 0:
                 return False
-            if head.stage == stage and head.index == head.count - 1:
-                return True
-            if head.stage == hdr.END_OF[stage] and self.markers_lost < END_COPIES:
-                self.markers_lost += 1
-                return True
-            return False
+            if head.stage == stage:
+                return head.index == head.count - 1
+            return head.stage == hdr.END_OF[stage] and head.copy < copies_lost
 
     return TailBurst(0, 0.0)
 
@@ -211,16 +208,8 @@ def test_a_burst_that_outlasts_the_sources_step_ends_with_the_timed_late_markers
     from harness.collectives.lossy import LATE_END_AFTER_S
     from harness.reproduce.loopback import on_every_rank
 
-    class BurstUntilLeaving(DropMask):
-        def drops(self, head):
-            if head.source != 1 or head.step != 0:
-                return False
-            if head.stage == hdr.STAGE_BROADCAST:
-                return head.index == head.count - 1
-            return (head.stage == hdr.STAGE_BROADCAST_END
-                    and head.copy < END_COPIES + LATE_END_COPIES)
-
-    store, transports = make_pair(drop_mask=BurstUntilLeaving(0, 0.0))
+    store, transports = make_pair(
+        drop_mask=tail_burst(hdr.STAGE_BROADCAST, END_COPIES + LATE_END_COPIES))
     try:
         def work(rank):
             collective = LossyCollective(transports[rank], store, align_every=0,
@@ -247,15 +236,7 @@ def test_a_broadcast_whose_every_marker_is_lost_costs_its_own_budget_only():
     broadcast budgets of 45-300 ms on a p50 of 15)."""
     FLOOR_S = 1.0
 
-    class AllBroadcastEndsLost(DropMask):
-        def drops(self, head):
-            if head.source != 1 or head.step != 0:
-                return False
-            if head.stage == hdr.STAGE_BROADCAST:
-                return head.index == head.count - 1
-            return head.stage == hdr.STAGE_BROADCAST_END
-
-    store, transports = make_pair(drop_mask=AllBroadcastEndsLost(0, 0.0))
+    store, transports = make_pair(drop_mask=tail_burst(hdr.STAGE_BROADCAST, EVERY_COPY))
     try:
         collectives = [LossyCollective(t, store, deadline=Deadline(floor_s=FLOOR_S,
                                                                    ceiling_s=2 * FLOOR_S))
