@@ -21,7 +21,8 @@ follow, so the news is told twice more, later: a source's broadcast packets (it 
 only after sending us all its reduce packets) end its reduce stage, and LATE_END_COPIES of
 its broadcast markers follow LATE_END_AFTER_S after its broadcast (or as it leaves a step
 that ended sooner), and as many again LATE_END_AFTER_S after it in any case, from whatever
-wait the source is in by then, this step's or its next's. The deadline remains for
+wait the source is in by then, this step's or its next's, or (background_late_ends, as
+training runs it) from a thread while the source computes between steps. The deadline remains for
 sources that fall silent (all markers lost, a rank stalled or dead). On a path that reorders
 (netem delay with jitter), a packet overtaken by the markers arrives after its stage ended
 and is counted late, not applied.
@@ -37,6 +38,7 @@ over torch.distributed (delivered in full), to tell which stage a result comes f
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -410,7 +412,8 @@ class LossyCollective:
     def __init__(self, transport, store=None, *, estimator: str = "received_mean",
                  deadline: Deadline | None = None, key_prefix: str = "lossbed/collective",
                  end_copies: int = END_COPIES, align_every: int = 1,
-                 wait_for_all: bool = False, lossy_stage: str = "both"):
+                 wait_for_all: bool = False, lossy_stage: str = "both",
+                 background_late_ends: bool = False):
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {estimator!r}: use one of "
                              f"{', '.join(ESTIMATORS)}")
@@ -457,6 +460,25 @@ class LossyCollective:
         # Broadcasts whose late end markers are still to go: (when, layout, step, bucket),
         # in the order they are due (see _run)
         self._timed_ends: list[tuple[float, Layout, int, int]] = []
+        # The transport is one thread's at a time (its use_lock): a step holds it, and so
+        # does the background sender for each send it makes between steps.
+        lock = getattr(transport, "use_lock", None)
+        if background_late_ends and lock is None:
+            raise ValueError(f"background_late_ends needs a transport with a use_lock; "
+                             f"{type(transport).__name__} has none")
+        self._turn = threading.Condition(lock or threading.RLock())
+        self._background: threading.Thread | None = None
+        self._background_stopping = False
+        self._background_error: BaseException | None = None
+        if background_late_ends:
+            # A training rank computes between steps (forward, backward): the timed late
+            # markers of its last broadcast fall due then, and a peer whose wait for that
+            # broadcast only they can end would wait out its deadline until this rank's
+            # next step sent them. This thread sends them when due instead.
+            self._background = threading.Thread(
+                target=self._background_sender, daemon=True,
+                name=f"late-ends-rank{self.rank}")
+            self._background.start()
 
     def _size(self, numel: int) -> tuple[Layout, np.ndarray]:
         """The layout of a tensor size and its sums buffer, made once: the packet tables
@@ -522,10 +544,42 @@ class LossyCollective:
 
     def finish(self) -> None:
         """Send the late end markers still to go, once due (at most LATE_END_AFTER_S from
-        now): after a run's last step, for a peer still waiting for them."""
-        if self._timed_ends:
-            time.sleep(max(0.0, self._timed_ends[-1][0] - time.monotonic()))
-            self._send_timed_ends()
+        now): after a run's last step, for a peer still waiting for them. Stops the
+        background sender; on a closed transport sends nothing."""
+        if self._background is not None:
+            with self._turn:
+                self._background_stopping = True
+                self._turn.notify()
+            self._background.join()
+        with self._turn:
+            if self._timed_ends and not getattr(self.transport, "closed", False):
+                time.sleep(max(0.0, self._timed_ends[-1][0] - time.monotonic()))
+                self._send_timed_ends()
+            self._timed_ends.clear()
+        self._raise_background_error()
+
+    @property
+    def background_sender_alive(self) -> bool:
+        return self._background is not None and self._background.is_alive()
+
+    def _background_sender(self) -> None:
+        """Send the timed late end markers as they fall due while no step holds the
+        transport, until finish() or the transport closes (checked under its lock, which
+        close() takes: nothing goes out on a closed socket)."""
+        try:
+            with self._turn:
+                while not self._background_stopping and not self.transport.closed:
+                    due = self._send_timed_ends()
+                    self._turn.wait(None if due == float("inf")
+                                    else max(0.0, due - time.monotonic()))
+        except BaseException as err:  # noqa: BLE001 - raised in the rank's own thread
+            self._background_error = err
+
+    def _raise_background_error(self) -> None:
+        if self._background_error is not None:
+            err, self._background_error = self._background_error, None
+            raise RuntimeError(f"rank {self.rank}: the background sender of late end "
+                               f"markers failed: {err}") from err
 
     def _receive_until(self, deadline: float, until, handle, handle_batch) -> None:
         """transport.receive_until, sending late end markers as they fall due meanwhile."""
@@ -581,6 +635,14 @@ class LossyCollective:
         """One step. `contribution` is what this rank sends to the owners (gradients);
         `shared` is what owners broadcast and everyone receives into (the result, or the
         parameters). on_reduced(start, end, estimate) writes the owner's shard of `shared`."""
+        with self._turn:  # (the transport is the step's until it ends)
+            self._raise_background_error()
+            stats = self._run_step(contribution, shared, bucket, on_reduced)
+            self._turn.notify()  # (the background sender: this step's timed set is due)
+        return stats
+
+    def _run_step(self, contribution: np.ndarray, shared: np.ndarray, bucket: int,
+                  on_reduced) -> StepStats:
         layout, total = self._size(contribution.size)
         # Steps are numbered by the transport, so collectives sharing it (several
         # estimators, or a collective and RPS) never take each other's packets.

@@ -237,6 +237,8 @@ def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) 
         "warmup_step_ms": [[us / 1000 for us in m.get("warmup_step_us", [])] for m in ranks],
         "slow_steps": [{"rank": m["rank"], **s} for m in ranks for s in m.get("slow_steps", [])],
         "transport_counters": dict(sum((Counter(m["counters"]) for m in ranks), Counter())),
+        # summed over ranks: stages ended by their deadline, step alignment time, ...
+        "collective_totals": _summed([m.get("collective_totals", {}) for m in ranks]),
         # every datagram sealed with the launch's key, and checked against it
         "authenticated": all(m.get("authenticated") for m in ranks),
         "wire_warning": wire_warning(ranks),
@@ -295,6 +297,16 @@ def _disturbed(missing: int, expected: int, measured: float) -> str | None:
         return None
     return (f"the collective missed {fraction:.1%} of its packets where the network lost "
             f"{measured:.1%}: a rank fell behind and its packets came too late")
+
+
+def _summed(counts: list[dict]) -> dict:
+    """Per key, the sum over ranks; a key counted 0 stays (Counter's sum would drop it,
+    and 0 deadlines hit is a result)."""
+    total: dict = {}
+    for one in counts:
+        for key, value in one.items():
+            total[key] = total.get(key, 0) + value
+    return total
 
 
 def _ms(h: Histogram) -> dict:

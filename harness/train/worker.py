@@ -62,7 +62,10 @@ def wrap(cfg: TrainConfig, model, r):
     transport = r.transport_for(cfg.transport)
     # the lossy collectives' step alignment, and whether they wait for every packet
     collective_options = dict(align_every=cfg.align_every, wait_for_all=cfg.wait_for_all,
-                              lossy_stage=cfg.lossy_stage)
+                              lossy_stage=cfg.lossy_stage,
+                              # a rank computes between steps: the timed late end markers
+                              # of its last broadcast go from a thread meanwhile (lossy.py)
+                              background_late_ends=True)
     if cfg.optimizer == "sgd":
         optimizer_class, options = torch.optim.SGD, dict(lr=cfg.lr, momentum=0.9)
     else:
@@ -107,12 +110,17 @@ TIMING_WARMUP_STEPS = 5
 SLOW_FACTOR = 5.0
 
 
-def _lossy_totals(timing) -> dict:
-    """What a variant's lossy collective has counted so far (nothing for reliable)."""
+def _lossy_collective(timing):
+    """A variant's lossy collective (None for reliable)."""
     collective = getattr(timing, "collective", None)  # the hook's and sharded optimizer's
     if collective is None and hasattr(timing, "rps"):  # RPS holds one inside
         collective = timing.rps.collective
-    return dict(getattr(collective, "totals", None) or {})
+    return collective
+
+
+def _lossy_totals(timing) -> dict:
+    """What a variant's lossy collective has counted so far (nothing for reliable)."""
+    return dict(getattr(_lossy_collective(timing), "totals", None) or {})
 
 
 def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None,
@@ -180,6 +188,9 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
             print(f"[{label}] step {step + 1}/{cfg.steps} loss {value:.3f} {rate:.0f} tok/s, "
                   f"about {eta:.0f} s left in this run", file=sys.stderr, flush=True)
     train_s = time.perf_counter() - started
+    collective = _lossy_collective(timing)
+    if collective is not None:  # its last timed late markers, and its background sender
+        collective.finish()
     after = transport.counters.to_dict()
     metrics = {
         "rank": r.rank, "losses": losses, "train_s": train_s,
@@ -187,6 +198,9 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
         "warmup_step_us": warmup_us,
         "slow_steps": _slow_steps(per_step, transport, timing),
         "counters": {k: after[k] - before[k] for k in after},
+        # the lossy collective's own counts over the run: stages that ended at their
+        # deadline, time spent aligning steps (nothing for reliable)
+        "collective_totals": _lossy_totals(timing),
         # RDMA queue pairs: what the device counted (retransmissions, sequence errors, ...)
         "device_counters": getattr(transport, "device_counters", dict)(),
         "authenticated": transport.authenticated,

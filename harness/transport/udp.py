@@ -158,6 +158,13 @@ class UdpTransport:
         # this rank's own verdicts (one mask may be handed to every rank of a process)
         self.drop_mask = drop_mask.for_receiver(rank) if drop_mask is not None else None
         self.counters = Counters()
+        # Held by whoever uses the transport from a step, and by a collective's background
+        # sender (lossy.LossyCollective, background_late_ends) for each send between steps:
+        # the sender, the MAC's nonces and the counters are one thread's at a time. close()
+        # takes it too, so nothing sends on a socket once closed (its descriptor number may
+        # be another socket's by then).
+        self.use_lock = threading.RLock()
+        self.closed = False
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for forced, plain in BUFFER_OPTIONS:
             try:
@@ -265,7 +272,9 @@ class UdpTransport:
         if self.semantics.reliable:
             self._stopping.set()
             self._service.join(5)
-        self.sock.close()
+        with self.use_lock:
+            self.closed = True
+            self.sock.close()
 
     def next_step(self) -> int:
         """The number of the next collective step: every rank calls collectives in the same

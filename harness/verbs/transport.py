@@ -29,6 +29,7 @@ import ctypes
 import json
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -94,6 +95,9 @@ class VerbsTransport:
         prefix = key_prefix or f"lossbed/verbs/{semantics}"
         self.auth = PacketAuth(key, rank, prefix) if key is not None else None
         self.counters = Counters()
+        # one thread's at a time, close() included (see UdpTransport.use_lock)
+        self.use_lock = threading.RLock()
+        self.closed = False
         self.stash = EarlyStash()  # packets of coming steps that came early, kept for them
         self._step = 0
         found = devices()
@@ -225,9 +229,11 @@ class VerbsTransport:
 
     def close(self) -> None:
         """Give every resource back to the device (a process that exits does so too)."""
-        if self.ctx is not None:
-            self.ctx.close()  # closes its queue pairs, memory regions, queues and domain
-            self.ctx = None
+        with self.use_lock:
+            self.closed = True
+            if self.ctx is not None:
+                self.ctx.close()  # closes its queue pairs, memory regions, queues and domain
+                self.ctx = None
 
     def next_step(self) -> int:
         step = self._step

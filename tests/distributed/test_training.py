@@ -102,6 +102,13 @@ def test_record_has_the_promised_fields(cluster, tmp_path):
     assert len(rec["losses"]) == STEPS and rec["packets_lost"] > 0
     assert set(rec["step_ms"]) >= {"p50", "p99", "p999"}
     assert 1 < rec["ppl"] < untrained_ppl(TrainConfig(**rec["config"])) and rec["drift"] >= 0
+    # the lossy collective's own counts, summed over ranks, zeros kept
+    totals = rec["collective_totals"]
+    assert totals["collective_steps"] >= 4 * STEPS, totals  # (a step: one or more buckets)
+    assert {"reduce_deadlines_hit", "broadcast_deadlines_hit", "align_s"} <= set(totals)
+    # Every step's end markers went, to each of 3 peers: 8 after each stage's data, 4 late
+    # and 4 timed late after the broadcast; the last step's timed ones too (finish()).
+    assert rec["transport_counters"]["ends_sent"] == 3 * 24 * totals["collective_steps"]
 
 
 def _overflow_a_receive_buffer(host, datagrams: int) -> None:

@@ -247,3 +247,96 @@ def test_a_broadcast_whose_every_marker_is_lost_costs_its_own_budget_only():
             t.close()
     assert stats.broadcast_missing == 1 and stats.broadcast_deadline_hit, stats
     assert FLOOR_S <= stats.seconds < 1.6 * FLOOR_S, stats
+
+
+def test_a_rank_computing_between_steps_still_sends_its_timed_late_markers_on_time():
+    """As above, but rank 1 computes between its steps (here: sleeps 1.5 s), as a training
+    rank does its forward and backward pass. The timed late markers fall due LATE_END_AFTER_S
+    after its broadcast, while it computes: its collective's background sender sends them
+    then, and rank 0's wait ends with them. Before, they went only when rank 1 came to its
+    next step, after the compute, and rank 0 waited out its deadline (1 s here)."""
+    from harness.collectives.lossy import LATE_END_AFTER_S
+    from harness.reproduce.loopback import on_every_rank
+
+    FLOOR_S, COMPUTE_S = 1.0, 1.5
+    store, transports = make_pair(
+        drop_mask=tail_burst(hdr.STAGE_BROADCAST, END_COPIES + LATE_END_COPIES))
+    try:
+        def work(rank):
+            collective = LossyCollective(transports[rank], store, align_every=0,
+                                         background_late_ends=True,
+                                         deadline=Deadline(floor_s=FLOOR_S,
+                                                           ceiling_s=FLOOR_S))
+            stats = []
+            for _ in range(2):
+                stats.append(collective.allreduce(torch.ones(20_000) * (rank + 1)))
+                if rank == 1:
+                    time.sleep(COMPUTE_S)
+            collective.finish()
+            return stats, collective
+
+        results = on_every_rank(2, work)
+        ends_sent = transports[1].counters.ends_sent
+    finally:
+        for t in transports:
+            t.close()
+    first = results[0][0][0]
+    assert first.broadcast_missing == 1, first
+    assert not first.broadcast_deadline_hit, first
+    assert LATE_END_AFTER_S <= first.seconds < FLOOR_S / 2, first
+    # 2 steps x (2 stages x 8 + twice 4 late) to the one peer: each set sent once, by
+    # whichever of the step or the background sender came first
+    assert ends_sent == 2 * (2 * END_COPIES + 2 * LATE_END_COPIES), ends_sent
+    # finish() stopped the background sender
+    assert not results[1][1].background_sender_alive
+
+
+def test_the_background_sender_sends_nothing_once_the_transport_closed(monkeypatch):
+    """A background sender left running (a rank that failed before finish()) must not send
+    on a closed socket: its descriptor number may be another socket's by then, here one
+    bound where rank 0's datagrams to rank 1 go. The timed set is made due 0.3 s after the
+    broadcast, so it is still to go at the close."""
+    import os
+    import socket
+
+    from harness.collectives import lossy
+
+    monkeypatch.setattr(lossy, "LATE_END_AFTER_S", 0.3)
+    store, transports = make_pair()
+    try:
+        collectives = [LossyCollective(t, store, background_late_ends=True)
+                       for t in transports]
+        step_both(collectives, [torch.ones(20_000) * (k + 1) for k in (0, 1)])
+        descriptor, peer = transports[0].sock.fileno(), transports[0].endpoints[1]
+    finally:
+        for t in transports:
+            t.close()
+    # 2 stages x 8 markers and the first late set of 4 went; the timed set had not
+    sent = [t.counters.ends_sent for t in transports]
+    assert sent == [2 * END_COPIES + LATE_END_COPIES] * 2, sent
+    # rank 0's old descriptor number now names a socket at rank 1's old endpoint
+    reused = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    reused.bind(peer)
+    reused.setblocking(False)
+    duplicated = reused.fileno() != descriptor  # (it usually takes the lowest free one)
+    if duplicated:
+        try:
+            os.fstat(descriptor)
+            raise AssertionError(f"descriptor {descriptor} taken by something else")
+        except OSError:
+            os.dup2(reused.fileno(), descriptor)
+    try:
+        time.sleep(0.5)  # (the timed set fell due after the close)
+        for c in collectives:
+            c.finish()  # on a closed transport: stops the sender, sends nothing, raises nothing
+            assert not c.background_sender_alive
+        try:
+            got = reused.recv(65536)
+        except BlockingIOError:
+            got = None
+    finally:
+        if duplicated:
+            os.close(descriptor)
+        reused.close()
+    assert got is None, "a datagram went out on the closed transport's descriptor"
+    assert [t.counters.ends_sent for t in transports] == sent
