@@ -161,7 +161,7 @@ def _add_ratios(rows: list[dict]) -> None:
 def format_table(rows: list[dict]) -> str:
     head = (f"{'profile':<12} {'loss':>5} {'meas':>6} {'size':>6} {'algorithm':<28} "
             f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'Gbit/s':>7} {'p50/rel':>8} "
-            f"{'p99/rel':>8} {'max/rel':>8} {'raw%':>5}")
+            f"{'p99/rel':>8} {'max/rel':>8} {'raw%':>5} {'dl r/b':>7}")
     lines = [head, "-" * len(head)]
 
     def f(value, fmt: str) -> str:
@@ -169,15 +169,20 @@ def format_table(rows: list[dict]) -> str:
 
     for r in rows:
         raw = f"{r['raw_rate_fraction'] * 100:.0f}" if r.get("raw_rate_fraction") else "-"
+        hit = r.get("deadlines_hit")
+        hit = f"{hit['reduce']}/{hit['broadcast']}" if hit else "-"
         lines.append(
             f"{r['profile']:<12} {r['loss']:>5.0%} {r['measured_loss']:>6.2%} "
             f"{r['size_bytes'] / MIB:>5.0f}M {r['algorithm']:<28} {r['p50_ms']:>8.1f} "
             f"{f(r['p99_ms'], '.1f'):>8} {r['max_ms']:>8.1f} {r['algbw_gbps']:>7.2f} "
             f"{f(r.get('p50_vs_reliable'), '.2f'):>8} {f(r.get('p99_vs_reliable'), '.3f'):>8} "
-            f"{f(r.get('max_vs_reliable'), '.3f'):>8} {raw:>5}")
+            f"{f(r.get('max_vs_reliable'), '.3f'):>8} {raw:>5} {hit:>7}")
     if rows and rows[0].get("p99_ms") is None:
         lines.append(f"p99: '-' with {rows[0]['iterations']} iterations (a p99 needs 100: "
                      "--iters 100); max is the slowest iteration")
+    if any(r.get("deadlines_hit") for r in rows):
+        lines.append("dl r/b: rank 0's reduce / broadcast stages that ended at their deadline "
+                     "(not by their packets or end markers) in the timed iterations")
     if rows:
         lines.append(f"raw UDP rate between two hosts (one Python sender, MTU "
                      f"{rows[0]['mtu']}): {rows[0]['raw_udp_pps']:.0f} packets/s")

@@ -42,10 +42,16 @@ class Timing:
     def __init__(self):
         self.times: list[float] = []
         self.sent = self.missing = self.expected = 0
+        # rank 0's stages that ended at their deadline, not by their packets or end markers:
+        # where a lossy p99 is the deadline's rather than the machine's
+        self.deadlines_hit = {"reduce": 0, "broadcast": 0}
 
-    def run(self, collective, tensor, counters, iters: int) -> None:
+    def run(self, collective, tensor, counters, iters: int, totals: dict | None = None) -> None:
+        """`totals`: the lossy collective's running totals (LossyCollective.totals)."""
         sent0, missing0 = counters.packets_sent, counters.missing
         expected0 = counters.packets_received + counters.missing
+        hit0 = {stage: (totals or {}).get(f"{stage}_deadlines_hit", 0)
+                for stage in self.deadlines_hit}
         for _ in range(iters):
             t0 = time.perf_counter()
             collective(tensor)
@@ -53,6 +59,9 @@ class Timing:
         self.sent += counters.packets_sent - sent0
         self.missing += counters.missing - missing0
         self.expected += counters.packets_received + counters.missing - expected0
+        for stage in self.deadlines_hit:
+            self.deadlines_hit[stage] += ((totals or {}).get(f"{stage}_deadlines_hit", 0)
+                                          - hit0[stage])
 
     def summary(self, size_bytes: int, lossy: bool) -> dict:
         times, seconds = self.times, sum(self.times)
@@ -70,6 +79,7 @@ class Timing:
             "packets_per_s": self.sent / seconds if lossy else None,
             "missing_fraction": self.missing / self.expected
             if lossy and self.expected else None,
+            "deadlines_hit": dict(self.deadlines_hit) if lossy else None,
         }
 
 
@@ -84,18 +94,21 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING)
     r = runtime.start()
     try:
-        runners = {}
+        runners, totals = {}, {}
         for name in args.algorithms:
             base, _, semantics = name.partition("@")
             transport = r.transport_for(semantics) if semantics else r.transport
             if base == "reliable":
                 runners[name] = reliable.allreduce_mean
-            elif base == "rps":
-                runners[name] = RPS(transport, r.store).average
+                continue
+            if base == "rps":
+                rps = RPS(transport, r.store)
+                runners[name], collective = rps.average, rps.collective
             else:
-                runners[name] = LossyCollective(transport, r.store,
-                                                estimator=ESTIMATOR_OF[base],
-                                                align_every=args.align_every).allreduce
+                collective = LossyCollective(transport, r.store, estimator=ESTIMATOR_OF[base],
+                                             align_every=args.align_every)
+                runners[name] = collective.allreduce
+            totals[name] = collective.totals
         for size in args.sizes:
             numel = max(size // 4, 1)
             tensor = torch.randn(numel, generator=torch.Generator().manual_seed(r.rank))
@@ -114,7 +127,7 @@ def main(argv=None) -> int:
                                 else r.transport).counters
                     store_barrier(r.store, f"{name}/{size}/{first}", r.world)
                     timed[name].run(runners[name], tensor, counters,
-                                    min(ROUND_ITERS, args.iters - first))
+                                    min(ROUND_ITERS, args.iters - first), totals.get(name))
             store_barrier(r.store, f"{size}/done", r.world)
             if r.rank == 0:
                 for name, timing in timed.items():

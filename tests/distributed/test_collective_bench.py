@@ -30,7 +30,14 @@ def test_collective_bench_writes_every_field_for_every_run_and_cleans_up(tmp_pat
         assert FIELDS <= set(row), FIELDS - set(row)
         assert row["hosts"] == 2 and row["mtu"] == 9000 and row["size_bytes"] == 262144
         assert row["align_every"] == 0  # the lossy collective as training runs it
+    for row in rows:  # rank 0's stages that ended at their deadline, lossy ones only
+        if row["algorithm"] == "reliable":
+            assert row["deadlines_hit"] is None
+        else:
+            assert set(row["deadlines_hit"]) == {"reduce", "broadcast"}, row
+            assert all(n >= 0 for n in row["deadlines_hit"].values()), row
     lossy = [r for r in rows if r["profile"] == "random-loss"]
     assert all(0.05 < r["measured_loss"] < 0.15 for r in lossy)  # the kernel applied ~10%
     assert "p99/rel" in result.stdout and "raw UDP rate" in result.stdout
+    assert "dl r/b" in result.stdout
     assert set(netns_cluster.leftover_clusters()) == before  # its own cluster is gone
