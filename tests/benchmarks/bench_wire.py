@@ -113,6 +113,10 @@ def summarise(mtu, hosts, before, after, sealed_rows, unsealed_rows) -> list[dic
             "mac_price": s0["p50_ms"] / u0["p50_ms"],
             "blaster_mac_price": wire_plain / wire_sealed,
             "sealed_p99_10_vs_own_p50_0": _ratio(s10["p99_ms"], s0["p50_ms"]),
+            # ... and the machine's own tail without loss: the bound on the line above
+            "sealed_p99_0_vs_own_p50_0": _ratio(s0["p99_ms"], s0["p50_ms"]),
+            # rank 0's stages that ended at their deadline at 10%: the loss's part in it
+            "sealed_deadlines_hit_10": s10.get("deadlines_hit"),
             "missing_at_0_sealed": s0.get("missing_fraction"),
             "missing_at_0_unsealed": u0.get("missing_fraction"),
             "ms": {"unsealed_0": [u0["p50_ms"], u0["p99_ms"], u0["max_ms"]],
@@ -142,7 +146,8 @@ def table(rows, wires, cores) -> str:
                      f"Gbit/s a core; 100 Gbit/s needs {c['cores_at_100gbps']:.1f} cores")
     head = (f"{'MTU':>5} {'MiB':>4} {'unseal/plain':>12} {'seal/sealed':>11} {'p50/gloo':>8} "
             f"{'p50/gloo s':>10} {'p99/gloo s':>10} {'@10% p50/g':>10} {'@10% p99/g':>10} "
-            f"{'MAC price':>9} {'blaster':>7} {'p99@10/p50':>10}")
+            f"{'MAC price':>9} {'blaster':>7} {'p99@10/p50':>10} {'p99@0/p50':>9} "
+            f"{'dl@10':>6}")
     lines += ["", head, "-" * len(head)]
 
     def f(v, fmt=".2f"):
@@ -155,12 +160,20 @@ def table(rows, wires, cores) -> str:
             f"{f(r['sealed_p50_vs_gloo_0']):>10} {f(r['sealed_p99_vs_gloo_0']):>10} "
             f"{f(r['sealed_p50_vs_gloo_10']):>10} {f(r['sealed_p99_vs_gloo_10']):>10} "
             f"{f(r['mac_price']):>9} {f(r['blaster_mac_price']):>7} "
-            f"{f(r['sealed_p99_10_vs_own_p50_0']):>10}")
+            f"{f(r['sealed_p99_10_vs_own_p50_0']):>10} "
+            f"{f(r['sealed_p99_0_vs_own_p50_0']):>9} {_hits(r['sealed_deadlines_hit_10']):>6}")
     lines.append("unseal/plain: unsealed unbiased's aggregate goodput at 0% / the best plain "
                  "blaster mode; seal/sealed: sealed / the best sealed mode; p50/gloo: "
                  "unsealed, 's': sealed; MAC price: sealed p50 / unsealed p50, beside the "
-                 "blaster's best plain / best sealed")
+                 "blaster's best plain / best sealed; p99@10/p50: sealed p99 at 10% random "
+                 "loss / its own lossless p50, p99@0/p50 the same without loss (the "
+                 "machine's own tail); dl@10: rank 0's reduce/broadcast stages that ended "
+                 "at their deadline at 10%, sealed")
     return "\n".join(lines)
+
+
+def _hits(hit: dict | None) -> str:
+    return f"{hit['reduce']}/{hit['broadcast']}" if hit else "-"
 
 
 def main(argv=None) -> int:
