@@ -36,6 +36,8 @@ TAG_BYTES = 16
 DEST_OFFSET = HEADER_BYTES - TAG_BYTES - 8 - 2  # where the destination rank is
 SEQ_OFFSET = HEADER_BYTES - TAG_BYTES - 8  # where seq starts: the fields before it are ...
 TAG_OFFSET = HEADER_BYTES - TAG_BYTES      # ... signed, with seq, by the tag
+STAGE_OFFSET = struct.calcsize("!IB")  # the stage byte, after magic and version
+FRAGMENTS_OFFSET = struct.calcsize("!IBBHQIHHH")  # fragments, u16 (1: a whole packet)
 NO_TAG = bytes(TAG_BYTES)
 IPV4_UDP_OVERHEAD = 20 + 8
 

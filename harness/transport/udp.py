@@ -506,8 +506,10 @@ class UdpTransport:
         first, copies = [], {}  # (what a marker says: its header up to the copy number)
         for row in others:
             head = rx.data[row]
-            if (rx.sizes[row] == hdr.HEADER_BYTES and head[5] >= hdr.STAGE_REDUCE_END
-                    and head[26:28].tobytes() == b"\0\1"):
+            if (rx.sizes[row] == hdr.HEADER_BYTES
+                    and head[hdr.STAGE_OFFSET] >= hdr.STAGE_REDUCE_END
+                    and head[hdr.FRAGMENTS_OFFSET:hdr.FRAGMENTS_OFFSET + 2].tobytes()
+                    == b"\0\1"):
                 seen = copies.setdefault(head[:hdr.DEST_OFFSET - 2].tobytes(), [row, 0])
                 seen[1] += 1
             else:
@@ -593,7 +595,7 @@ class UdpTransport:
         classes = self._screen(n)
         for row in np.flatnonzero(classes == native.OTHER).tolist():
             view = memoryview(rx.data[row])
-            if view[5] in (hdr.STAGE_ACK, hdr.STAGE_NAK):  # (the header's stage)
+            if view[hdr.STAGE_OFFSET] in (hdr.STAGE_ACK, hdr.STAGE_NAK):
                 self._datagram(int(rx.sizes[row]), None, None, view, checked=True)
             else:
                 c.malformed += 1  # an RC peer sends data, ACKs and NAKs, nothing else
