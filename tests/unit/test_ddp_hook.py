@@ -1,0 +1,93 @@
+"""The DDP communication hook (harness/ddp/hooks.py): a bucket the lossy collective cannot
+take as it is (CUDA, or not float32) goes through one host staging buffer per bucket,
+reused, and comes back in the bucket's own dtype and device; a float32 CPU bucket is reduced
+in place. Two ranks on loopback (127.0.0.1), no loss: the result is the exact mean."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.collectives.lossy import LossyCollective
+from harness.ddp.hooks import LossyHookState, lossy_allreduce_hook
+from harness.reproduce.loopback import on_every_rank
+from tests.unit.test_transport_hostile import make_pair
+
+
+class Bucket:
+    """What the hook uses of DDP's GradBucket."""
+
+    def __init__(self, index: int, grads: torch.Tensor):
+        self._index, self._grads = index, grads
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        return self._grads
+
+
+def hooked(grads_of_rank, buckets=(0,), calls=1):
+    """Each rank runs the hook on its buckets, `calls` times over; per rank its state and
+    the results of its last call."""
+    store, transports = make_pair()
+    try:
+        def work(rank):
+            state = LossyHookState(LossyCollective(transports[rank], store))
+            results = []
+            for _ in range(calls):
+                results = []
+                for index in buckets:
+                    grads = grads_of_rank(rank, index)
+                    future = lossy_allreduce_hook(state, Bucket(index, grads))
+                    results.append((grads, future.wait()))
+            return state, results
+
+        return on_every_rank(2, work)
+    finally:
+        for t in transports:
+            t.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_a_bucket_of_another_dtype_is_staged_reduced_and_returned_in_its_dtype(dtype):
+    def grads(rank, index):  # rank 0: 1, 2, 3, ...; rank 1: 3, 4, 5, ... (means exact)
+        return (torch.arange(5000, dtype=torch.float32) % 64 + 1 + 2 * rank).to(dtype)
+
+    ranks = hooked(grads, buckets=(0, 1), calls=2)
+    expected = (torch.arange(5000, dtype=torch.float32) % 64 + 2).to(dtype)
+    for state, results in ranks:
+        for grads_in, result in results:
+            assert result is grads_in and result.dtype == dtype  # in place, its own dtype
+            assert torch.equal(result, expected)
+        # one float32 staging buffer per bucket, kept from the first call to the second
+        assert sorted(state.staging) == [0, 1]
+        assert all(b.dtype == torch.float32 and b.numel() == 5000
+                   for b in state.staging.values())
+        assert not any(b.is_pinned() for b in state.staging.values())  # (no CUDA here)
+
+
+def test_a_staging_buffer_is_reused_and_remade_only_when_the_bucket_changes_size():
+    state = LossyHookState.__new__(LossyHookState)
+    state.staging = {}
+    like = torch.zeros(100, dtype=torch.bfloat16)
+    first = state.host_buffer(3, like)
+    assert state.host_buffer(3, like) is first
+    assert state.host_buffer(3, torch.zeros(200)).numel() == 200  # (DDP rebuilt its buckets)
+
+
+def test_a_float32_cpu_bucket_is_reduced_in_place_without_staging():
+    ranks = hooked(lambda rank, index: torch.full((3000,), float(2 * rank + 1)))
+    for state, [(grads_in, result)] in ranks:
+        assert result is grads_in and torch.equal(result, torch.full((3000,), 2.0))
+        assert state.staging == {}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_bucket_goes_through_a_pinned_buffer_and_comes_back_on_its_device():
+    ranks = hooked(lambda rank, index: torch.full((3000,), float(2 * rank + 1),
+                                                  device="cuda"))
+    for state, [(grads_in, result)] in ranks:
+        assert result is grads_in and result.is_cuda
+        assert torch.equal(result.cpu(), torch.full((3000,), 2.0))
+        assert state.staging[0].is_pinned()
