@@ -60,7 +60,7 @@ NOISE_SEED_OFFSET = 7919
 
 def perturb(model, sd: float, seed: int) -> None:
     """Add N(0, sd²) to every weight, in place: the twin of a run whose initial weights
-    differ by `sd` (for the chaos check of #27, not built yet)."""
+    differ by `sd` (the chaos check's twin: harness/bench/stability.py)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed + NOISE_SEED_OFFSET)

@@ -61,7 +61,7 @@ class TrainConfig:
     # later run's --preset DIR (a warm start); an absolute path on the ranks' file system
     save_model: str | None = None
     # Add this much Gaussian noise (sd) to every initial weight, seeded apart from the
-    # model's seed: the twin of a run for the chaos check of #27 (not built yet)
+    # model's seed: the twin of a run for the chaos check (harness/bench/stability.py)
     init_noise: float = 0.0
     warmup_steps: int | None = None  # None: 5% of the steps
     log_every: int = 10
