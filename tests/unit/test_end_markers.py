@@ -340,3 +340,33 @@ def test_the_background_sender_sends_nothing_once_the_transport_closed(monkeypat
         reused.close()
     assert got is None, "a datagram went out on the closed transport's descriptor"
     assert [t.counters.ends_sent for t in transports] == sent
+
+
+def test_a_failing_background_sender_is_raised_at_the_ranks_next_step(monkeypatch):
+    """A send that fails in the background sender (here: the kernel refuses it) is not
+    lost in its thread: the rank's next step, or finish(), raises it, naming it."""
+    import pytest
+
+    from harness.collectives import lossy
+
+    monkeypatch.setattr(lossy, "LATE_END_AFTER_S", 0.3)  # (the timed set still to go ...)
+    store, transports = make_pair()
+    try:
+        collectives = [LossyCollective(t, store, background_late_ends=True)
+                       for t in transports]
+        step_both(collectives, [torch.ones(20_000) * (k + 1) for k in (0, 1)])
+
+        def refused(*args, **kwargs):
+            raise OSError("sendmmsg: No buffer space available")
+
+        monkeypatch.setattr(transports[0], "send_end", refused)  # (... when sends fail)
+        time.sleep(0.5)  # the background sender tried it
+        assert not collectives[0].background_sender_alive
+        with pytest.raises(RuntimeError, match="background sender of late end markers "
+                                               "failed: sendmmsg: No buffer space"):
+            collectives[0].allreduce(torch.ones(20_000))
+        collectives[0].finish()  # (raised once: nothing more to say)
+        collectives[1].finish()
+    finally:
+        for t in transports:
+            t.close()
