@@ -158,6 +158,11 @@ def _add_ratios(rows: list[dict]) -> None:
                 r["p99_vs_reliable"] = r["p99_ms"] / ref["p99_ms"]
 
 
+def deadlines_cell(hit: dict | None) -> str:
+    """A row's deadlines_hit as a table shows it: reduce/broadcast, '-' for gloo."""
+    return f"{hit['reduce']}/{hit['broadcast']}" if hit else "-"
+
+
 def format_table(rows: list[dict]) -> str:
     head = (f"{'profile':<12} {'loss':>5} {'meas':>6} {'size':>6} {'algorithm':<28} "
             f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'Gbit/s':>7} {'p50/rel':>8} "
@@ -169,8 +174,7 @@ def format_table(rows: list[dict]) -> str:
 
     for r in rows:
         raw = f"{r['raw_rate_fraction'] * 100:.0f}" if r.get("raw_rate_fraction") else "-"
-        hit = r.get("deadlines_hit")
-        hit = f"{hit['reduce']}/{hit['broadcast']}" if hit else "-"
+        hit = deadlines_cell(r.get("deadlines_hit"))
         lines.append(
             f"{r['profile']:<12} {r['loss']:>5.0%} {r['measured_loss']:>6.2%} "
             f"{r['size_bytes'] / MIB:>5.0f}M {r['algorithm']:<28} {r['p50_ms']:>8.1f} "

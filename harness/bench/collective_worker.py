@@ -48,10 +48,10 @@ class Timing:
 
     def run(self, collective, tensor, counters, iters: int, totals: dict | None = None) -> None:
         """`totals`: the lossy collective's running totals (LossyCollective.totals)."""
+        totals = totals or {}
         sent0, missing0 = counters.packets_sent, counters.missing
         expected0 = counters.packets_received + counters.missing
-        hit0 = {stage: (totals or {}).get(f"{stage}_deadlines_hit", 0)
-                for stage in self.deadlines_hit}
+        hit0 = {stage: totals.get(f"{stage}_deadlines_hit", 0) for stage in self.deadlines_hit}
         for _ in range(iters):
             t0 = time.perf_counter()
             collective(tensor)
@@ -60,8 +60,7 @@ class Timing:
         self.missing += counters.missing - missing0
         self.expected += counters.packets_received + counters.missing - expected0
         for stage in self.deadlines_hit:
-            self.deadlines_hit[stage] += ((totals or {}).get(f"{stage}_deadlines_hit", 0)
-                                          - hit0[stage])
+            self.deadlines_hit[stage] += totals.get(f"{stage}_deadlines_hit", 0) - hit0[stage]
 
     def summary(self, size_bytes: int, lossy: bool) -> dict:
         times, seconds = self.times, sum(self.times)

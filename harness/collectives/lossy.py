@@ -638,7 +638,8 @@ class LossyCollective:
         with self._turn:  # (the transport is the step's until it ends)
             self._raise_background_error()
             stats = self._run_step(contribution, shared, bucket, on_reduced)
-            self._turn.notify()  # (the background sender: this step's timed set is due)
+            if self._background is not None:  # this step's timed set is due later
+                self._turn.notify()
         return stats
 
     def _run_step(self, contribution: np.ndarray, shared: np.ndarray, bucket: int,

@@ -161,7 +161,8 @@ def table(rows, wires, cores) -> str:
             f"{f(r['sealed_p50_vs_gloo_10']):>10} {f(r['sealed_p99_vs_gloo_10']):>10} "
             f"{f(r['mac_price']):>9} {f(r['blaster_mac_price']):>7} "
             f"{f(r['sealed_p99_10_vs_own_p50_0']):>10} "
-            f"{f(r['sealed_p99_0_vs_own_p50_0']):>9} {_hits(r['sealed_deadlines_hit_10']):>6}")
+            f"{f(r['sealed_p99_0_vs_own_p50_0']):>9} "
+            f"{cb.deadlines_cell(r['sealed_deadlines_hit_10']):>6}")
     lines.append("unseal/plain: unsealed unbiased's aggregate goodput at 0% / the best plain "
                  "blaster mode; seal/sealed: sealed / the best sealed mode; p50/gloo: "
                  "unsealed, 's': sealed; MAC price: sealed p50 / unsealed p50, beside the "
@@ -170,10 +171,6 @@ def table(rows, wires, cores) -> str:
                  "machine's own tail); dl@10: rank 0's reduce/broadcast stages that ended "
                  "at their deadline at 10%, sealed")
     return "\n".join(lines)
-
-
-def _hits(hit: dict | None) -> str:
-    return f"{hit['reduce']}/{hit['broadcast']}" if hit else "-"
 
 
 def main(argv=None) -> int:
