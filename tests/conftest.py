@@ -4,8 +4,13 @@ there for real); hardware/ needs a GPU or RDMA device and is skipped without one
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+from tests.forkaudit import sitecustomize as fork_audit
+
+FORK_AUDIT_DIR = Path(fork_audit.__file__).parent
 
 
 def _vm_hosts_missing() -> str | None:
@@ -34,3 +39,17 @@ def pytest_collection_modifyitems(config, items):
                 reason="needs root and network namespaces (CI runs these as root)"))
         elif item.get_closest_marker("vm") and vm_missing:
             item.add_marker(pytest.mark.skip(reason=vm_missing))
+
+
+@pytest.fixture(autouse=True)
+def no_fork_while_threads_run(tmp_path_factory, monkeypatch):
+    """Every test, and every Python process it starts, runs under the fork audit
+    (tests/forkaudit/sitecustomize.py): os.fork/os.forkpty while more than one thread is alive
+    fails there and fails the test, naming the call and its stack."""
+    log_path = tmp_path_factory.mktemp("fork-audit") / "forks.log"
+    monkeypatch.setenv(fork_audit.LOG_ENV, str(log_path))
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(FORK_AUDIT_DIR), path) if p))
+    yield
+    if log_path.exists() and log_path.read_text():
+        pytest.fail("a fork while threads were alive:\n" + log_path.read_text(), pytrace=False)

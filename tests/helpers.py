@@ -28,8 +28,14 @@ def lossbed(*args: str, check: bool = False, timeout: float = 120) -> subprocess
     """Run the real CLI in a subprocess, as a user would."""
     return subprocess.run(
         [*LOSSBED, *args], capture_output=True, text=True, timeout=timeout, check=check,
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO, env={**os.environ, "PYTHONPATH": with_repo_on_path()},
     )
+
+
+def with_repo_on_path() -> str:
+    """PYTHONPATH with the checkout first, keeping what the tests put there (the fork
+    audit's folder: tests/conftest.py)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def leftovers(name: str) -> dict:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from pyroute2 import IPRoute, netns
-
 from testbed.clusters import addressing, naming
+from testbed.host import namespaces
 
 POOL = ipaddress.ip_network("10.202.0.0/16")
 HOST_IFNAME = "mgmt0"
@@ -43,9 +42,9 @@ def build(cluster, subnet: ipaddress.IPv4Network) -> None:
     """The management bridge, one mgmt0 per host, and the controller namespace."""
     switch_ns = naming.switch_namespace(cluster.name)
     ctl_ns = controller_namespace(cluster.name)
-    netns.create(ctl_ns)
+    namespaces.create(ctl_ns)
     addresses = addressing.host_addresses(subnet, len(cluster.hosts))
-    with IPRoute(netns=switch_ns) as sw:
+    with namespaces.netlink(switch_ns) as sw:
         sw.link("add", ifname=bridge(cluster.name), kind="bridge", br_forward_delay=0)
         br = sw.link_lookup(ifname=bridge(cluster.name))[0]
         peers = [(port(cluster.name, h.name), h.namespace, HOST_IFNAME) for h in cluster.hosts]
@@ -59,7 +58,7 @@ def build(cluster, subnet: ipaddress.IPv4Network) -> None:
     ends.append((ctl_ns, addressing.controller_address(subnet)))
     for namespace, address in ends:
         inside = CONTROLLER_IFNAME if namespace == ctl_ns else HOST_IFNAME
-        with IPRoute(netns=namespace) as ipr:
+        with namespaces.netlink(namespace) as ipr:
             ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
             index = ipr.link_lookup(ifname=inside)[0]
             ipr.addr("add", index=index, address=address, prefixlen=subnet.prefixlen)

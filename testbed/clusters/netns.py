@@ -18,10 +18,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyroute2 import IPRoute, netns
+from pyroute2 import IPRoute
 
 from testbed.clusters import addressing, naming, preflight, sshd, state, switch
 from testbed.errors import ClusterError, UsageError
+from testbed.host import namespaces
 from testbed.host.hosts import (
     NamespaceHost,
     disable_offloads,
@@ -100,8 +101,8 @@ class LocalCluster:
     def status(self) -> dict:
         """What the kernel says now (not what was asked for): addresses, MTU, offloads, sshd."""
         hosts = []
-        with IPRoute(netns=self.switch_namespace) as sw:
-            switch_sock = netns.create_socket(self.switch_namespace)
+        with namespaces.netlink(self.switch_namespace) as sw:
+            switch_sock = namespaces.socket_in(self.switch_namespace)
             for h in self.hosts:
                 port = naming.switch_port_ifname(self.name, h.name)
                 port_links = sw.link("get", ifname=port)
@@ -235,11 +236,11 @@ def _build(cluster: LocalCluster) -> None:
     progress = Progress(f"up {cluster.name}", total=3 * n + (n if cluster.ssh else 0))
     switch.create(cluster.name)
     for h in cluster.hosts:
-        netns.create(h.namespace)
+        namespaces.create(h.namespace)
         progress.advance("namespaces")
 
     ports = [naming.switch_port_ifname(cluster.name, h.name) for h in cluster.hosts]
-    with IPRoute(netns=cluster.switch_namespace) as sw:
+    with namespaces.netlink(cluster.switch_namespace) as sw:
         for h, port in zip(cluster.hosts, ports, strict=True):
             # Made inside the switch namespace with its peer placed straight into the host's,
             # so the pair never exists in the machine's own namespace.
@@ -283,12 +284,12 @@ def _write_hosts_file(cluster: LocalCluster, host: NamespaceHost) -> None:
 
 def cluster_namespaces(cluster: str) -> list[str]:
     """Every namespace on this machine that belongs to the cluster, by name prefix."""
-    return sorted(ns for ns in netns.listnetns() if naming.cluster_of_namespace(ns) == cluster)
+    return sorted(ns for ns in namespaces.names() if naming.cluster_of_namespace(ns) == cluster)
 
 
 def leftover_clusters() -> set[str]:
     """Clusters that have namespaces or /etc/netns folders here, recorded or not."""
-    names = {naming.cluster_of_namespace(ns) for ns in netns.listnetns()}
+    names = {naming.cluster_of_namespace(ns) for ns in namespaces.names()}
     if NETNS_ETC.is_dir():
         names |= {naming.cluster_of_namespace(p.name) for p in NETNS_ETC.iterdir()}
     return {n for n in names if n}
@@ -299,15 +300,15 @@ def down(cluster: str) -> dict:
     with them every link and bridge), its hosts files and its state. Safe to repeat, and works
     without a record (after a crash), finding objects by the cluster's prefix."""
     record = state.read(cluster) or {}
-    namespaces = set(cluster_namespaces(cluster))
-    namespaces |= {h["namespace"] for h in record.get("hosts", []) if "namespace" in h}
+    owned = set(cluster_namespaces(cluster))
+    owned |= {h["namespace"] for h in record.get("hosts", []) if "namespace" in h}
     if record.get("switch_namespace"):
-        namespaces.add(record["switch_namespace"])
-    present = sorted(ns for ns in namespaces if ns in set(netns.listnetns()))
+        owned.add(record["switch_namespace"])
+    present = sorted(ns for ns in owned if ns in set(namespaces.names()))
     killed = kill_namespace_processes(present)
     for ns in present:
         try:
-            netns.remove(ns)
+            namespaces.remove(ns)
         except FileNotFoundError:
             pass
     etc_dirs = 0

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from pyroute2 import IPRoute, netns
-
 from testbed.clusters import naming
+from testbed.host import namespaces
 from testbed.host.hosts import disable_offloads
 
 # A switch forwards frames; it must not run them through a host firewall. With
@@ -21,8 +20,8 @@ BRIDGE_NETFILTER_SYSCTLS = ("net.bridge.bridge-nf-call-iptables",
 def create(cluster: str) -> None:
     """The switch namespace with its loopback up and an empty bridge."""
     namespace = naming.switch_namespace(cluster)
-    netns.create(namespace)
-    with IPRoute(netns=namespace) as sw:
+    namespaces.create(namespace)
+    with namespaces.netlink(namespace) as sw:
         sw.link("set", index=sw.link_lookup(ifname="lo")[0], state="up")
         sw.link("add", ifname=naming.bridge_ifname(cluster), kind="bridge", br_forward_delay=0)
     if os.path.isdir("/proc/sys/net/bridge"):
@@ -35,14 +34,14 @@ def create(cluster: str) -> None:
 def plug(cluster: str, ports: list[str], mtu: int) -> None:
     """Join existing links of the switch namespace to the bridge: MTU set, offloads off, up."""
     namespace = naming.switch_namespace(cluster)
-    with IPRoute(netns=namespace) as sw:
+    with namespaces.netlink(namespace) as sw:
         bridge_index = sw.link_lookup(ifname=naming.bridge_ifname(cluster))[0]
         for port in ports:
             index = sw.link_lookup(ifname=port)[0]
             sw.link("set", index=index, mtu=mtu)
             sw.link("set", index=index, master=bridge_index, state="up")
         sw.link("set", index=bridge_index, mtu=mtu, state="up")
-    sock = netns.create_socket(namespace)
+    sock = namespaces.socket_in(namespace)
     try:
         for port in ports:
             disable_offloads(sock.dup(), port)

@@ -21,7 +21,7 @@ from typing import Protocol
 from pyroute2 import IPRoute, netns
 from pyroute2.ethtool.ioctl import IoctlEthtool
 
-from testbed.host import operations
+from testbed.host import namespaces, operations
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +80,11 @@ class NamespaceHost:
         return 127  # not reached
 
     def netlink(self) -> IPRoute:
-        return IPRoute(netns=self.namespace)
+        return namespaces.netlink(self.namespace)
 
     def socket(self, family=socket.AF_INET, kind=socket.SOCK_DGRAM) -> socket.socket:
-        """A socket that lives in this host's namespace, made without a subprocess."""
-        return netns.create_socket(self.namespace, family, kind)
+        """A socket that lives in this host's namespace, made without a child process."""
+        return namespaces.socket_in(self.namespace, family, kind)
 
     def offloads(self, ifname: str | None = None) -> dict[str, bool]:
         return read_offloads(self.socket(), ifname or self.ifname)
@@ -118,6 +118,9 @@ class LocalHost:
 
     def socket(self, family=socket.AF_INET, kind=socket.SOCK_DGRAM) -> socket.socket:
         return socket.socket(family, kind)
+
+    def offloads(self, ifname: str | None = None) -> dict[str, bool]:
+        return read_offloads(self.socket(), ifname or self.ifname)
 
     def agent_call(self, op: str, payload: dict):
         return operations.dispatch(self, op, payload)

@@ -6,17 +6,17 @@ from __future__ import annotations
 import os
 
 import pytest
-from pyroute2 import netns
 
 from testbed.clusters import netns as netns_cluster
 from testbed.errors import EnvironmentProblem
-from tests.helpers import NOTHING, REPO, leftovers, lossbed, unique_name
+from testbed.host import namespaces
+from tests.helpers import NOTHING, REPO, leftovers, lossbed, unique_name, with_repo_on_path
 
 pytestmark = pytest.mark.netns
 
 
 def _all_namespaces() -> set[str]:
-    return set(netns.listnetns())
+    return set(namespaces.names())
 
 
 CASES = [
@@ -88,7 +88,8 @@ def test_without_root_capabilities_the_message_says_so_and_nothing_is_created():
     result = subprocess.run(
         ["setpriv", "--bounding-set=-net_admin,-sys_admin", sys.executable, "-m", "testbed.cli",
          "up", "--hosts", "2", "--name", name],
-        capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": with_repo_on_path()},
     )
     assert result.returncode == 3
     assert "needs root" in result.stderr and "sudo" in result.stderr

@@ -16,7 +16,7 @@ from testbed import clusters
 from testbed.clusters import netns as netns_cluster
 from testbed.clusters import state
 from testbed.host.hosts import is_running, processes_in_namespaces
-from tests.helpers import NOTHING, REPO, leftovers, lossbed, unique_name
+from tests.helpers import NOTHING, REPO, leftovers, lossbed, unique_name, with_repo_on_path
 
 pytestmark = pytest.mark.netns
 
@@ -40,7 +40,7 @@ def _kill_self_during_up(name: str, hosts: int, after_calls: int, patch: str) ->
         sys.exit(cli.main(["up", "--hosts", "{hosts}", "--name", "{name}", "--ssh"]))
     """)
     child = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
-                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+                           env={**os.environ, "PYTHONPATH": with_repo_on_path()}, timeout=60)
     return child.returncode
 
 
@@ -67,7 +67,7 @@ def test_down_after_sigkill_while_sshd_was_starting():
 def test_down_after_sigkill_before_the_record_is_complete():
     """Killed after two namespaces; the record is then lost too: down works by prefix alone."""
     name = unique_name()
-    rc = _kill_self_during_up(name, hosts=6, after_calls=2, patch="pyroute2.netns.create")
+    rc = _kill_self_during_up(name, hosts=6, after_calls=2, patch="testbed.host.namespaces.create")
     assert rc == -signal.SIGKILL
     assert len(netns_cluster.cluster_namespaces(name)) == 2
     state.forget(name)
@@ -82,7 +82,7 @@ def test_down_after_sigkill_at_an_arbitrary_moment_of_a_big_up():
     name = unique_name()
     child = subprocess.Popen(
         [sys.executable, "-m", "testbed.cli", "up", "--hosts", "32", "--name", name],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO, env={**os.environ, "PYTHONPATH": with_repo_on_path()},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 30

@@ -17,7 +17,7 @@ from testbed import clusters
 from testbed.clusters import netns as netns_cluster
 from testbed.host.hosts import is_running, processes_in_namespaces
 from testbed.impair import traffic
-from tests.helpers import REPO, lossbed, unique_name
+from tests.helpers import REPO, lossbed, unique_name, with_repo_on_path
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -46,7 +46,8 @@ def controller_argv(cluster, *args) -> list[str]:
 def controller(cluster, *args, timeout=300) -> subprocess.CompletedProcess:
     """lossbed run from the cluster's management network, where SSH reaches the hosts."""
     return subprocess.run(controller_argv(cluster, *args), capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          timeout=timeout, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": with_repo_on_path()})
 
 
 def impaired(cluster) -> dict[str, str]:
@@ -96,7 +97,7 @@ def test_lease_reverts_every_host_after_the_controller_is_killed(cluster, invent
         controller_argv(cluster, "train", "--inventory", str(inventory), "--variant",
                         "unbiased", "--profile", "random-loss", "--set", "loss_pct=5",
                         "--steps", "5000", "--batch", "4", "--seq-len", "32", "--lease-s",
-                        "6"), cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                        "6"), cwd=REPO, env={**os.environ, "PYTHONPATH": with_repo_on_path()},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in child.stderr:
         if "step 11/" in line:

@@ -22,6 +22,7 @@ from tests.helpers import (
     lossbed,
     send_between_vms,
     two_vm_hosts,
+    with_repo_on_path,
 )
 
 pytestmark = [pytest.mark.netns, pytest.mark.vm, pytest.mark.slow]
@@ -139,7 +140,7 @@ def controller(vms, *args: str, timeout: float = 300) -> subprocess.CompletedPro
     return subprocess.run(
         ["ip", "netns", "exec", f"lossbed-{vms.name}-ctl", sys.executable, "-m", "harness.cli",
          *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        env={**os.environ, "PYTHONPATH": with_repo_on_path()})
 
 
 def netem_hosts(vms) -> set[str]:

@@ -367,19 +367,18 @@ def _controller_namespace(cluster: VMCluster) -> None:
     """With --ssh: a namespace on the cluster's switch with the reserved controller address,
     from which SSH, `lossbed … --inventory` and Ansible reach the VMs (VMs have one NIC, so
     this is the data network; nothing is impaired while provisioning)."""
-    from pyroute2 import IPRoute, netns
-
     from testbed.clusters import addressing, management
+    from testbed.host import namespaces
 
     namespace = management.controller_namespace(cluster.name)
-    netns.create(namespace)
+    namespaces.create(namespace)
     port = f"{cluster.name}-ctl"
-    with IPRoute(netns=cluster.switch_namespace) as sw:
+    with namespaces.netlink(cluster.switch_namespace) as sw:
         sw.link("add", ifname=port, kind="veth", mtu=cluster.mtu,
                 peer={"ifname": management.CONTROLLER_IFNAME, "net_ns_fd": namespace,
                       "mtu": cluster.mtu})
     switch.plug(cluster.name, [port], cluster.mtu)
-    with IPRoute(netns=namespace) as ipr:
+    with namespaces.netlink(namespace) as ipr:
         ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
         index = ipr.link_lookup(ifname=management.CONTROLLER_IFNAME)[0]
         ipr.addr("add", index=index, address=addressing.controller_address(cluster.subnet),
