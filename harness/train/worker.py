@@ -27,6 +27,7 @@ from harness.data.sampler import Batches
 from harness.ddp.hooks import LossyHookState, lossy_allreduce_hook
 from harness.ddp.rps import RPSOptimizer
 from harness.ddp.sharded import ShardedOptimizer
+from harness.ddp.wrap import wrap_ddp
 from harness.eval import models
 from harness.metrics.hdr import Histogram
 from harness.model import presets
@@ -57,8 +58,6 @@ def timed_allreduce_hook(state: ReliableTiming, bucket):
 
 def wrap(cfg: TrainConfig, model, r):
     """(module to call, optimizer, object holding the collective-time histogram)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     transport = r.transport_for(cfg.transport)
     # the lossy collectives' step alignment, and whether they wait for every packet
     collective_options = dict(align_every=cfg.align_every, wait_for_all=cfg.wait_for_all,
@@ -72,21 +71,15 @@ def wrap(cfg: TrainConfig, model, r):
         optimizer_class = torch.optim.AdamW
         options = dict(lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     device_ids = [model.device.index] if model.device.type == "cuda" else None
-    # forward_sync_buffers=False: by default DDP broadcasts every buffer from rank 0 over
-    # gloo (TCP) before each forward (it still does once, at construction). The Llama
-    # presets' only buffers are the rotary frequencies, the same constants on every rank, so
-    # that broadcast changes no value; it would only put a reliable TCP round trip under the
-    # impairment into every step of the lossy variants.
-    buffers = dict(forward_sync_buffers=False)
     if cfg.variant == "reliable":
-        ddp = DDP(model, device_ids=device_ids, **buffers)
+        ddp = wrap_ddp(model, device_ids=device_ids)
         timer = ReliableTiming()
         if not cfg.plain_ddp:
             ddp.register_comm_hook(timer, timed_allreduce_hook)
         return ddp, optimizer_class(ddp.parameters(), **options), timer
     if cfg.variant in ("zero_fill", "unbiased"):
         estimator = ESTIMATOR_OF[cfg.variant]
-        ddp = DDP(model, device_ids=device_ids, **buffers)
+        ddp = wrap_ddp(model, device_ids=device_ids)
         state = LossyHookState(LossyCollective(transport, r.store, estimator=estimator,
                                                **collective_options))
         ddp.register_comm_hook(state, lossy_allreduce_hook)
