@@ -2,7 +2,12 @@
 # tc, nftables); `make setup` installs missing system packages with apt when run as root.
 
 PYTHON ?= python3
-VENV := .venv
+# Where lossbed is installed. By default a .venv of its own, pinned by requirements.lock.
+# On a GPU host whose Python already holds torch (a CUDA build):
+#   make setup SYSTEM_SITE_PACKAGES=1   a .venv that also sees the system's packages
+#   make setup VENV=/path/to/your/venv  install into your own environment, keeping what is there
+# Either way the torch that is there is kept, never replaced (testbed/python_packages.py).
+VENV ?= .venv
 PY := $(VENV)/bin/python
 # Rebuilt only when the dependencies change: a second `make setup` takes seconds.
 STAMP := $(VENV)/.lossbed-installed
@@ -24,8 +29,8 @@ BENCH_ARGS = --loss $(LOSS) --profile $(PROFILE) --hosts $(HOSTS) --steps $(STEP
 # make provision INVENTORY=hosts.yml: the Ansible roles in ansible/ over the inventory.
 INVENTORY ?= ansible/inventory.example.yml
 
-.PHONY: setup setup-bench vm-guest test lint clean bench bench-full reproduce reproduce-full \
-	provision
+.PHONY: setup setup-bench vm-guest test test-gpu lint clean bench bench-full reproduce \
+	reproduce-full provision
 
 # setup: everything `make test` needs (its VM tests included); setup-bench: what a bench needs
 ifdef PRINT
@@ -46,13 +51,23 @@ endif
 vm-guest: $(STAMP)
 	@$(PY) -m testbed.clusters.vm.kernel fetch
 
-$(STAMP): pyproject.toml harness/transport/_wire.c
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[dev]'
+# A venv made here carries .lossbed-made; one that exists without it is the user's, whose
+# installed packages are all kept (--keep-installed).
+$(STAMP): pyproject.toml requirements.lock harness/transport/_wire.c
+	test -x $(PY) || { $(PYTHON) -m venv $(if $(SYSTEM_SITE_PACKAGES),--system-site-packages) \
+		$(VENV) && touch $(VENV)/.lossbed-made; }
+	$(PY) -m testbed.python_packages constraints requirements.lock \
+		$$(test -e $(VENV)/.lossbed-made || echo --keep-installed) > $(VENV)/.lossbed-constraints
+	$(PY) -m pip install -q -c $(VENV)/.lossbed-constraints -e '.[dev]'
 	touch $(STAMP)
 
 test: setup
 	$(VENV)/bin/pytest --strict-markers tests
+
+# The hardware tier on a GPU host, with the Python that holds its CUDA torch (VENV=... names
+# your own environment): one table and one JSON line; exit 3 where there is no GPU.
+test-gpu: setup-bench
+	$(PY) -m tests.hardware.tier
 
 bench: setup-bench
 	$(VENV)/bin/lossbed bench $(BENCH_ARGS)
