@@ -187,6 +187,19 @@ def _cmd_verify(args) -> int:
     return 0
 
 
+def _cmd_doctor(args) -> int:
+    from testbed import doctor
+    from testbed.profiles import loading
+
+    profile = loading.load(args.profile, args.set) if args.profile else None
+    cluster = cluster_of(args)
+    ranks = max((getattr(h, "gpus", 0) or 1) for h in cluster.hosts)
+    report = doctor.examine(cluster, doctor.Request(
+        profile, args.device, args.process_group, args.transport, ranks, args.loss_backend))
+    print(json.dumps(report.to_dict(), indent=2) if args.json else doctor.render(report))
+    return 3 if report.blocking else 0
+
+
 def _cmd_renew(args) -> int:
     cluster = cluster_of(args)
     renewed = [h.name for h in cluster.hosts if h.agent_call("renew", {})]
@@ -291,6 +304,36 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     add_inventory(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_verify)
+    p = sub.add_parser(
+        "doctor", help="check every host for what a run needs, with the fix for what is missing",
+        description="Per host: namespaces, kernel modules, ip/tc/nft/ethtool, CAP_NET_ADMIN, "
+                    "the NIC, Python, the compiled core, torch, CUDA, GPUs, NCCL, RDMA "
+                    "devices and the clock offset, judged against the run described by the "
+                    "options. Exit 0: the run can work; 3: something it needs is missing "
+                    "(each named with its fix); 2: bad options; 4: no such cluster.")
+    p.add_argument("--cluster", help="default: the only cluster up")
+    p.add_argument("--inventory", metavar="FILE",
+                   help="real hosts from an (Ansible-format) inventory, over SSH")
+    p.set_defaults(lease_s=120.0, force_interface=False)  # doctor applies nothing
+    p.add_argument("--profile", help="a profile the run applies (default: none; any loss "
+                                     "backend will do)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="profile override")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where ranks train (default: cpu)")
+    p.add_argument("--process-group", choices=("gloo", "nccl"),
+                   default=os.environ.get("LOSSBED_BACKEND", "gloo"),
+                   help="the reliable baseline's torch.distributed backend (default: "
+                        "$LOSSBED_BACKEND or gloo)")
+    p.add_argument("--loss-backend", choices=("netem", "bpf", "nft"),
+                   help="the loss backend the run forces, as apply --backend (default: "
+                        "lossbed chooses)")
+    p.add_argument("--transport", default="udp",
+                   help="the lossy variants' transport (default: udp; verbs-* need RDMA "
+                        "devices)")
+    p.add_argument("--json", action="store_true", help="the findings and facts as JSON")
+    p.set_defaults(func=_cmd_doctor)
+
     p = sub.add_parser("renew", help="renew the impairment lease on remote hosts")
     p.add_argument("--inventory", metavar="FILE", required=True)
     p.set_defaults(func=_cmd_renew, lease_s=120.0, force_interface=False)
@@ -308,9 +351,9 @@ _MAIN_PID = os.getpid()
 
 
 def _raise_interrupt(signum, frame):
-    # SIGTERM takes the same path as Ctrl-C, so half-built work is torn down. A forked child
-    # (pyroute2 forks to open sockets in namespaces) inherits this handler: it must simply
-    # die, never run the parent's cleanup.
+    # SIGTERM takes the same path as Ctrl-C, so half-built work is torn down. lossbed itself
+    # never forks (testbed/host/namespaces.py), but a library's forked child would inherit
+    # this handler: it must simply die, never run the parent's cleanup.
     if os.getpid() != _MAIN_PID:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import tempfile
 import time
 from collections import Counter
@@ -24,7 +25,7 @@ from harness.data.corpus import load_documents, prepare
 from harness.data.sampler import Batches
 from harness.metrics.hdr import Histogram
 from harness.train.config import TrainConfig
-from testbed import profiles, stats
+from testbed import doctor, profiles, stats
 from testbed.errors import LossbedError
 from testbed.host import lease
 from testbed.impair import engine, verify
@@ -44,6 +45,17 @@ def check(cfg: TrainConfig, cluster=None) -> None:
     _, corpus = prepare(documents, source, cfg.tokenizer, cfg.seq_len)
     world = len(launch.rank_slots(cluster)) if cluster is not None else 1
     Batches(corpus.train, 0, world, cfg.batch, cfg.seq_len, cfg.seed)  # enough samples?
+
+
+def doctor_request(cfgs: list[TrainConfig], cluster) -> doctor.Request:
+    """What `lossbed doctor` checks before ranks are launched for these runs (the profiles
+    are judged by engine.make_plan, which refuses what no backend can apply)."""
+    transports = [c.transport for c in cfgs]
+    return doctor.Request(
+        device="cuda" if any(c.device == "cuda" for c in cfgs) else "cpu",
+        backend=os.environ.get("LOSSBED_BACKEND", "gloo"),
+        transport=next((t for t in transports if t.startswith("verbs")), transports[0]),
+        ranks_per_host=max(1, max((getattr(h, "gpus", 0) or 1) for h in cluster.hosts)))
 
 
 def impair_the_control_path(profile):
@@ -155,6 +167,7 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
     (impair_the_control_path) unless control_exempt."""
     for r in runs:
         check(r.cfg, cluster)
+    doctor.require(cluster, doctor_request([r.cfg for r in runs], cluster))
     plans, exempt = {}, {}
     for r in runs:  # every profile refused before anything is applied
         key = (r.profile, r.sets)

@@ -3,7 +3,7 @@ wherever the host is: in this process for a namespace host (through a netlink se
 opened into its namespace), in the VM's guest process, or on a remote machine through
 `python -m testbed.host.agent OP` (agent.py). Operations: probe (which impairment backends
 the kernel has), check (what the impaired interface carries), apply, renew, clear, counters
-(of an applied plan), udp_snmp.
+(of an applied plan), udp_snmp, checkup (what `lossbed doctor` judges).
 """
 
 from __future__ import annotations
@@ -113,8 +113,25 @@ def udp_snmp(host, payload: dict) -> dict:
     return {name: int(value) for name, value in zip(rows[0][1:], rows[1][1:], strict=True)}
 
 
-OPERATIONS = {"probe": probe, "apply": apply, "clear": clear, "counters": counters,
-              "udp_snmp": udp_snmp, "check": check, "renew": renew}
+def checkup(host, payload: dict) -> dict:
+    from testbed.host import checkup as examination
+
+    try:
+        carried = check(host, payload)
+    except Exception as err:  # a missing interface is a finding of the checkup
+        carried = {"error": str(err)}
+    return examination.examine(host, payload, probe(host, {}), carried)
+
+
+def clock(host, payload: dict) -> float:
+    """The host's wall clock (doctor measures the offset between hosts with it)."""
+    import time
+
+    return time.time()
+
+
+OPERATIONS = {"clock": clock, "probe": probe, "apply": apply, "clear": clear, "counters": counters,
+              "udp_snmp": udp_snmp, "check": check, "renew": renew, "checkup": checkup}
 
 
 def dispatch(host, op: str, payload: dict):

@@ -1,0 +1,165 @@
+"""What one host has of what lossbed needs: the facts `lossbed doctor` judges (testbed/doctor.py).
+
+Runs on the host (the `checkup` agent operation: in this process for a namespace host, on the
+machine itself for VM and remote hosts), reads and never changes anything but the probes'
+own throwaway qdisc on loopback. Each fact is plain data, so a remote host's comes back as
+JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+COMMANDS = ("ip", "tc", "nft", "ethtool")
+# kernel modules by the feature they give; a feature is there when its module is built in,
+# loaded, or installed for the running kernel
+MODULES = ("sch_netem", "ifb", "act_mirred", "cls_bpf", "nf_tables", "sch_htb", "rdma_rxe")
+CAP_NET_ADMIN = 12
+
+
+
+def interpreter_facts() -> dict:
+    """What this Python has: its version, lossbed's compiled core, torch, CUDA, GPUs, NCCL."""
+    facts: dict = {"executable": sys.executable, "version": platform.python_version()}
+    try:
+        import harness.transport._wire as core  # the compiled data plane, built for this Python
+
+        facts["core"] = core.__file__
+    except Exception as err:
+        facts["core_error"] = f"{type(err).__name__}: {err}"
+    try:
+        import torch
+    except Exception as err:
+        facts["torch_error"] = f"{type(err).__name__}: {err}"
+        return facts
+    facts["torch"] = torch.__version__
+    facts["cuda_build"] = torch.version.cuda
+    facts["cuda_available"] = bool(torch.cuda.is_available())
+    count = torch.cuda.device_count() if facts["cuda_available"] else 0
+    facts["gpus"] = [torch.cuda.get_device_name(i) for i in range(count)]
+    try:
+        facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if count else None
+    except Exception:  # a build without NCCL
+        facts["nccl"] = None
+    return facts
+
+
+def module_state(name: str, release: str | None = None, root: Path = Path("/")) -> str | None:
+    """'loaded', 'built-in', 'installed' (loadable with modprobe), or None (absent); 'unknown'
+    where the kernel's module lists are not readable (a container without /lib/modules)."""
+    if (root / "sys" / "module" / name).exists():
+        return "loaded"
+    folder = root / "lib" / "modules" / (release or platform.release())
+    if not folder.is_dir():
+        return "unknown"
+    names = {name, name.replace("_", "-")}
+
+    def listed(file: str) -> bool:
+        try:
+            text = (folder / file).read_text()
+        except OSError:
+            return False
+        for line in text.splitlines():
+            module = line.split(":", 1)[0].rsplit("/", 1)[-1].split(".ko", 1)[0]
+            if module in names:
+                return True
+        return False
+
+    if listed("modules.builtin"):
+        return "built-in"
+    if listed("modules.dep"):
+        return "installed"
+    return None
+
+
+def effective_capabilities(status_text: str) -> int:
+    for line in status_text.splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def nic(host, carried: dict) -> dict:
+    """The interface lossbed impairs on this host: MTU, speed, merging offloads still on,
+    and (carried: the `check` operation's answer, or {"error": why}) whether it carries the
+    default route or the SSH session."""
+    facts: dict = {"name": host.ifname}
+    if "error" in carried:
+        facts["error"] = carried["error"]
+        return facts
+    for key in ("carries_default_route", "carries_ssh_session", "addresses"):
+        facts[key] = carried[key]
+    for key, file in (("mtu", "mtu"), ("speed_mbit", "speed")):
+        read = host.run(["cat", f"/sys/class/net/{host.ifname}/{file}"])
+        value = read.stdout.decode().strip() if read.returncode == 0 else ""
+        facts[key] = int(value) if value.lstrip("-").isdigit() else None
+    try:
+        offloads = host.offloads() if hasattr(host, "offloads") else {}
+        facts["offloads_on"] = sorted(name for name, on in offloads.items() if on)
+    except Exception as err:
+        facts["offloads_on"] = None
+        facts["offloads_error"] = str(err)
+    return facts
+
+
+def python_facts(python: str, project: str, timeout_s: float = 120.0) -> dict:
+    """interpreter_facts() of the ranks' Python: in this process when it is this Python with
+    this project, else in that Python with the project on its PYTHONPATH."""
+    here = str(Path(__file__).resolve().parents[2])
+    if Path(python).resolve() == Path(sys.executable).resolve() and project in ("", here):
+        return interpreter_facts()
+    code = ("import json; from testbed.host.checkup import interpreter_facts; "
+            "print(json.dumps(interpreter_facts()))")
+    try:
+        ran = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                             timeout=timeout_s, env={**os.environ, "PYTHONPATH": project},
+                             cwd=project or None)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return {"executable": python, "error": str(err)}
+    if ran.returncode != 0:
+        return {"executable": python, "error": (ran.stderr.strip() or "failed")[-500:]}
+    return json.loads(ran.stdout.splitlines()[-1])
+
+
+def gpu_driver() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    ran = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    lines = ran.stdout.split()
+    return lines[0] if ran.returncode == 0 and lines else None
+
+
+def rdma_devices() -> list[str]:
+    folder = Path("/sys/class/infiniband")
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def examine(host, payload: dict, backends: dict, carried: dict) -> dict:
+    """Every fact about this host; payload: python (the ranks' interpreter), project (its
+    PYTHONPATH), and python_facts (false: skip the interpreter, e.g. already examined on
+    this machine). backends and carried: the `probe` and `check` operations' answers."""
+    status = host.run(["cat", "/proc/self/status"])
+    facts = {
+        "host": host.name,
+        "kernel": platform.release(),
+        "commands": {name: shutil.which(name) for name in COMMANDS},
+        "modules": {name: module_state(name) for name in MODULES},
+        "namespaces": os.path.exists("/proc/self/ns/net"),
+        "cap_net_admin": bool(effective_capabilities(status.stdout.decode())
+                              & (1 << CAP_NET_ADMIN)) if status.returncode == 0 else False,
+        "backends": backends,
+        "nic": nic(host, carried),
+        "rdma_devices": rdma_devices(),
+        "gpu_driver": gpu_driver(),
+    }
+    if payload.get("python_facts", True):
+        facts["python"] = python_facts(payload.get("python") or sys.executable,
+                                       payload.get("project") or "")
+    return facts
