@@ -59,9 +59,13 @@ def check_environment() -> None:
 
 def rank_slots(cluster) -> list[tuple[object, int]]:
     """(host, local rank) for every rank: one per host, or one per GPU where the inventory
-    gives lossbed_gpus."""
-    return [(host, local) for host in cluster.hosts
-            for local in range(max(1, getattr(host, "gpus", 0) or 0))]
+    gives lossbed_gpus. The local rank counts the ranks of one machine (it picks a rank's
+    GPU): namespace hosts all live on this machine, so there it is the rank itself."""
+    slots = [(host, local) for host in cluster.hosts
+             for local in range(max(1, getattr(host, "gpus", 0) or 0))]
+    if getattr(cluster, "kind", "") == "netns":
+        return [(host, rank) for rank, (host, _) in enumerate(slots)]
+    return slots
 
 
 def rank_env(cluster, rank: int, extra: dict | None = None) -> dict:

@@ -902,10 +902,11 @@ def _reliable_mean(contribution: np.ndarray, world: int) -> np.ndarray:
     """The exact mean of every rank's contribution, over torch.distributed (a reduce stage
     that loses nothing)."""
     import torch
-    import torch.distributed as dist
+
+    from harness.collectives import process_group
 
     total = torch.from_numpy(np.array(contribution, dtype=np.float32))
-    dist.all_reduce(total)
+    process_group.all_reduce_(total)
     return (total / world).numpy()
 
 
@@ -913,13 +914,14 @@ def _reliable_broadcast(shared: np.ndarray, layout: Layout, world: int) -> None:
     """Every owner's shard of `shared` to every rank, in place, over torch.distributed (a
     broadcast stage that loses nothing)."""
     import torch
-    import torch.distributed as dist
+
+    from harness.collectives import process_group
 
     for shard in range(world):
         start, end = layout.shard_bounds(shard)
         if end > start:
             view = torch.from_numpy(np.array(shared[start:end], dtype=np.float32))
-            dist.broadcast(view, src=shard)
+            process_group.broadcast_(view, src=shard)
             shared[start:end] = view.numpy()
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
+from harness.collectives import process_group
 from harness.collectives.layout import Layout
 from harness.eval.perplexity import Score, evaluate
 
@@ -40,15 +40,13 @@ def load_flat(model, values: torch.Tensor) -> None:
 
 def measure(r, variant: str, model, windows, token_bytes, eval_tokens: int | None,
             per_packet: int) -> dict | None:
-    """Every rank calls this after training (it gathers over gloo); rank 0 returns the
-    scores of every model named above, the headline, and the ranks' drift."""
+    """Every rank calls this after training (it gathers over the process group); rank 0
+    returns the scores of every model named above, the headline, and the ranks' drift."""
     own = flat(model)
-    models = [torch.zeros_like(own) for _ in range(r.world)]
-    dist.all_gather(models, own)
+    models = process_group.all_gather(own)
     mine = evaluate(model, windows, token_bytes, eval_tokens)
-    scores = [torch.zeros(3, dtype=torch.float64) for _ in range(r.world)]
-    dist.all_gather(scores, torch.tensor([mine.ce_sum, mine.tokens, mine.bytes],
-                                         dtype=torch.float64))
+    scores = process_group.all_gather(torch.tensor([mine.ce_sum, mine.tokens, mine.bytes],
+                                                   dtype=torch.float64))
     if r.rank != 0:
         return None
     ranks = [Score(float(s[0]), int(s[1]), int(s[2])) for s in scores]
