@@ -81,13 +81,13 @@ def test_workflow_commands_exist():
     job = workflow["jobs"]["bench"]
     assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
     runs = " ".join(step.get("run", "") for step in job["steps"])
-    for target in ("setup", "provision"):
-        assert f"make {target}" in runs
+    for target in ("setup-bench", "provision"):
+        assert f"make {target} VENV=\"$LOSSBED_VENV\"" in runs
         dry = subprocess.run(["make", "-n", target, "INVENTORY=ansible/inventory.example.yml"],
                              cwd=REPO, capture_output=True, text=True)
         assert dry.returncode == 0, dry.stderr
-    for sub in ("bench", "compare", "clear"):
-        assert f".venv/bin/lossbed {sub}" in runs
+    for sub in ("doctor", "bench", "compare", "clear"):
+        assert f'"$LOSSBED_VENV/bin/lossbed" {sub}' in runs
         help_ = subprocess.run([sys.executable, "-m", "harness.cli", sub, "--help"], cwd=REPO,
                                capture_output=True, text=True)
         assert help_.returncode == 0, help_.stderr
@@ -105,3 +105,23 @@ def test_update_baseline_also_runs_after_a_regression():
     assert "!cancelled()" in condition or "always()" in condition, condition
     script = steps["Store this run as the baseline"]["run"]
     assert 'if [ -f "results/$profile/summary.json" ]' in script  # only completed benches
+
+
+def test_the_base_role_installs_the_bench_set_only_into_the_ranks_python():
+    """A GPU host gets setup-bench's system packages and `make setup-bench` (none of the test
+    set-up: qemu, sshd, the RDMA userland, a guest kernel), into the environment of
+    lossbed_python when the inventory names one."""
+    from testbed import system_packages
+
+    role = REPO / "ansible" / "roles" / "lossbed_base"
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    assert set(defaults["lossbed_base_packages"]) - {"python3"} == set(
+        system_packages.packages_for("bench"))
+    tasks = yaml.safe_load((role / "tasks" / "main.yml").read_text())
+    commands = [t["ansible.builtin.command"] for t in tasks if "ansible.builtin.command" in t]
+    assert len(commands) == 1 and "setup-bench VENV={{ lossbed_base_venv }}" in commands[0]
+    assert "lossbed_python" in defaults["lossbed_base_python"]
+    assert defaults["lossbed_base_venv"] == "{{ lossbed_base_python | dirname | dirname }}"
+    verify = yaml.safe_load((REPO / "ansible" / "roles" / "lossbed_verify" / "tasks" /
+                             "main.yml").read_text())
+    assert any("-m testbed.doctor" in str(t.get("ansible.builtin.raw", "")) for t in verify)
