@@ -195,7 +195,8 @@ def _cmd_doctor(args) -> int:
     cluster = cluster_of(args)
     ranks = max((getattr(h, "gpus", 0) or 1) for h in cluster.hosts)
     report = doctor.examine(cluster, doctor.Request(
-        profile, args.device, args.process_group, args.transport, ranks, args.loss_backend))
+        profile, args.device, args.process_group, args.transport, ranks, args.loss_backend,
+        args.force_interface))
     print(json.dumps(report.to_dict(), indent=2) if args.json else doctor.render(report))
     return 3 if report.blocking else 0
 
@@ -314,7 +315,10 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     p.add_argument("--cluster", help="default: the only cluster up")
     p.add_argument("--inventory", metavar="FILE",
                    help="real hosts from an (Ansible-format) inventory, over SSH")
-    p.set_defaults(lease_s=120.0, force_interface=False)  # doctor applies nothing
+    p.add_argument("--force-interface", action="store_true",
+                   help="the run impairs the interface even if it carries the default route "
+                        "or SSH (as apply's): then that is not a failing check")
+    p.set_defaults(lease_s=120.0)  # doctor applies nothing
     p.add_argument("--profile", help="a profile the run applies (default: none; any loss "
                                      "backend will do)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

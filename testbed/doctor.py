@@ -55,6 +55,7 @@ class Request:
     transport: str = "udp"
     ranks_per_host: int = 1
     loss_backend: str | None = None  # as `apply --backend`: None lets lossbed choose
+    force_interface: bool = False  # the run impairs the NIC even if it carries SSH (apply's)
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -101,12 +102,14 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 def clock_offset(host, rounds: int = 5) -> tuple[float, float]:
     """(the host's clock minus this machine's, ± half the shortest round trip): the round
-    trip with the least delay bounds the offset tightest, as NTP takes it."""
+    trip with the least delay bounds the offset tightest, as NTP takes it. The host reads its
+    clock with date(1): one exec, no interpreter starting inside the round trip."""
     best = None
     for _ in range(rounds):
         before = time.time()
-        there = host.agent_call("clock", {})
+        read = host.run(["date", "+%s.%N"], check=True)
         after = time.time()
+        there = float(read.stdout.decode().strip())
         if best is None or after - before < best[1] * 2:
             best = (there - (before + after) / 2, (after - before) / 2)
     return best
@@ -165,7 +168,7 @@ def judge(cluster, facts: dict[str, dict], request: Request) -> Report:
             shown = {None: "absent", "unknown": "module lists not readable"}.get(state, state)
             add(Finding(name, module, shown, state is not None, False,
                         "" if state == "unknown" else MODULE_FIX[module]))
-        _judge_nic(add, name, f.get("nic", {}))
+        _judge_nic(add, name, f.get("nic", {}), request.force_interface)
         _judge_python(add, name, f.get("python"), request, f.get("gpu_driver"))
         if request.transport.startswith("verbs"):
             devices = f.get("rdma_devices", [])
@@ -190,7 +193,7 @@ def _backend_is(facts: dict, name: str) -> bool:
     return bool(available) and available[0] == name
 
 
-def _judge_nic(add, name: str, nic: dict) -> None:
+def _judge_nic(add, name: str, nic: dict, forced: bool) -> None:
     if "error" in nic:
         add(Finding(name, "NIC", nic["error"], False, True,
                     "set lossbed_interface to the data-plane NIC"))
@@ -201,8 +204,9 @@ def _judge_nic(add, name: str, nic: dict) -> None:
                 True, False))
     risky = [what for what, key in (("the default route", "carries_default_route"),
                                     ("this SSH session", "carries_ssh_session")) if nic.get(key)]
-    add(Finding(name, "NIC carries", " and ".join(risky) or "data traffic only", not risky, True,
-                "impair the data-plane NIC (lossbed_interface), or pass --force-interface"))
+    add(Finding(name, "NIC carries", " and ".join(risky) or "data traffic only", not risky,
+                not forced, "impair the data-plane NIC (lossbed_interface), or pass "
+                "--force-interface"))
     merging = nic.get("offloads_on")
     if merging is not None:
         add(Finding(name, "merging offloads on", ", ".join(merging) or "none", not merging,
@@ -368,11 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--process-group", choices=BACKENDS,
                         default=os.environ.get("LOSSBED_BACKEND", "gloo"))
     parser.add_argument("--ranks", type=int, default=1, help="ranks on this host")
+    parser.add_argument("--force-interface", action="store_true",
+                        help="the run impairs the interface even if it carries SSH")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     machine = _ThisMachine(args.interface, args.mtu)
     report = examine(machine, Request(device=args.device, backend=args.process_group,
-                                      ranks_per_host=args.ranks))
+                                      ranks_per_host=args.ranks,
+                                      force_interface=args.force_interface))
     print(json.dumps(report.to_dict(), indent=2) if args.json else render(report))
     return 3 if report.blocking else 0
 

@@ -123,14 +123,7 @@ def checkup(host, payload: dict) -> dict:
     return examination.examine(host, payload, probe(host, {}), carried)
 
 
-def clock(host, payload: dict) -> float:
-    """The host's wall clock (doctor measures the offset between hosts with it)."""
-    import time
-
-    return time.time()
-
-
-OPERATIONS = {"clock": clock, "probe": probe, "apply": apply, "clear": clear, "counters": counters,
+OPERATIONS = {"probe": probe, "apply": apply, "clear": clear, "counters": counters,
               "udp_snmp": udp_snmp, "check": check, "renew": renew, "checkup": checkup}
 
 

@@ -179,10 +179,12 @@ def test_the_nightly_workflow_commands_run_with_a_tiny_matrix(cluster, inventory
     steps = {s["name"]: s.get("run", "") for s in workflow["jobs"]["bench"]["steps"]}
     tiny = {"--loss 0 0.01 0.05 0.1": "--loss 0.1", "--loss 0.01 0.05 0.1": "--loss 0.1",
             "--seeds 3": "--seeds 1 --variants unbiased"}
-    (tmp_path / ".venv").symlink_to(REPO / ".venv")
     assert "--device cuda" in workflow["jobs"]["bench"]["env"]["MODEL"]  # the GPU hosts'
+    assert "--device cuda" in workflow["jobs"]["bench"]["env"]["DOCTOR"]
     env = {**os.environ, "INVENTORY": str(inventory), "BASELINE": str(tmp_path / "baseline"),
-           "STEPS": "2", "MODEL": "--preset tiny --device cpu --speed-steps 2 --realisations 1"}
+           "LOSSBED_VENV": str(REPO / ".venv"), "STEPS": "2",
+           "MODEL": "--preset tiny --device cpu --speed-steps 2 --realisations 1",
+           "DOCTOR": "--device cpu --profile burst-loss"}
 
     def step(script: str) -> subprocess.CompletedProcess:
         for big, small in tiny.items():
@@ -191,6 +193,9 @@ def test_the_nightly_workflow_commands_run_with_a_tiny_matrix(cluster, inventory
                                "-eo", "pipefail", "-c", script], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=600)
 
+    checked = step(steps["Check every host can run the bench (lossbed doctor)"])
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-2000:]
+    assert "everything this run needs is there" in checked.stdout
     rows = {}
     for profile, name in (("random-loss", "Bench under random loss (0, 1%, 5%, 10%)"),
                           ("burst-loss", "Bench under burst loss (1%, 5%, 10%)")):
@@ -218,3 +223,21 @@ def test_the_nightly_workflow_commands_run_with_a_tiny_matrix(cluster, inventory
     left = processes_in_namespaces([h.namespace for h in cluster.hosts])
     assert not [p for pids in left.values() for p in pids
                 if "train.worker" in open(f"/proc/{p}/cmdline").read()]
+
+
+def test_doctor_examines_every_host_over_ssh(cluster, inventory):
+    """The same checks over SSH: each host's agent examines its own machine, the clock is
+    read on the host (date over SSH), and a check that fails on the hosts is named with its
+    fix and makes the exit code 3."""
+    result = controller(cluster, "doctor", "--inventory", str(inventory), "--json")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert sorted(report["facts"]) == sorted(h.name for h in cluster.hosts)
+    for name, facts in report["facts"].items():
+        assert facts["host"] == name and facts["nic"]["name"] == "eth0"
+        assert facts["python"]["core"], "the compiled core, as the host's Python imports it"
+        # one machine here, one clock: the offset is within its own round trip's bound
+        assert abs(facts["clock_offset_s"]) <= facts["clock_uncertainty_s"] + 0.001
+    cuda = controller(cluster, "doctor", "--inventory", str(inventory), "--device", "cuda")
+    if not any(f["check"] == "GPUs" and f["ok"] for f in report["findings"]):
+        assert cuda.returncode == 3 and "GPUs: 0. Fix:" in cuda.stdout

@@ -50,7 +50,9 @@ def playbook(vms, inventory, name: str, *extra: str) -> tuple[dict, str]:
     """Run a playbook from the controller namespace; the recap per host and the whole log."""
     result = subprocess.run(
         ["ip", "netns", "exec", f"lossbed-{vms.name}-ctl", str(REPO / ".venv/bin/ansible-playbook"),
-         "-i", str(inventory), name, *extra],
+         "-i", str(inventory), name, *extra,
+         # a VM has one NIC, which carries SSH too: the runs here force it (--force-interface)
+         "--extra-vars", "lossbed_verify_force_interface=true"],
         capture_output=True, text=True, timeout=900, cwd=ANSIBLE, stdin=subprocess.DEVNULL,
         env={**os.environ, "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
              "ANSIBLE_LOCAL_TEMP": str(inventory.parent / "tmp")})
