@@ -146,7 +146,9 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
         for rank, (host, _) in enumerate(slots):
             env = rank_env(cluster, rank, {**job, **(extra_env or {})})
             if local:  # a local rank inherits this environment; a remote or VM one has its own
-                env = {**os.environ, **env}
+                # the project first, then what this process had on its path (kept, not lost)
+                path = [env["PYTHONPATH"], *filter(None, [os.environ.get("PYTHONPATH")])]
+                env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(path)}
                 if not authenticate:
                     env.pop(auth.KEY_ENV, None)
             python = getattr(host, "python", sys.executable) if remote else sys.executable

@@ -24,3 +24,24 @@ def test_remote_hosts_number_their_own_ranks():
     cluster = _cluster("remote", [2, 2])
     assert [launch.rank_env(cluster, r)["LOCAL_RANK"] for r in range(4)] == ["0", "1", "0", "1"]
     assert [launch.rank_env(cluster, r)["MASTER_ADDR"] for r in range(4)] == ["10.0.0.1"] * 4
+
+
+def test_a_local_rank_keeps_the_controllers_python_path_after_the_project(monkeypatch):
+    """Local ranks inherit the controller's environment: an entry on its PYTHONPATH (the
+    tests' fork audit, a user's own folder) stays on theirs, after the project."""
+    import subprocess
+
+    seen = {}
+
+    class Host:
+        name, address, ifname = "h1", "10.0.0.1", "eth0"
+
+        def popen(self, argv, env, **kwargs):
+            seen["PYTHONPATH"] = env["PYTHONPATH"]
+            return subprocess.Popen(["true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    stdin=subprocess.PIPE, text=True)
+
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    cluster = SimpleNamespace(kind="netns", hosts=[Host()], mtu=1500)
+    launch.run(cluster, "harness.nothing", [], authenticate=False)
+    assert seen["PYTHONPATH"] == f"{launch.PROJECT_ROOT}:/somewhere/else"
