@@ -8,12 +8,14 @@ JSON.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 COMMANDS = ("ip", "tc", "nft", "ethtool")
@@ -28,9 +30,7 @@ def interpreter_facts() -> dict:
     """What this Python has: its version, lossbed's compiled core, torch, CUDA, GPUs, NCCL."""
     facts: dict = {"executable": sys.executable, "version": platform.python_version()}
     try:
-        import harness.transport._wire as core  # the compiled data plane, built for this Python
-
-        facts["core"] = core.__file__
+        facts["core"] = compiled_core()
     except Exception as err:
         facts["core_error"] = f"{type(err).__name__}: {err}"
     try:
@@ -48,6 +48,36 @@ def interpreter_facts() -> dict:
     except Exception:  # a build without NCCL
         facts["nccl"] = None
     return facts
+
+
+def compiled_core() -> str:
+    """The path of the data plane's compiled core built for this Python, once it has loaded
+    (its libcrypto linked). Found beside the training side's package without importing it
+    (the network side never imports harness), and loaded in a child process of this Python,
+    so this process never holds a second copy of it under another name."""
+    loaded = sys.modules.get("harness.transport._wire")
+    if loaded is not None:
+        return loaded.__file__
+    spec = importlib.util.find_spec("harness")  # a top-level package: nothing is imported
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("lossbed's harness package is not on this Python's path")
+    folder = Path(next(iter(spec.submodule_search_locations))) / "transport"
+    path = folder / f"_wire{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not path.exists():
+        raise FileNotFoundError(f"no {path.name} in {folder}: the core is not built for "
+                                f"Python {platform.python_version()}")
+    loaded = subprocess.run([sys.executable, "-c", _LOAD_EXTENSION, str(path)],
+                            capture_output=True, text=True, timeout=60)
+    if loaded.returncode != 0:
+        raise ImportError(f"{path.name} does not load: "
+                          f"{(loaded.stderr.strip().splitlines() or ['?'])[-1]}")
+    return str(path)
+
+
+_LOAD_EXTENSION = (
+    "import importlib.machinery as m, importlib.util as u, sys; "
+    "loader = m.ExtensionFileLoader('_wire', sys.argv[1]); "
+    "loader.exec_module(u.module_from_spec(u.spec_from_loader('_wire', loader)))")
 
 
 def module_state(name: str, release: str | None = None, root: Path = Path("/")) -> str | None:

@@ -11,11 +11,11 @@ REPO = Path(__file__).resolve().parents[2]
 # the rooms, lowest first: a module may import its own room and the rooms below it
 LAYERS = [
     {"testbed", "testbed.errors", "testbed.progress", "testbed.stats", "testbed.ports",
-     "testbed.yamlfile", "testbed.system_packages"},
+     "testbed.yamlfile", "testbed.system_packages", "testbed.python_packages"},
     {"testbed.profiles"},
     {"testbed.impair"},
     {"testbed.host"},
-    {"testbed.clusters"},
+    {"testbed.clusters", "testbed.doctor"},
     {"testbed.cli"},
 ]
 
@@ -95,9 +95,9 @@ def test_imports_run_one_way_between_rooms():
 def test_the_rooms_are_folders_a_newcomer_finds():
     top = sorted(p.name for p in (REPO / "testbed").iterdir()
                  if p.name != "__pycache__" and not p.name.startswith("."))
-    assert top == ["__init__.py", "cli.py", "clusters", "errors.py", "host", "impair",
-                   "ports.py", "profiles", "progress.py", "stats.py", "system_packages.py",
-                   "yamlfile.py"]
+    assert top == ["__init__.py", "cli.py", "clusters", "doctor.py", "errors.py", "host",
+                   "impair", "ports.py", "profiles", "progress.py", "python_packages.py",
+                   "stats.py", "system_packages.py", "yamlfile.py"]
 
 
 def test_testbed_never_imports_harness():
@@ -123,7 +123,7 @@ def test_one_entry_point_has_every_command_and_testbed_alone_has_its_own():
         return set(action.choices)
 
     network = {"up", "down", "status", "exec", "apply", "clear", "show", "verify", "renew",
-               "inventory"}
+               "inventory", "doctor"}
     experiment = {"train", "bench", "reproduce", "compare", "collective-bench"}
     assert commands(testbed_cli.build_parser()) == network
     assert commands(testbed_cli.build_parser([cli.add_commands])) == network | experiment
