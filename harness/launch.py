@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -63,7 +62,7 @@ def rank_slots(cluster) -> list[tuple[object, int]]:
     GPU): namespace hosts all live on this machine, so there it is the rank itself."""
     slots = [(host, local) for host in cluster.hosts
              for local in range(max(1, getattr(host, "gpus", 0) or 0))]
-    if getattr(cluster, "kind", "") == "netns":
+    if cluster.shares_this_machine:
         return [(host, rank) for rank, (host, _) in enumerate(slots)]
     return slots
 
@@ -140,8 +139,7 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
     # A fresh key for this launch's datagrams (harness.transport.auth), to every rank in
     # its environment: never through the store or the network lossbed impairs.
     job = {auth.KEY_ENV: auth.new_key()} if authenticate else {}
-    remote = getattr(cluster, "kind", "") == "remote"
-    local = getattr(cluster, "kind", "") not in ("remote", "vm")
+    local = cluster.shares_this_machine
     try:
         for rank, (host, _) in enumerate(slots):
             env = rank_env(cluster, rank, {**job, **(extra_env or {})})
@@ -151,12 +149,9 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
                 env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(path)}
                 if not authenticate:
                     env.pop(auth.KEY_ENV, None)
-            python = getattr(host, "python", sys.executable) if remote else sys.executable
-            # a remote host's popen makes its own stdin pipe (the guard's liveness line)
-            stdin = {} if remote else {"stdin": subprocess.PIPE}
-            procs.append(host.popen([python, "-m", module, *args], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True, **stdin,
+            procs.append(host.popen([cluster.rank_python(host), "-m", module, *args], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True,
                                     cwd=str(getattr(host, "project", PROJECT_ROOT))))
         outputs = [([], []) for _ in procs]
 

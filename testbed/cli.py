@@ -144,7 +144,7 @@ def _cmd_apply(args) -> int:
         return 0
     engine.apply(cluster, the_plan, choice)
     print(f"applied profile {profile.name} on {len(the_plan.hosts)} hosts of {cluster.name}")
-    if cluster.kind == "remote":
+    if cluster.lease_s is not None:
         print(f"the hosts revert by themselves in {cluster.lease_s:.0f} s unless renewed "
               "(lossbed renew --inventory …; train and bench renew while they run)")
     return 0
@@ -154,8 +154,7 @@ def _cmd_clear(args) -> int:
     from testbed.impair import engine
 
     cluster = cluster_of(args)
-    if cluster.kind == "remote":
-        cluster.connect()
+    cluster.connect()
     cleared = engine.clear(cluster)
     print(f"cleared {len(cleared)} host impairments on {cluster.name}" if cleared
           else f"nothing was applied on {cluster.name}")

@@ -118,11 +118,11 @@ def clock_offset(host, rounds: int = 5) -> tuple[float, float]:
 def gather(cluster, with_python: bool = True) -> dict[str, dict]:
     """Every host's facts, hosts at once; each with its clock offset against this machine."""
     hosts = list(cluster.hosts)
-    local = all(not hasattr(h, "python") for h in hosts)  # namespace hosts share this machine
+    local = cluster.shares_this_machine
 
     def one(indexed):
         index, host = indexed
-        payload = {"python": getattr(host, "python", None) or sys.executable,
+        payload = {"python": cluster.rank_python(host),
                    "project": getattr(host, "project", None) or PROJECT_ROOT,
                    # hosts on this machine share one interpreter: examine it once
                    "python_facts": with_python and (index == 0 or not local)}
@@ -155,7 +155,7 @@ def judge(cluster, facts: dict[str, dict], request: Request) -> Report:
                         "ansible_host)"))
             continue
         add(Finding(name, "namespaces", "yes" if f["namespaces"] else "no", f["namespaces"],
-                    getattr(cluster, "kind", "") == "netns", "a kernel with CONFIG_NET_NS"))
+                    cluster.shares_this_machine, "a kernel with CONFIG_NET_NS"))
         add(Finding(name, "CAP_NET_ADMIN", "yes" if f["cap_net_admin"] else "no",
                     f["cap_net_admin"], True, "run as root (or grant CAP_NET_ADMIN)"))
         for command, path in f["commands"].items():
@@ -343,9 +343,14 @@ def render(report: Report) -> str:
 
 
 class _ThisMachine:
-    """This machine as a one-host cluster: what the Ansible verify role examines on a host."""
+    """This machine as a one-host cluster (testbed/clusters/contract.py): what the Ansible
+    verify role examines on a host. Its ranks run on this machine's own network, not in
+    namespaces of it: it does not share the machine the way namespace hosts do."""
 
     kind = "local"
+    shares_this_machine = False
+    lease_s = None
+    force_interface = False
 
     def __init__(self, ifname: str, mtu: int):
         import socket
@@ -355,6 +360,18 @@ class _ThisMachine:
         self.name = socket.gethostname()
         self.mtu = mtu
         self.hosts = [LocalHost(name=self.name, ifname=ifname)]
+
+    def connect(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def rank_python(self, host) -> str:
+        return sys.executable
+
+    def status(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "mtu": self.mtu}
 
 
 def main(argv: list[str] | None = None) -> int:

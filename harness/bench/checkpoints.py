@@ -78,7 +78,7 @@ def ensure(cluster, configs: dict[int, TrainConfig], echo=print) -> dict[int, st
     from harness import launch
     from harness.train import run
 
-    if getattr(cluster, "kind", "") != "netns":
+    if not cluster.shares_this_machine:
         raise UsageError("--regime", "finetune trains its checkpoints on rank 0's host and "
                          "starts every host from them: only namespace hosts share this "
                          "machine's file system", "On VM or remote hosts: lossbed train "

@@ -183,10 +183,10 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
     work.mkdir(parents=True, exist_ok=True)
     boundaries = _Boundaries(cluster, runs, plans)
     started = time.monotonic()
-    remote = getattr(cluster, "kind", "") == "remote"
     # Remote hosts: renew the impairment's lease while the run lasts; if this controller
     # dies, the hosts revert by themselves.
-    keeper = lease.Keeper(cluster, cluster.lease_s / 3) if remote else contextlib.nullcontext()
+    keeper = (lease.Keeper(cluster, cluster.lease_s / 3) if cluster.lease_s is not None
+              else contextlib.nullcontext())
     transport_env = launch.transport_env(plans[(runs[0].profile, runs[0].sets)][0].profile)
     # One key per launch: unless every run's profile says the network is isolated
     authenticate = not all(plan.profile.isolated for plan, _ in plans.values())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,29 @@ class LocalCluster:
     hosts: list[NamespaceHost]
     mgmt_subnet: ipaddress.IPv4Network | None = None
     kind: str = field(default=KIND, init=False)
+
+    # ---- the Cluster contract (testbed/clusters/contract.py) ----------------------------
+
+    @property
+    def shares_this_machine(self) -> bool:
+        return True
+
+    @property
+    def lease_s(self) -> None:
+        return None  # lossbed owns these hosts and removes what it made
+
+    @property
+    def force_interface(self) -> bool:
+        return False
+
+    def connect(self) -> None:
+        pass  # the namespaces are on this machine
+
+    def close(self) -> None:
+        pass
+
+    def rank_python(self, host) -> str:
+        return sys.executable
 
     @property
     def switch_namespace(self) -> str:

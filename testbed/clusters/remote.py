@@ -152,7 +152,9 @@ class RemoteHost:
         command = (f"cd {shlex.quote(self.project)} && exec env {exports} "
                    f"{shlex.quote(self.python)} -m testbed.host.guard "
                    + shlex.join(str(a) for a in argv))
-        return subprocess.Popen(self.ssh_argv(command), stdin=subprocess.PIPE, **kwargs)
+        # the guard reads its liveness from this pipe, whatever stdin the caller asked for
+        kwargs["stdin"] = subprocess.PIPE
+        return subprocess.Popen(self.ssh_argv(command), **kwargs)
 
     def ssh_argv(self, command: str) -> list[str]:
         argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
@@ -181,6 +183,16 @@ class RemoteCluster:
     lease_s: float
     force_interface: bool = False
     kind: str = KIND
+
+    # ---- the Cluster contract (testbed/clusters/contract.py); lease_s, force_interface,
+    # connect() and close() are the fields and methods above and below ------------------
+
+    @property
+    def shares_this_machine(self) -> bool:
+        return False
+
+    def rank_python(self, host: RemoteHost) -> str:
+        return host.python  # lossbed_python of the inventory
 
     @property
     def state_dir(self) -> Path:

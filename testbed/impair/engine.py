@@ -112,8 +112,7 @@ def make_plan(cluster, profile: Profile, *, backend: str | None = None,
               only: list[str] | None = None) -> tuple[plan.Plan, Choice]:
     """Probe the hosts' kernel, choose the backend, build the plan. Touches nothing."""
     plan.build(profile, planned_hosts(cluster), "?", only)  # names checked before probing
-    if getattr(cluster, "kind", "") == "remote":
-        cluster.connect()  # every host reachable (one at a time, clear errors), or stop here
+    cluster.connect()  # every host reachable (one at a time, clear errors), or stop here
     probes = probe_all(cluster.hosts)  # every host: one backend must run on all of them
     choice = choose(profile, cluster.hosts, probes, backend)
     return plan.build(profile, planned_hosts(cluster), choice.backend, only), choice
@@ -124,10 +123,9 @@ def apply(cluster, the_plan: plan.Plan, choice: Choice | None = None) -> dict:
     if read_record(cluster) is not None:
         log.info("cluster %s: clearing the profile applied before", cluster.name)
         clear(cluster)
-    remote = getattr(cluster, "kind", "") == "remote"
-    if remote:
-        cluster.connect()  # every host reachable, or nothing is applied anywhere
-    extra = {"lease_s": cluster.lease_s, "force": cluster.force_interface} if remote else {}
+    cluster.connect()  # every host reachable, or nothing is applied anywhere
+    extra = ({"lease_s": cluster.lease_s, "force": cluster.force_interface}
+             if cluster.lease_s is not None else {})
     record = {"status": "applying", "backend": the_plan.backend,
               "profile": the_plan.profile.model_dump(mode="json"),
               "only": [hp.host for hp in the_plan.hosts], "handles": {},

@@ -291,6 +291,10 @@ def test_every_launch_gives_its_ranks_a_fresh_key(monkeypatch):
 
     class Cluster:
         kind, mtu, hosts = "netns", 1500, [Host(), Host()]
+        shares_this_machine = True
+
+        def rank_python(self, host) -> str:
+            return "python3"
 
     for _ in range(2):
         with pytest.raises(RuntimeError, match="stop here"):

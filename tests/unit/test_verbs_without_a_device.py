@@ -134,7 +134,7 @@ def test_the_drop_mask_and_device_chosen_on_the_controller_reach_every_rank(monk
 
     hosts = [SimpleNamespace(name=f"h{i}", address=f"10.0.0.{i}", ifname="eth0")
              for i in (1, 2)]
-    cluster = SimpleNamespace(hosts=hosts, mtu=1500)
+    cluster = SimpleNamespace(hosts=hosts, mtu=1500, shares_this_machine=False)
     monkeypatch.delenv("LOSSBED_RDMA_DEVICE", raising=False)
     monkeypatch.setenv("LOSSBED_DROP_MASK", "7:0.1")
     envs = [launch.rank_env(cluster, rank) for rank in (0, 1)]

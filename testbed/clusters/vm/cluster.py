@@ -114,6 +114,29 @@ class VMCluster:
     hosts: list[VMHost]
     kind: str = field(default=KIND, init=False)
 
+    # ---- the Cluster contract (testbed/clusters/contract.py) ----------------------------
+
+    @property
+    def shares_this_machine(self) -> bool:
+        return False  # each VM runs its own kernel and processes
+
+    @property
+    def lease_s(self) -> None:
+        return None  # lossbed owns these hosts and removes what it made
+
+    @property
+    def force_interface(self) -> bool:
+        return False
+
+    def connect(self) -> None:
+        pass  # the VMs' exec channels open per call
+
+    def close(self) -> None:
+        pass
+
+    def rank_python(self, host) -> str:
+        return host.python
+
     @property
     def switch_namespace(self) -> str:
         return naming.switch_namespace(self.name)

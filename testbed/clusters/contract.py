@@ -1,0 +1,53 @@
+"""The Cluster contract: what the impairment engine, the launcher and the doctor need from a
+set of hosts. Three kinds implement it: namespace hosts on this machine (clusters/netns.py),
+qemu VMs with a real kernel each (clusters/vm/), and real machines over SSH
+(clusters/remote.py). Code outside testbed/clusters asks a cluster these questions; it never
+tests which kind it holds."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from testbed.host.hosts import Host
+
+
+@runtime_checkable
+class Cluster(Protocol):
+    name: str
+    """What lossbed calls the cluster (state folder, messages); validated, never a path."""
+    kind: str
+    """"netns", "vm" or "remote": for records and what is printed, not for decisions."""
+    mtu: int
+    """The data plane's MTU, the same on every host."""
+    hosts: list[Host]
+    """The hosts, in rank order: rank r runs on hosts[r] (or its GPUs, see harness/launch)."""
+
+    @property
+    def shares_this_machine(self) -> bool:
+        """True when every host is this machine (namespace hosts): ranks then inherit this
+        process's environment, Python and file system, and count as one machine's local
+        ranks."""
+
+    @property
+    def lease_s(self) -> float | None:
+        """How long an impairment outlives the controller's last renewal on hosts lossbed
+        does not own (remote machines: a lost controller must not leave them impaired);
+        None where lossbed owns the hosts and removes what it made itself."""
+
+    @property
+    def force_interface(self) -> bool:
+        """Impair the interface even if it carries the default route or the SSH session
+        (only remote hosts can lock their operator out; False elsewhere)."""
+
+    def connect(self) -> None:
+        """Reach every host, or raise a ClusterError naming each unreachable one, before
+        anything is applied anywhere (nothing to do for hosts on this machine)."""
+
+    def close(self) -> None:
+        """Let go of what connect() opened."""
+
+    def rank_python(self, host: Host) -> str:
+        """The Python interpreter that runs ranks on the host."""
+
+    def status(self) -> dict:
+        """What the kernel and the hosts say now (not what was asked for), as plain data."""

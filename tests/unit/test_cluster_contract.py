@@ -1,0 +1,86 @@
+"""The Cluster contract (testbed/clusters/contract.py) is declared and kept: each kind of
+cluster implements every member, and no code outside testbed/clusters decides by a cluster's
+kind (it asks the contract instead: shares_this_machine, lease_s, connect(), ...)."""
+
+from __future__ import annotations
+
+import ast
+import ipaddress
+import sys
+
+import pytest
+
+from testbed.clusters import contract
+from testbed.clusters.netns import LocalCluster
+from testbed.clusters.remote import RemoteCluster, RemoteHost
+from testbed.clusters.vm.cluster import VMCluster, VMHost
+from testbed.host.hosts import NamespaceHost
+from tests.helpers import REPO
+
+SUBNET = ipaddress.ip_network("10.201.0.0/24")
+
+
+def _clusters():
+    netns = LocalCluster(name="c", subnet=SUBNET, mtu=1500, ssh=False,
+                         hosts=[NamespaceHost("h1", "lossbed-c-h1", "10.201.0.1", "eth0")])
+    vm = VMCluster(name="v", subnet=SUBNET, mtu=1500, ssh=False, rdma=False, memory_mb=768,
+                   accel="tcg", kernel="6.1", hosts=[VMHost(
+                       name="h1", address="10.201.0.1", ifname="eth0", channel="/x.sock",
+                       python="/venv/bin/python", project="/p")])
+    remote = RemoteCluster(name="r", mtu=9000, inventory_path="hosts.yml", lease_s=120.0,
+                           hosts=[RemoteHost(name="gpu1", address="192.168.50.1",
+                                             ifname="ens6", ssh_host="10.10.0.1",
+                                             ssh_port=22, ssh_user="root",
+                                             key_file="~/.ssh/lossbed", known_hosts=None,
+                                             python="/opt/torch/.venv/bin/python",
+                                             project="/opt/lossbed")])
+    return {"netns": netns, "vm": vm, "remote": remote}
+
+
+@pytest.mark.parametrize("kind", ["netns", "vm", "remote"])
+def test_every_kind_implements_the_contract(kind):
+    cluster = _clusters()[kind]
+    assert isinstance(cluster, contract.Cluster)
+    assert cluster.kind == kind
+    if kind != "remote":  # a remote cluster's connect() reaches its hosts over SSH
+        cluster.connect()
+    host = cluster.hosts[0]
+    expected = {"netns": (True, None, False), "vm": (False, None, False),
+                "remote": (False, 120.0, False)}[kind]
+    assert (cluster.shares_this_machine, cluster.lease_s, cluster.force_interface) == expected
+    # namespace ranks run this very Python; a VM's or a remote host's, the one it names
+    assert cluster.rank_python(host) == (sys.executable if kind == "netns" else host.python)
+
+
+def _is_cluster(node) -> bool:
+    return isinstance(node, ast.Name) and node.id == "cluster"
+
+
+def _kind_tests(tree) -> list[int]:
+    """Lines comparing a cluster's kind: `cluster.kind == ...` or `getattr(cluster, "kind",
+    ...) == ...` (a queue pair's kind, or `up --kind`'s argument, is something else)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            reads_kind = any(
+                (isinstance(s, ast.Attribute) and s.attr == "kind" and _is_cluster(s.value))
+                or (isinstance(s, ast.Call) and getattr(s.func, "id", "") == "getattr"
+                    and len(s.args) >= 2 and _is_cluster(s.args[0])
+                    and getattr(s.args[1], "value", None) == "kind")
+                for s in sides)
+            if reads_kind:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_code_outside_the_clusters_decides_by_a_clusters_kind():
+    found = []
+    for folder in ("harness", "testbed"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            relative = path.relative_to(REPO)
+            if relative.parts[:2] == ("testbed", "clusters"):
+                continue  # the kinds themselves, and loading a record by its kind
+            text = path.read_text()
+            found += [f"{relative}:{line}" for line in _kind_tests(ast.parse(text))]
+    assert not found, "ask the Cluster contract instead: " + ", ".join(found)
