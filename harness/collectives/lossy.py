@@ -52,7 +52,7 @@ from harness.collectives.rebuild import ESTIMATORS, rebuild
 from harness.transport import header as hdr
 from harness.transport import native
 from harness.transport.early import EarlyStash
-from harness.transport.udp import (
+from harness.transport.verdicts import (
     APPLIED,
     DUPLICATE,
     END,
@@ -455,18 +455,14 @@ class LossyCollective:
         self._stagings: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # ... UC/RC staging
         # the values of a fragment where the batched transport cuts packets (UC, RC), else 0
         t = transport
-        self._fragment_floats = (t.fragment_floats if getattr(t, "batched", False)
+        self._fragment_floats = (t.fragment_floats if t.batched
                                  and t.fragment_floats < t.per_packet else 0)
         # Broadcasts whose late end markers are still to go: (when, layout, step, bucket),
         # in the order they are due (see _run)
         self._timed_ends: list[tuple[float, Layout, int, int]] = []
         # The transport is one thread's at a time (its use_lock): a step holds it, and so
         # does the background sender for each send it makes between steps.
-        lock = getattr(transport, "use_lock", None)
-        if background_late_ends and lock is None:
-            raise ValueError(f"background_late_ends needs a transport with a use_lock; "
-                             f"{type(transport).__name__} has none")
-        self._turn = threading.Condition(lock or threading.RLock())
+        self._turn = threading.Condition(transport.use_lock)
         self._background: threading.Thread | None = None
         self._background_stopping = False
         self._background_error: BaseException | None = None
@@ -552,7 +548,7 @@ class LossyCollective:
                 self._turn.notify()
             self._background.join()
         with self._turn:
-            if self._timed_ends and not getattr(self.transport, "closed", False):
+            if self._timed_ends and not self.transport.closed:
                 time.sleep(max(0.0, self._timed_ends[-1][0] - time.monotonic()))
                 self._send_timed_ends()
             self._timed_ends.clear()

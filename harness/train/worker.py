@@ -195,7 +195,7 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
         # deadline, time spent aligning steps (nothing for reliable)
         "collective_totals": _lossy_totals(timing),
         # RDMA queue pairs: what the device counted (retransmissions, sequence errors, ...)
-        "device_counters": getattr(transport, "device_counters", dict)(),
+        "device_counters": transport.device_counters(),
         "authenticated": transport.authenticated,
         # the most memory this rank ever held (what forged packets could have grown)
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -30,24 +30,31 @@ the core's screen and its apply.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import select
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from harness.transport import endpoints, native
 from harness.transport import header as hdr
-from harness.transport import native
 from harness.transport.auth import PacketAuth
 from harness.transport.dropmask import DropMask
 from harness.transport.early import EARLY_WINDOW_STEPS, EarlyStash
 from harness.transport.gobackn import Burst, SendFlow
 from harness.transport.semantics import Semantics
+from harness.transport.verdicts import (
+    FOREIGN,
+    MALFORMED,
+    MASKED,
+    MISDIRECTED,
+    UNAUTHENTICATED,
+    Counters,
+    count_verdict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,62 +68,9 @@ RC_TICK_S = 0.002  # how often a waiting RC endpoint checks its timers
 # Beyond it a fragment that would start another is dropped (counted future).
 MAX_PARTIAL_MESSAGES = 4096
 
-# What a packet handler says about a packet it was given
-APPLIED, DUPLICATE, STALE, FUTURE, MALFORMED = "applied", "duplicate", "stale", "future", \
-    "malformed"
-HELD = "held"      # UC: a fragment kept until its message is whole (counted with it)
-END = "end"        # an end marker (header.STAGE_*_END), taken note of
-FOREIGN, MASKED = "foreign", "masked"  # what the transport itself drops, before any handler
-UNAUTHENTICATED = "unauthenticated"    # ... as does a tag that the job's key did not make
-MISDIRECTED = "misdirected"            # ... and a genuine datagram for another rank
-NONFINITE = "nonfinite"                # values NaN or infinite: never applied
-
-
-@dataclass
-class Counters:
-    packets_sent: int = 0         # datagrams, retransmissions included
-    bytes_sent: int = 0
-    packets_received: int = 0     # units applied (datagrams; whole messages for UC/RC)
-    bytes_received: int = 0
-    missing: int = 0              # units expected but not there at the deadline
-    late: int = 0                 # for a step already finished
-    early: int = 0                # for the next step: kept and applied when it starts
-    future: int = 0               # too far ahead: dropped
-    duplicates: int = 0
-    foreign: int = 0              # not lossbed's, wrong nonce, unknown source
-    unauthenticated: int = 0      # right nonce and source, but a tag not made with the key
-    misdirected: int = 0          # genuine, but addressed to another rank (a redirected copy)
-    truncated: int = 0            # longer than any datagram of the job: cut by the receiver
-    malformed: int = 0            # bad length, stage, shard, index or fragment count
-    nonfinite: int = 0            # a payload with NaN or infinite values
-    messages_incomplete: int = 0  # UC: messages started but lost whole (partial data dropped)
-    retransmitted: int = 0        # RC: datagrams sent again
-    timeouts: int = 0             # RC: retransmission timeouts
-    naks_sent: int = 0
-    masked: int = 0               # dropped by the seeded drop mask
-    ends_sent: int = 0            # end markers (copies included; not in packets_sent)
-    ends_received: int = 0
-    segmented_sends: int = 0      # sends the kernel cut into several datagrams (UDP GSO)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-class TransportError(RuntimeError):
-    pass
-
-
 _NO_VALUES = np.zeros(0, np.float32)  # what end markers alone carry (send_end)
 _NO_PACKETS = np.zeros(0, np.int64)
 _ONE_START = np.zeros(1, np.int64)  # a send of one packet, from x's start (RC's send)
-
-
-# The counter each handler verdict adds to (anything else: malformed)
-COUNTER_OF_VERDICT = {APPLIED: "packets_received", DUPLICATE: "duplicates", STALE: "late",
-                      FUTURE: "future", "early": "early", END: "ends_received",
-                      FOREIGN: "foreign", MASKED: "masked",
-                      UNAUTHENTICATED: "unauthenticated", NONFINITE: "nonfinite",
-                      MISDIRECTED: "misdirected"}
 
 
 def fragments_of(floats, fragment_floats: int):
@@ -124,14 +78,6 @@ def fragments_of(floats, fragment_floats: int):
     one, or as many fragments of fragment_floats as it takes. The compiled sender cuts by
     the same rule (_wire.c, Sender.send)."""
     return np.maximum(1, -(-floats // fragment_floats))
-
-
-def count_verdict(c: Counters, verdict: str, count: int = 1) -> None:
-    """Count `count` units that a packet handler gave `verdict`."""
-    if verdict == HELD:
-        return  # counted with its message, when that is whole
-    name = COUNTER_OF_VERDICT.get(verdict, "malformed")
-    setattr(c, name, getattr(c, name) + count)
 
 
 class UdpTransport:
@@ -183,25 +129,11 @@ class UdpTransport:
         self._partial_of = [0] * world  # ... of them per source
         self._send_flows = [SendFlow() for _ in range(world)]
         self._controls_sent = [0] * world  # ACKs and NAKs, per peer (see _control)
-        # Exchange endpoints, salts and the nonce through the rendezvous store.
+        # Endpoints, salts and the nonce, through the rendezvous store
         host, bound_port = self.sock.getsockname()
-        salt = self.auth.salt.hex() if self.auth is not None else ""
-        store.set(f"{key_prefix}/ep/{rank}", f"{host}:{bound_port}:{salt}")
-        if rank == 0:
-            store.set(f"{key_prefix}/nonce", str(int.from_bytes(os.urandom(8), "big")))
-        self.nonce = int(store.get(f"{key_prefix}/nonce"))
-        self.endpoints: list[tuple[str, int]] = []
-        salts: list[str] = []
-        for peer in range(world):
-            text = store.get(f"{key_prefix}/ep/{peer}").decode()
-            peer_host, peer_port, peer_salt = text.split(":")
-            self.endpoints.append((peer_host, int(peer_port)))
-            salts.append(peer_salt)
-        if self.auth is not None:
-            try:
-                self.auth.know_peers(salts)
-            except ValueError as err:
-                raise TransportError(f"rank {rank}: {err}") from None
+        self.nonce, published = endpoints.exchange(store, key_prefix, rank, world,
+                                                   [host, bound_port], self.auth)
+        self.endpoints: list[tuple[str, int]] = [(h, int(p)) for h, p in published]
         self.sources = {ep: r for r, ep in enumerate(self.endpoints)}
         # batched: received packets reach the collective a batch at a time (handle_batch),
         # UC and RC fragments reassembled there by the compiled core (lossy._Stage holds
@@ -552,6 +484,9 @@ class UdpTransport:
                 head = hdr.unpack(row)
                 self._hand_on(head, memoryview(row)[hdr.HEADER_BYTES:
                                                     hdr.HEADER_BYTES + head.length], handle)
+
+    def device_counters(self) -> dict[str, int]:
+        return {}  # the kernel's socket is the device: its drops are in /proc/net/snmp
 
     def flush(self, deadline: float) -> bool:
         """RC: wait until every datagram this rank sent was acknowledged, or the deadline."""

@@ -26,7 +26,6 @@ errors, ...) are read before and after, see device_counters().
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import threading
@@ -37,19 +36,20 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.transport import endpoints
 from harness.transport import header as hdr
 from harness.transport.auth import PacketAuth
 from harness.transport.dropmask import DropMask
 from harness.transport.early import EarlyStash
+from harness.transport.endpoints import TransportError
 from harness.transport.semantics import Semantics
-from harness.transport.udp import (
+from harness.transport.verdicts import (
     FOREIGN,
     MALFORMED,
     MASKED,
     MISDIRECTED,
     UNAUTHENTICATED,
     Counters,
-    TransportError,
     count_verdict,
 )
 from harness.verbs import api
@@ -117,6 +117,7 @@ class VerbsTransport:
         # A message holds a header and float32 values; UD's is one packet at most.
         self.message_bytes = mtu_bytes if ud else semantics.message_bytes
         self.per_packet = (self.message_bytes - hdr.HEADER_BYTES) // 4
+        self.fragment_floats = self.per_packet  # a message is never cut: one work request
         if self.per_packet < 1:
             raise TransportError(f"{semantics}: a message of {self.message_bytes} bytes has "
                                  f"no room for values after the {hdr.HEADER_BYTES}-byte "
@@ -180,20 +181,9 @@ class VerbsTransport:
         v = self.v
         mine = {str(p): qp.qp_num for (qp, _), peers in zip(self.qps, self._qp_peers,
                                                              strict=True) for p in peers}
-        salt = self.auth.salt.hex() if self.auth is not None else ""
-        store.set(f"{prefix}/ep/{self.rank}", json.dumps({"gid": self.gid, "qpn": mine,
-                                                          "salt": salt}))
-        if self.rank == 0:
-            store.set(f"{prefix}/nonce", str(int.from_bytes(os.urandom(8), "big")))
-        self.nonce = int(store.get(f"{prefix}/nonce"))
-        remote = {p: json.loads(store.get(f"{prefix}/ep/{p}")) for p in range(self.world)
-                  if p != self.rank}
-        if self.auth is not None:
-            try:
-                self.auth.know_peers([remote[p].get("salt", "") if p != self.rank else ""
-                                      for p in range(self.world)])
-            except ValueError as err:
-                raise TransportError(f"rank {self.rank}: {err}") from None
+        self.nonce, published = endpoints.exchange(store, prefix, self.rank, self.world,
+                                                   {"gid": self.gid, "qpn": mine}, self.auth)
+        remote = {p: published[p] for p in range(self.world) if p != self.rank}
         # Which peer a completion came from: by our queue pair (UC/RC) or, for UD, by the
         # sender's queue pair number.
         self._peer_of_qp, self._peer_of_src = {}, {}

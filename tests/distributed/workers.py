@@ -184,7 +184,7 @@ def die(r, at_send: int) -> dict:
 
 def receive_units(t, units: int, floats: int, name: str):
     from harness.transport import header as hdr
-    from harness.transport.udp import APPLIED, END
+    from harness.transport.verdicts import APPLIED, END
 
     got, order, intact, ended = set(), [], 0, False
 
@@ -248,7 +248,7 @@ def segmented(r, units: int, burst: int) -> dict:
     packets per call as shard number `call` (the transport cuts them into its sends as it
     would any shard), then end markers; rank 0 says which arrived."""
     from harness.transport import header as hdr
-    from harness.transport.udp import APPLIED, END
+    from harness.transport.verdicts import APPLIED, END
 
     t = r.transport
     per = t.per_packet

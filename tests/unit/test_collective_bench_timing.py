@@ -4,7 +4,7 @@ iterations, counted on rank 0 (harness/bench/collective_worker.py)."""
 from __future__ import annotations
 
 from harness.bench.collective_worker import Timing
-from harness.transport.udp import Counters
+from harness.transport.verdicts import Counters
 
 
 def test_a_cell_counts_the_deadlines_hit_in_its_own_iterations_only():

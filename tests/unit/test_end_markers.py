@@ -94,7 +94,7 @@ def test_copies_of_an_end_marker_in_one_batch_get_the_verdict_of_the_first():
     from collections import Counter
 
     from harness.transport import header as hdr
-    from harness.transport.udp import END, MALFORMED
+    from harness.transport.verdicts import END, MALFORMED
 
     store, (rx, tx) = make_pair()
     try:

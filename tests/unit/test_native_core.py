@@ -30,7 +30,8 @@ from harness.reproduce.loopback import MemoryStore, on_every_rank
 from harness.transport import auth, native
 from harness.transport import header as hdr
 from harness.transport.early import EarlyStash
-from harness.transport.udp import APPLIED, END, UdpTransport
+from harness.transport.udp import UdpTransport
+from harness.transport.verdicts import APPLIED, END
 
 KEY = bytes(range(32))
 

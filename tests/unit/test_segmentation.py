@@ -18,7 +18,7 @@ from harness import launch
 from harness.collectives.lossy import LossyCollective
 from harness.transport import header as hdr
 from harness.transport import native
-from harness.transport.udp import APPLIED, END
+from harness.transport.verdicts import APPLIED, END
 from testbed import profiles
 from tests.unit.test_transport_hostile import make_pair
 

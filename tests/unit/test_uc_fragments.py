@@ -27,7 +27,8 @@ from harness.collectives.lossy import EARLY, _Step
 from harness.transport import header as hdr
 from harness.transport.early import EarlyStash
 from harness.transport.semantics import Semantics
-from harness.transport.udp import HELD, Counters, UdpTransport
+from harness.transport.udp import UdpTransport
+from harness.transport.verdicts import HELD, Counters
 from tests.unit.test_native_core import KEY, reference_one
 from tests.unit.test_transport_hostile import make_pair
 

@@ -1,0 +1,63 @@
+"""The Transport contract (harness/transport/contract.py) is declared and kept: the UDP
+transport (every loss semantics) and the verbs transport implement every member, the
+collective asks them directly (no getattr probing of what a transport might have), and both
+exchange endpoints through the one exchange (transport/endpoints.py)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+import pytest
+
+from harness.transport import contract
+from harness.transport.semantics import Semantics
+from harness.verbs.transport import VerbsTransport
+from tests.helpers import REPO
+from tests.unit.test_transport_hostile import make_pair
+
+
+@pytest.mark.parametrize("semantics", ["udp", "roce-ud", "roce-uc", "roce-rc"])
+def test_the_udp_transport_implements_the_contract(semantics):
+    _, transports = make_pair(semantics=Semantics.parse(semantics))
+    try:
+        for t in transports:
+            assert isinstance(t, contract.Transport)
+            assert t.device_counters() == {}
+            assert 0 < t.fragment_floats <= t.per_packet
+    finally:
+        for t in transports:
+            t.close()
+
+
+def test_the_verbs_transport_has_every_member_of_the_contract():
+    """Without an RDMA device here, by its class: every method, and every attribute set in
+    __init__ or on the class."""
+    source = inspect.getsource(VerbsTransport)
+    methods = {n for n, v in vars(contract.Transport).items()
+               if not n.startswith("_") and (callable(v) or isinstance(v, property))}
+    attributes = set(contract.Transport.__annotations__)
+    assert methods >= {"send_packets", "receive_until", "device_counters", "close"}
+    for name in methods:
+        assert callable(getattr(VerbsTransport, name, None)) or isinstance(
+            getattr(VerbsTransport, name, None), property), name
+    for name in attributes:
+        assert hasattr(VerbsTransport, name) or f"self.{name} =" in source or (
+            f"self.{name}," in source), name
+
+
+def test_the_collective_asks_the_transport_rather_than_probing_it():
+    tree = ast.parse((REPO / "harness" / "collectives" / "lossy.py").read_text())
+    probes = [node.lineno for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and getattr(node.func, "id", "") in (
+                  "getattr", "hasattr")
+              and node.args and ast.unparse(node.args[0]) in ("t", "transport",
+                                                               "self.transport")]
+    assert probes == [], f"lossy.py probes its transport at lines {probes}"
+
+
+def test_one_endpoint_exchange_for_both_transports():
+    for path in ("harness/transport/udp.py", "harness/verbs/transport.py"):
+        text = (REPO / path).read_text()
+        assert "endpoints.exchange(" in text, path
+        assert "/nonce" not in text, f"{path} publishes the nonce itself"
