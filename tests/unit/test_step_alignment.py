@@ -27,7 +27,10 @@ CEILING_S = 0.5  # steady-state patience: 3 ceilings, 1.5 s
 
 
 def collectives(store, world=2, lossy_stage="both"):
-    return [LossyCollective(SimpleNamespace(rank=r, world=world), store,
+    # a transport that only alignment needs (no step sends here): the members the collective
+    # reads of any transport when it is made (harness/transport/contract.py)
+    return [LossyCollective(SimpleNamespace(rank=r, world=world, batched=False,
+                                            use_lock=threading.RLock()), store,
                             deadline=Deadline(ceiling_s=CEILING_S), lossy_stage=lossy_stage)
             for r in range(world)]
 
