@@ -18,6 +18,7 @@ from pathlib import Path
 
 from testbed.errors import EnvironmentProblem, UsageError
 from testbed.host.checkup import MODULES
+from testbed.python_packages import release
 
 PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
 MIN_PYTHON = (3, 11)
@@ -88,16 +89,6 @@ class Report:
     def to_dict(self) -> dict:
         return {"ok": not self.blocking, "findings": [asdict(f) for f in self.findings],
                 "facts": self.facts}
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    numbers = []
-    for part in text.split("+")[0].split("."):
-        digits = "".join(c for c in part if c.isdigit())
-        if not digits:
-            break
-        numbers.append(int(digits))
-    return tuple(numbers)
 
 
 def clock_offset(host, rounds: int = 5) -> tuple[float, float]:
@@ -222,7 +213,7 @@ def _judge_python(add, name: str, py: dict | None, request: Request,
         add(Finding(name, "Python", f"{py.get('executable')}: {py['error']}", False, True,
                     "set lossbed_python to a Python 3.11+ that has torch (the inventory)"))
         return
-    version = _version_tuple(py["version"])
+    version = release(py["version"])
     add(Finding(name, "Python", f"{py['version']} ({py['executable']})",
                 version >= MIN_PYTHON, True, "Python 3.11 or newer"))
     add(Finding(name, "compiled core", "built" if "core" in py else py.get("core_error", ""),
@@ -231,7 +222,7 @@ def _judge_python(add, name: str, py: dict | None, request: Request,
                 "needs gcc, python3-dev, libssl-dev)"))
     torch = py.get("torch")
     add(Finding(name, "torch", torch or py.get("torch_error", "not installed"),
-                bool(torch) and _version_tuple(torch) >= MIN_TORCH, True,
+                bool(torch) and release(torch) >= MIN_TORCH, True,
                 "install torch>=2.4 for this Python (the build for your CUDA)"))
     if not torch:
         return

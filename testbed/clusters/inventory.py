@@ -27,6 +27,7 @@ lossbed does not know are refused, with the close match.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import re
 import subprocess
@@ -63,6 +64,17 @@ def _interface_name(value: str) -> str:
     return value
 
 
+def _ip_address(value: str) -> str:
+    """The ranks' address: one IPv4 or IPv6 address (not a network, not a name: ranks bind
+    and are reached at it, and impairment matches on it)."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address: give the data-plane NIC's "
+                         "address, e.g. 192.168.50.1") from None
+    return value
+
+
 class HostEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -76,7 +88,7 @@ class HostEntry(BaseModel):
     ansible_connection: str | None = None
     ansible_ssh_common_args: str | None = None
     lossbed_interface: Annotated[str, AfterValidator(_interface_name)]
-    lossbed_address: str
+    lossbed_address: Annotated[str, AfterValidator(_ip_address)]
     lossbed_project: str = "/opt/lossbed"
     lossbed_python: str | None = None
     lossbed_mtu: Annotated[int, Field(ge=68, le=65535)] = 1500

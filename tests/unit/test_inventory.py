@@ -59,6 +59,12 @@ def test_a_good_inventory_with_groups_and_inherited_vars(tmp_path):
      ["share", "Each host needs its own address"]),
     ("hosts: {}\n", ["lists no hosts"]),
     ("all:\n  hosts: {}\n", ["lists no hosts"]),
+    # the ranks' address is parsed as one (issue #46: 192.168.50.300 was accepted)
+    (GOOD.replace("192.168.50.1", "192.168.50.300"),
+     ["host gpu1", "lossbed_address", "'192.168.50.300' is not an IP address",
+      "the data-plane NIC's address, e.g. 192.168.50.1"]),
+    (GOOD.replace("192.168.50.1", "192.168.50.0/24"), ["lossbed_address", "not an IP address"]),
+    (GOOD.replace("192.168.50.1", "gpu1-data"), ["lossbed_address", "not an IP address"]),
 ])
 def test_bad_inventories_name_the_problem(tmp_path, text, words):
     with pytest.raises(UsageError) as err:
@@ -93,6 +99,11 @@ all:
           hosts:
             gpu1:
 """
+
+
+def test_an_ipv6_data_plane_address_is_one(tmp_path):
+    hosts = inventory.load(write(tmp_path, GOOD.replace("192.168.50.1", "fd00:50::1")))
+    assert hosts["gpu1"].lossbed_address == "fd00:50::1"
 
 
 def test_the_inventory_is_read_as_ansible_inventory_reads_it(tmp_path):
