@@ -192,9 +192,9 @@ def _cmd_doctor(args) -> int:
 
     profile = loading.load(args.profile, args.set) if args.profile else None
     cluster = cluster_of(args)
-    ranks = max((getattr(h, "gpus", 0) or 1) for h in cluster.hosts)
     report = doctor.examine(cluster, doctor.Request(
-        profile, args.device, args.process_group, args.transport, ranks, args.loss_backend,
+        profile, args.device, args.process_group, args.transport,
+        doctor.ranks_per_host(cluster), args.loss_backend,
         args.force_interface))
     print(json.dumps(report.to_dict(), indent=2) if args.json else doctor.render(report))
     return 3 if report.blocking else 0

@@ -91,6 +91,11 @@ class Report:
                 "facts": self.facts}
 
 
+def ranks_per_host(cluster) -> int:
+    """The most ranks one host runs: one per GPU where the inventory gives lossbed_gpus."""
+    return max((getattr(h, "gpus", 0) or 1) for h in cluster.hosts)
+
+
 def clock_offset(host, rounds: int = 5) -> tuple[float, float]:
     """(the host's clock minus this machine's, ± half the shortest round trip): the round
     trip with the least delay bounds the offset tightest, as NTP takes it. The host reads its

@@ -55,7 +55,7 @@ def doctor_request(cfgs: list[TrainConfig], cluster) -> doctor.Request:
         device="cuda" if any(c.device == "cuda" for c in cfgs) else "cpu",
         backend=os.environ.get("LOSSBED_BACKEND", "gloo"),
         transport=next((t for t in transports if t.startswith("verbs")), transports[0]),
-        ranks_per_host=max(1, max((getattr(h, "gpus", 0) or 1) for h in cluster.hosts)))
+        ranks_per_host=doctor.ranks_per_host(cluster))
 
 
 def impair_the_control_path(profile):

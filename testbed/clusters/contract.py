@@ -51,3 +51,23 @@ class Cluster(Protocol):
 
     def status(self) -> dict:
         """What the kernel and the hosts say now (not what was asked for), as plain data."""
+
+
+class HostsLossbedOwns:
+    """The Cluster members that are the same for every kind of host lossbed makes itself
+    (namespaces, VMs): it removes what it applied, so no lease; no interface carries an
+    operator's session; nothing to connect to beforehand."""
+
+    @property
+    def lease_s(self) -> None:
+        return None
+
+    @property
+    def force_interface(self) -> bool:
+        return False
+
+    def connect(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

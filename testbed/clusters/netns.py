@@ -22,6 +22,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from testbed.clusters import addressing, naming, preflight, sshd, state, switch
+from testbed.clusters.contract import HostsLossbedOwns
 from testbed.errors import ClusterError, UsageError
 from testbed.host import namespaces
 from testbed.host.hosts import (
@@ -51,7 +52,7 @@ class ClusterSpec:
 
 
 @dataclass
-class LocalCluster:
+class LocalCluster(HostsLossbedOwns):
     name: str
     subnet: ipaddress.IPv4Network
     mtu: int
@@ -60,25 +61,11 @@ class LocalCluster:
     mgmt_subnet: ipaddress.IPv4Network | None = None
     kind: str = field(default=KIND, init=False)
 
-    # ---- the Cluster contract (testbed/clusters/contract.py) ----------------------------
+    # ---- the Cluster contract (testbed/clusters/contract.py; the rest: HostsLossbedOwns) -
 
     @property
     def shares_this_machine(self) -> bool:
         return True
-
-    @property
-    def lease_s(self) -> None:
-        return None  # lossbed owns these hosts and removes what it made
-
-    @property
-    def force_interface(self) -> bool:
-        return False
-
-    def connect(self) -> None:
-        pass  # the namespaces are on this machine
-
-    def close(self) -> None:
-        pass
 
     def rank_python(self, host) -> str:
         return sys.executable

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from testbed.clusters import naming, preflight, state, switch
 from testbed.clusters import netns as netns_cluster
+from testbed.clusters.contract import HostsLossbedOwns
 from testbed.clusters.vm import channel, image, kernel
 from testbed.errors import ClusterError, EnvironmentProblem, LossbedError, UsageError
 from testbed.progress import Progress
@@ -102,7 +103,7 @@ class VMHost:
 
 
 @dataclass
-class VMCluster:
+class VMCluster(HostsLossbedOwns):
     name: str
     subnet: ipaddress.IPv4Network
     mtu: int
@@ -114,25 +115,11 @@ class VMCluster:
     hosts: list[VMHost]
     kind: str = field(default=KIND, init=False)
 
-    # ---- the Cluster contract (testbed/clusters/contract.py) ----------------------------
+    # ---- the Cluster contract (testbed/clusters/contract.py; the rest: HostsLossbedOwns) -
 
     @property
     def shares_this_machine(self) -> bool:
         return False  # each VM runs its own kernel and processes
-
-    @property
-    def lease_s(self) -> None:
-        return None  # lossbed owns these hosts and removes what it made
-
-    @property
-    def force_interface(self) -> bool:
-        return False
-
-    def connect(self) -> None:
-        pass  # the VMs' exec channels open per call
-
-    def close(self) -> None:
-        pass
 
     def rank_python(self, host) -> str:
         return host.python
