@@ -67,9 +67,9 @@ def _cmd_train(args) -> int:
     launch.check_environment()
     cluster = cluster_of(args)
     run.check(cfg, cluster)  # bad input is refused before any process starts
-    sets = [*(args.set or []), *(["isolated=true"] if args.unsealed else [])]
-    rec = run.train(cluster, cfg, args.profile, sets, args.out,
-                    echo=lambda line: print(line, file=sys.stderr, flush=True))
+    rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
+                    echo=lambda line: print(line, file=sys.stderr, flush=True),
+                    isolated=args.unsealed)
     summary = {k: rec[k] for k in ("variant", "profile", "loss", "seed", "steps", "ppl",
                                    "ppl_rank0", "drift", "tokens_per_s", "measured_loss")}
     print(json.dumps(summary))

@@ -65,7 +65,7 @@ class BenchSpec:
                              "training does; 1: at every step)")
         for name in self.profiles:  # every profile at every loss, before a cluster is built
             for loss in self.losses:
-                profiles.load(name, [f"loss_pct={loss * 100}"] if loss > 0 else [])
+                profiles.load(name, loss=loss)
         launch.check_environment()
 
 
@@ -113,8 +113,7 @@ def run(cluster, spec: BenchSpec, progress=print) -> list[dict]:
     for i, (profile_name, loss) in enumerate(cases, start=1):
         progress(f"[{i}/{len(cases)}] {profile_name} at {loss:.0%}: "
                  f"{len(spec.algorithms)} algorithms x {len(sizes)} sizes")
-        sets = [f"loss_pct={loss * 100}"] if loss > 0 else []
-        profile = profiles.load(profile_name, sets)
+        profile = profiles.load(profile_name, loss=loss)
         the_plan, choice = engine.make_plan(cluster, profile)
         engine.apply(cluster, the_plan, choice)
         try:

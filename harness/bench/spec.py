@@ -27,13 +27,14 @@ per variant and loss it is averaged over seeds, with a 95% interval (Student's t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from harness import launch
 from harness.bench import stability
 from harness.collectives.lossy import LOSSY_STAGES
 from harness.model import presets
 from harness.train.config import VARIANTS, TrainConfig
+from harness.train.run import Run
 from harness.transport.semantics import Semantics
 from testbed import profiles
 from testbed.errors import UsageError
@@ -170,7 +171,7 @@ class BenchSpec:
                              "Use --hosts 2 or more (4 by default)")
         for loss in self.losses:
             if loss > 0:  # refuses early, seeded as the runs will be
-                profiles.load(self.profile, self._sets(loss, 0))
+                profiles.load(self.profile, loss=loss, loss_seed=0, isolated=self.isolated)
         self.config(variant="reliable", seed=0).validate()
         self.config(variant="reliable", seed=0, steps=self.speed_steps).validate()
         launch.check_environment()
@@ -205,10 +206,6 @@ class BenchSpec:
                     f"{self.finetune_lr:g}")
         return f"scratch: {self.steps} steps at {self.optimizer} peak {self.lr:g}"
 
-    def _sets(self, loss: float, loss_seed: int) -> tuple[str, ...]:
-        isolated = ("isolated=true",) if self.isolated else ()
-        return isolated + ((f"loss_pct={loss * 100}", f"seed={loss_seed}") if loss > 0 else ())
-
     def cases(self) -> list[BenchRun]:
         """Every run of the bench, the references first (see the module's docstring)."""
         seeds = range(self.seeds)
@@ -241,7 +238,7 @@ class BenchSpec:
             for extra in range(1, self.realisations):
                 runs += [BenchRun(self.config(v, 0), loss, "realisation", 1000 * extra)
                          for v in others if base_variant(v) in REALISATION_VARIANTS]
-        return [r.with_profile(self.profile, self._sets(r.loss, r.loss_seed)) for r in runs]
+        return [r.on_network(self.profile, self.isolated) for r in runs]
 
 
 @dataclass
@@ -251,14 +248,17 @@ class BenchRun:
     role: str             # reference, lossy, realisation, speed, speed_reference, twin
     loss_seed: int = 0    # the profile's seed: which loss realisation
     profile: str = "clean"
-    sets: tuple[str, ...] = ()
+    isolated: bool = False
 
-    def with_profile(self, name: str, sets: tuple[str, ...]) -> BenchRun:
-        """This run under profile `name` with `sets`; a lossless run stays on `clean`
-        (with the sets that are not about loss: isolated)."""
-        if self.loss == 0:
-            name, sets = "clean", tuple(s for s in sets if s.startswith("isolated="))
-        return BenchRun(self.cfg, self.loss, self.role, self.loss_seed, name, sets)
+    def on_network(self, profile: str, isolated: bool) -> BenchRun:
+        """This run under `profile` at its loss; a lossless run stays on `clean`."""
+        return replace(self, profile=profile if self.loss > 0 else "clean", isolated=isolated)
+
+    def train_run(self):
+        """The run as training takes it: its loss and seed typed (profiles.load)."""
+        lossy = self.loss > 0
+        return Run(self.cfg, self.profile, loss=self.loss,
+                   loss_seed=self.loss_seed if lossy else None, isolated=self.isolated)
 
     @property
     def variant(self) -> str:

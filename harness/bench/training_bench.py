@@ -44,7 +44,7 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
     for case in cases:
         roles[case.role] = roles.get(case.role, 0) + 1
     echo(f"[bench] {total} runs: " + ", ".join(f"{n} {role}" for role, n in roles.items()))
-    records = run.train_runs(cluster, [run.Run(c.cfg, c.profile, c.sets) for c in cases],
+    records = run.train_runs(cluster, [c.train_run() for c in cases],
                              out / "runs", echo=progress)
     for rec, case in zip(records, cases, strict=True):
         rec.update(loss=case.loss, role=case.role, loss_seed=case.loss_seed,

@@ -91,16 +91,30 @@ def impair_the_control_path(profile):
 
 @dataclass(frozen=True)
 class Run:
-    """One training run of a launch, and the profile (with --set overrides) it runs under."""
+    """One training run of a launch, and the network it runs under: a profile, its --set
+    overrides, and the typed values a command sets on it (profiles.load)."""
 
     cfg: TrainConfig
     profile: str = "clean"
     sets: tuple[str, ...] = ()
+    loss: float = 0.0               # a fraction: every path's loss rate (0: the profile's)
+    loss_seed: int | None = None    # which realisation of that loss (None: the profile's)
+    isolated: bool = False          # the run's datagrams go unsealed (--unsealed)
+
+    @property
+    def network(self) -> tuple:
+        """What the run's profile is made of: runs with equal ones share one plan."""
+        return (self.profile, self.sets, self.loss, self.loss_seed, self.isolated)
+
+    def load_profile(self):
+        return profiles.load(self.profile, list(self.sets), loss=self.loss,
+                             loss_seed=self.loss_seed, isolated=self.isolated)
 
 
 def train(cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str] = (),
-          out_dir: Path | None = None, echo=print) -> dict:
-    return train_runs(cluster, [Run(cfg, profile_name, tuple(sets))], out_dir, echo)[0]
+          out_dir: Path | None = None, echo=print, isolated: bool = False) -> dict:
+    return train_runs(cluster, [Run(cfg, profile_name, tuple(sets), isolated=isolated)],
+                      out_dir, echo)[0]
 
 
 def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
@@ -149,7 +163,7 @@ class _Boundaries:
                 engine.clear(self.cluster)
                 self.applied = None
             elif phase == "ready":
-                key = (self.runs[index].profile, self.runs[index].sets)
+                key = self.runs[index].network
                 engine.apply(self.cluster, *self.plans[key])
                 self.applied = key
                 self.start = verify.read(self.cluster)
@@ -170,9 +184,9 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
     doctor.require(cluster, doctor_request([r.cfg for r in runs], cluster))
     plans, exempt = {}, {}
     for r in runs:  # every profile refused before anything is applied
-        key = (r.profile, r.sets)
+        key = r.network
         if key not in plans:
-            profile = profiles.load(r.profile, list(r.sets))
+            profile = r.load_profile()
             if control_exempt:
                 exempt[key] = ["the rendezvous store's port (asked for)"]
             else:
@@ -187,7 +201,7 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
     # dies, the hosts revert by themselves.
     keeper = (lease.Keeper(cluster, cluster.lease_s / 3) if cluster.lease_s is not None
               else contextlib.nullcontext())
-    transport_env = launch.transport_env(plans[(runs[0].profile, runs[0].sets)][0].profile)
+    transport_env = launch.transport_env(plans[runs[0].network][0].profile)
     # One key per launch: unless every run's profile says the network is isolated
     authenticate = not all(plan.profile.isolated for plan, _ in plans.values())
     try:
@@ -213,10 +227,10 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
     records = []
     for i, r in enumerate(runs):
         window, profile = boundaries.windows[i]
-        backend = plans[(r.profile, r.sets)][1].backend
+        backend = plans[r.network][1].backend
         rec = record(r.cfg, cluster, profile, window, backend, lines[i],
                      [m[i] for m in metrics], work / f"run{i}", wall / len(runs))
-        rec["exempt"] = exempt[(r.profile, r.sets)]
+        rec["exempt"] = exempt[r.network]
         rec["run_s"] = boundaries.run_s(i)
         records.append(rec)
     return records

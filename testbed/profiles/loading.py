@@ -56,7 +56,23 @@ def find(name_or_path: str) -> Path:
     return candidate
 
 
-def load(name_or_path: str, overrides: list[str] = ()) -> model.Profile:
+def load(name_or_path: str, overrides: list[str] = (), *, loss: float = 0.0,
+         loss_seed: int | None = None, isolated: bool = False) -> model.Profile:
+    """The profile, with `--set` overrides (text, as a user typed them), then the values a
+    command passes typed: `loss` (a fraction, 0: the profile's own rates) and its
+    `loss_seed` (Profile.with_loss), and `isolated` (the run's datagrams go unsealed)."""
+    profile = _load(name_or_path, overrides)
+    if loss:
+        try:
+            profile = profile.with_loss(loss, loss_seed)
+        except ValueError as err:
+            raise ProfileError(f"{profile.name} at a loss of {loss:g}", [str(err)]) from None
+    if isolated:
+        profile = profile.model_copy(update={"isolated": True})
+    return profile
+
+
+def _load(name_or_path: str, overrides: list[str]) -> model.Profile:
     path = find(name_or_path)
     source = f"{path.stem} ({path})"
     try:

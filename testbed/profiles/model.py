@@ -467,6 +467,41 @@ class Profile(_Strict):
             seen.add((link.src, link.dst))
         return self
 
+    def with_loss(self, fraction: float, seed: int | None = None) -> Profile:
+        """This profile with its loss rate set to `fraction` (0.1: 10%) on every path, the
+        loss realisation `seed` (None: the profile's own): what `bench --loss` and
+        `collective-bench --loss` run. Only a profile whose one loss rate is a single
+        number can take it: a Bernoulli model, or the simple Gilbert model (loss_pct with
+        mean_burst_packets, whose bursts keep their length). Refused (ValueError, with the
+        reason) for a profile without a loss model (the run would say 10% and lose nothing
+        it was told to), for per-host or per-link loss (their paths would keep their own
+        rate while the record says `fraction`), and for a model whose rate is not one
+        number (p_pct/r_pct, four-state)."""
+        if not 0 < fraction < 1:
+            raise ValueError(f"a loss of {fraction} is not a fraction in (0, 1)")
+        loss = self.impairment.loss
+        if loss is None:
+            raise ValueError(f"profile {self.name!r} has no loss model for a loss rate to set: "
+                             "use random-loss or burst-loss")
+        overriding = sorted({*(h for h, i in self.hosts.items() if "loss" in i.model_fields_set),
+                             *(f"{k.src}->{k.dst}" for k in self.links
+                               if "loss" in k.model_fields_set)})
+        if overriding:
+            raise ValueError(f"profile {self.name!r} sets its own loss for "
+                             f"{', '.join(overriding)}: one loss rate cannot describe it. "
+                             "Run it without --loss (its own rates), or use random-loss")
+        if loss.model == "four_state" or loss.loss_pct is None:
+            raise ValueError(f"profile {self.name!r}'s {loss.model} model is given by its "
+                             "transition rates, not one loss rate: run it without --loss, "
+                             "or use random-loss or burst-loss")
+        # (the profile's unit is the percent: the one conversion from the fraction a user gives)
+        changes = {"loss": {**loss.model_dump(), "loss_pct": fraction * 100}}
+        if seed is not None:
+            changes["seed"] = seed
+        impairment = Impairment.model_validate({**self.impairment.model_dump(exclude_unset=True),
+                                                **changes})
+        return self.model_copy(update={"impairment": impairment})
+
     def impairment_for(self, src: str, dst: str, at: str) -> Impairment:
         """The impairment of path src -> dst as applied at `at` (dst for ingress, src for
         egress): the default, then the host's override, then the link's, field by field."""

@@ -68,13 +68,12 @@ def test_with_three_steps_a_row_has_no_p99_but_its_maximum():
 
 def test_an_unsealed_bench_says_every_profile_is_isolated_and_the_default_does_not():
     from harness.bench.spec import BenchSpec
-    from testbed import profiles
 
     own = BenchSpec(losses=[0.1], seeds=1, steps=10, isolated=True).cases()
-    assert all("isolated=true" in r.sets for r in own)
-    assert all(profiles.load(r.profile, list(r.sets)).isolated for r in own)
+    assert all(r.isolated for r in own)
+    assert all(r.train_run().load_profile().isolated for r in own)
     shared = BenchSpec(losses=[0.1], seeds=1, steps=10).cases()
-    assert not any(profiles.load(r.profile, list(r.sets)).isolated for r in shared)
+    assert not any(r.train_run().load_profile().isolated for r in shared)
 
 
 def test_the_bench_plan_has_references_realisations_and_short_reliable_runs():
@@ -104,7 +103,8 @@ def test_the_bench_plan_has_references_realisations_and_short_reliable_runs():
     assert all(r.cfg.seed == 0 for r in by_role["realisation"])
     # every lossy run is seeded, each (seed, realisation) with a loss seed of its own
     lossy = [r for r in runs if r.loss > 0]
-    assert all(f"seed={r.loss_seed}" in r.sets and "loss_pct=10.0" in r.sets for r in lossy)
+    assert all(r.train_run().load_profile().impairment.loss.loss_pct == 10.0
+               and r.train_run().load_profile().impairment.seed == r.loss_seed for r in lossy)
     assert len({(r.cfg.seed, r.loss_seed) for r in lossy if r.variant == "rps"}) == 4
 
 

@@ -20,9 +20,8 @@ def test_the_profile_is_applied_when_the_run_is_ready_and_cleared_when_it_has_tr
     class Plan:
         profile = "lossy"
 
-    runs = [run.Run(None, "random-loss", ("loss_pct=30",))]
-    boundaries = run._Boundaries(object(), runs, {("random-loss", ("loss_pct=30",)):
-                                                  (Plan(),)})
+    runs = [run.Run(None, "random-loss", loss=0.3)]
+    boundaries = run._Boundaries(object(), runs, {runs[0].network: (Plan(),)})
     assert boundaries.answer('{"boundary": 0, "phase": "start"}') == "go 0"
     assert events == []  # setup (DDP's broadcast) runs on a clean network
     assert boundaries.answer('{"boundary": 0, "phase": "ready"}') == "go 0 ready"
