@@ -7,8 +7,8 @@ apply one stage's data packets to the tensor. Python decides everything else onc
 batch or stage: layouts, deadlines, estimators, counters, the drop mask.
 
 There is no pure-Python fallback in production: a transport that finds the module missing
-stops with the command that builds it. The numpy code that did this work before
-(lossy._Step._apply) is the reference the tests hold the compiled core against.
+stops with the command that builds it. The numpy code of the same rules
+(tests/reference/numpy_apply.py) is the reference the tests hold the compiled core against.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ class UdpTransport:
         self.drop_mask = drop_mask.for_receiver(rank) if drop_mask is not None else None
         self.counters = Counters()
         # Held by whoever uses the transport from a step, and by a collective's background
-        # sender (lossy.LossyCollective, background_late_ends) for each send between steps:
+        # sender (end_markers.LateEndSender) for each send between steps:
         # the sender, the MAC's nonces and the counters are one thread's at a time. close()
         # takes it too, so nothing sends on a socket once closed (its descriptor number may
         # be another socket's by then).
@@ -136,7 +136,7 @@ class UdpTransport:
         self.endpoints: list[tuple[str, int]] = [(h, int(p)) for h, p in published]
         self.sources = {ep: r for r, ep in enumerate(self.endpoints)}
         # batched: received packets reach the collective a batch at a time (handle_batch),
-        # UC and RC fragments reassembled there by the compiled core (lossy._Stage holds
+        # UC and RC fragments reassembled there by the compiled core (step.Stage holds
         # their staging area). RC's come from its service thread, in order.
         self.batched = True
         # Every semantics sends and receives through the compiled core: RC too, whose
@@ -659,7 +659,7 @@ class UdpTransport:
             return None
         self._forget_partial(key)
         # handed on as a unit of one datagram: a header that says fragments > 1 is a raw
-        # fragment (lossy._Step.handle takes those from the batched path)
+        # fragment (step.Step.handle takes those from the batched path)
         whole = head._replace(length=entry[2], fragment=0, fragments=1)
         return whole, memoryview(entry[0])[:entry[2]]
 

@@ -11,6 +11,7 @@ APPLIED, DUPLICATE, STALE, FUTURE, MALFORMED = "applied", "duplicate", "stale", 
     "malformed"
 HELD = "held"      # UC: a fragment kept until its message is whole (counted with it)
 END = "end"        # an end marker (header.STAGE_*_END), taken note of
+EARLY = "early"    # for a coming step: kept, and applied when that step starts
 FOREIGN, MASKED = "foreign", "masked"  # what the transport itself drops, before any handler
 UNAUTHENTICATED = "unauthenticated"    # ... as does a tag that the job's key did not make
 MISDIRECTED = "misdirected"            # ... and a genuine datagram for another rank
@@ -49,7 +50,7 @@ class Counters:
 
 # The counter each handler verdict adds to (anything else: malformed)
 COUNTER_OF_VERDICT = {APPLIED: "packets_received", DUPLICATE: "duplicates", STALE: "late",
-                      FUTURE: "future", "early": "early", END: "ends_received",
+                      FUTURE: "future", EARLY: "early", END: "ends_received",
                       FOREIGN: "foreign", MASKED: "masked",
                       UNAUTHENTICATED: "unauthenticated", NONFINITE: "nonfinite",
                       MISDIRECTED: "misdirected"}

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from harness.collectives.layout import Layout
-from harness.collectives.lossy import _Step
+from harness.collectives.step import Step
 from harness.transport import header as hdr
 from harness.transport import native
 
@@ -35,7 +35,7 @@ def batch(mtu: int, packets: int):
     rng = np.random.default_rng(0)
     numel = layout.numel
     start, end = layout.shard_bounds(RANK)
-    state = _Step(layout, STEP, BUCKET, RANK, rng.standard_normal(numel).astype(np.float32),
+    state = Step(layout, STEP, BUCKET, RANK, rng.standard_normal(numel).astype(np.float32),
                   rng.standard_normal(numel).astype(np.float32),
                   np.empty(end - start, np.float32))
     slot = max(mtu, 2048)

@@ -7,13 +7,13 @@ import time
 import numpy as np
 import torch
 
-from harness.collectives import lossy
 from harness.collectives.deadline import Deadline
 from harness.collectives.lossy import LossyCollective
+from harness.collectives.step import Step
 from harness.reproduce.loopback import on_every_rank
 from harness.transport.dropmask import DropMask
 from harness.transport.semantics import Semantics
-from tests.unit.test_native_core import reference_one
+from tests.reference.numpy_apply import reference_one
 from tests.unit.test_transport_hostile import make_pair
 
 
@@ -127,14 +127,14 @@ def _masked_run(batched: bool, steps: int = 4, seed: int = 7, rate: float = 0.2,
         applied.append(1)
         return real_apply(*args)
 
-    real_one = lossy._Step._one
+    real_one = Step._one
     try:
         for t in transports:
             if not batched:  # no handle_batch: every datagram through _datagram and _apply
                 t.receive_until = (lambda deadline, done, handle, handle_batch=None, t=t:
                                    type(t).receive_until(t, deadline, done, handle, None))
         if not batched:  # ... and each unit through the numpy reference, not the core
-            lossy._Step._one = reference_one
+            Step._one = reference_one
         native.apply = counting_apply
         # a floor of 1 s: under a full suite's load a stalled sender thread must not make a
         # packet late in one run and not the other (stages end on end markers, not on this)
@@ -151,7 +151,7 @@ def _masked_run(batched: bool, steps: int = 4, seed: int = 7, rate: float = 0.2,
         masks = [(t.drop_mask.dropped_count, t.drop_mask.dropped_digest) for t in transports]
         return results, counters, masks, len(applied)
     finally:
-        native.apply, lossy._Step._one = real_apply, real_one
+        native.apply, Step._one = real_apply, real_one
         for t in transports:
             t.close()
 

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from harness.collectives.deadline import Deadline
-from harness.collectives.lossy import END_COPIES, LATE_END_COPIES, LossyCollective
+from harness.collectives.end_markers import END_COPIES, LATE_END_COPIES
+from harness.collectives.lossy import LossyCollective
 from harness.transport import header as hdr
 from harness.transport.dropmask import DropMask
 from tests.unit.test_transport_hostile import make_pair
@@ -205,7 +206,7 @@ def test_a_burst_that_outlasts_the_sources_step_ends_with_the_timed_late_markers
     the late copies went only as rank 1 left its step, inside the burst, and rank 0 waited
     out its deadline (under `collective-bench`'s 10% burst loss: 27 of 400 rank-steps, a
     p99 of 135-241 ms on a p50 of 15)."""
-    from harness.collectives.lossy import LATE_END_AFTER_S
+    from harness.collectives.end_markers import LATE_END_AFTER_S
     from harness.reproduce.loopback import on_every_rank
 
     store, transports = make_pair(
@@ -255,7 +256,7 @@ def test_a_rank_computing_between_steps_still_sends_its_timed_late_markers_on_ti
     after its broadcast, while it computes: its collective's background sender sends them
     then, and rank 0's wait ends with them. Before, they went only when rank 1 came to its
     next step, after the compute, and rank 0 waited out its deadline (1 s here)."""
-    from harness.collectives.lossy import LATE_END_AFTER_S
+    from harness.collectives.end_markers import LATE_END_AFTER_S
     from harness.reproduce.loopback import on_every_rank
 
     FLOOR_S, COMPUTE_S = 1.0, 1.5
@@ -299,9 +300,9 @@ def test_the_background_sender_sends_nothing_once_the_transport_closed(monkeypat
     import os
     import socket
 
-    from harness.collectives import lossy
+    from harness.collectives import end_markers
 
-    monkeypatch.setattr(lossy, "LATE_END_AFTER_S", 0.3)
+    monkeypatch.setattr(end_markers, "LATE_END_AFTER_S", 0.3)
     store, transports = make_pair()
     try:
         collectives = [LossyCollective(t, store, background_late_ends=True)
@@ -347,9 +348,9 @@ def test_a_failing_background_sender_is_raised_at_the_ranks_next_step(monkeypatc
     lost in its thread: the rank's next step, or finish(), raises it, naming it."""
     import pytest
 
-    from harness.collectives import lossy
+    from harness.collectives import end_markers
 
-    monkeypatch.setattr(lossy, "LATE_END_AFTER_S", 0.3)  # (the timed set still to go ...)
+    monkeypatch.setattr(end_markers, "LATE_END_AFTER_S", 0.3)  # (the timed set still to go ...)
     store, transports = make_pair()
     try:
         collectives = [LossyCollective(t, store, background_late_ends=True)

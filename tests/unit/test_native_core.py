@@ -1,6 +1,6 @@
 """The compiled data plane (harness/transport/_wire.c) against its references, on the same
 inputs: its GMAC against the cryptography package's AES-GCM, its apply() against the numpy
-code that did the same work before (lossy._Step._apply, kept as the reference), and the
+code that did the same work before (tests/reference/numpy_apply.py), and the
 protocol rules it enforces (destination, per-transport keys) on loopback ranks
 (127.0.0.1 only).
 
@@ -25,13 +25,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.collectives.layout import Layout
-from harness.collectives.lossy import _Step
+from harness.collectives.step import Step
 from harness.reproduce.loopback import MemoryStore, on_every_rank
 from harness.transport import auth, native
 from harness.transport import header as hdr
 from harness.transport.early import EarlyStash
 from harness.transport.udp import UdpTransport
 from harness.transport.verdicts import APPLIED, END
+from tests.reference.numpy_apply import reference_handle_batch
 
 KEY = bytes(range(32))
 
@@ -64,46 +65,13 @@ PER_PACKET = 5  # floats per packet: small, so that layouts have many short last
 SLOT = 128
 
 
-def reference_handle_batch(state: _Step, data: np.ndarray, rows: np.ndarray,
-                           stash: EarlyStash) -> Counter:
-    """The numpy path that _Step.handle_batch was before the compiled core (header fields
-    read as arrays, _apply per stage): the reference."""
-    heads = [hdr.unpack(data[r]) for r in rows.tolist()]
-    verdicts: Counter = Counter()
-    this = np.array([h.step == state.step and h.bucket == state.bucket for h in heads], bool)
-    for i in np.flatnonzero(~this).tolist():
-        h = heads[i]
-        payload = memoryview(data[rows[i], hdr.HEADER_BYTES:hdr.HEADER_BYTES + h.length])
-        verdicts[state.handle(h, payload, stash)] += 1
-    for stage in state.stages:
-        sel = [i for i in np.flatnonzero(this).tolist() if heads[i].stage == stage]
-        if sel:
-            field = {name: np.array([getattr(heads[i], name) for i in sel], dtype=np.int64)
-                     for name in ("source", "shard", "index", "count", "length")}
-            verdicts.update(state._apply(stage, field["source"], field["shard"],
-                                         field["index"], field["count"], field["length"],
-                                         data, rows[sel], hdr.HEADER_BYTES))
-    return verdicts
-
-
-def reference_one(state: _Step, head: hdr.Header, payload, stash: EarlyStash) -> str:
-    """What _Step._one (one unit of this step through the compiled core) was before: the
-    numpy reference, _apply on arrays of one. For the datagram-at-a-time reference runs."""
-    one = np.array  # header fields as arrays of one
-    verdicts = state._apply(head.stage, one([head.source]), one([head.shard]),
-                            one([head.index]), one([head.count]), one([head.length]),
-                            np.frombuffer(payload, dtype=np.uint8)[None, :],
-                            np.zeros(1, dtype=np.int64), 0)
-    return next(iter(verdicts))
-
-
-def make_state(world: int, rank: int, numel: int, seed: int) -> _Step:
+def make_state(world: int, rank: int, numel: int, seed: int) -> Step:
     layout = Layout(numel, world, PER_PACKET)
     rng = np.random.default_rng(seed)
     contribution = rng.standard_normal(numel).astype(np.float32)
     shared = rng.standard_normal(numel).astype(np.float32)
     start, end = layout.shard_bounds(rank)
-    return _Step(layout, 3, 1, rank, contribution, shared, np.empty(end - start, np.float32))
+    return Step(layout, 3, 1, rank, contribution, shared, np.empty(end - start, np.float32))
 
 
 mutation = st.sampled_from(["none", "none", "none", "duplicate", "nan", "inf", "shard",

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from harness.collectives import lossy
 from harness.collectives.lossy import LossyCollective
+from harness.collectives.step import Step
 from harness.reproduce.loopback import on_every_rank
 from harness.transport import header as hdr
 from harness.transport import native, udp
@@ -25,6 +26,7 @@ from harness.transport.dropmask import DropMask
 from harness.transport.gobackn import ReceiveFlow
 from harness.transport.semantics import Semantics
 from harness.transport.udp import UdpTransport
+from tests.reference import numpy_apply
 from tests.unit.test_native_core import KEY
 from tests.unit.test_transport_hostile import make_pair
 from tests.unit.test_uc_fragments import raw_datagrams
@@ -218,10 +220,10 @@ def test_every_ack_and_nak_is_a_new_transmission_with_its_own_verdict(monkeypatc
 def test_rc_messages_are_applied_by_the_compiled_core():
     """The units RC's service thread delivers (whole messages, in order) are checked and
     applied by the compiled core's apply, one call each, not by the numpy reference
-    (_Step._apply): before, each 64 KiB message cost a numpy pass of its own, a quarter of
-    an RC all-reduce's time on loopback (py-spy)."""
+    (tests/reference/numpy_apply.py), whose pass per 64 KiB message cost a quarter of an RC
+    all-reduce's time on loopback (py-spy)."""
     applied, referenced = [], []
-    real_apply, real_reference = native.apply, lossy._Step._apply
+    real_apply, real_reference = native.apply, numpy_apply.apply
 
     def counting_apply(*args):
         applied.append(1)
@@ -231,14 +233,14 @@ def test_rc_messages_are_applied_by_the_compiled_core():
         referenced.append(1)
         return real_reference(self, *args)
 
-    native.apply, lossy._Step._apply = counting_apply, counting_reference
+    native.apply, numpy_apply.apply = counting_apply, counting_reference
     store, transports = make_pair(semantics=Semantics.parse("roce-rc:16384"), key=KEY)
     try:
         collectives = [LossyCollective(t, store) for t in transports]
         xs = [torch.full((20_000,), float(k)) for k in (1, 3)]
         on_every_rank(2, lambda r: collectives[r].allreduce(xs[r]))
     finally:
-        native.apply, lossy._Step._apply = real_apply, real_reference
+        native.apply, numpy_apply.apply = real_apply, real_reference
         for t in transports:
             t.close()
     assert all(torch.equal(x, torch.full((20_000,), 2.0)) for x in xs)
@@ -350,7 +352,7 @@ def test_rc_data_reaches_the_collective_a_batch_at_a_time(monkeypatch):
     _datagram one at a time. On the old code every data datagram went through _datagram
     and _reassemble, and the collective took whole messages one at a time."""
     passed, batches = [], []
-    real_datagram, real_batch = UdpTransport._datagram, lossy._Step.handle_batch
+    real_datagram, real_batch = UdpTransport._datagram, Step.handle_batch
 
     def counting_datagram(self, size, sender, handle, view, *args, **kwargs):
         passed.append(hdr.unpack(view[:size]).stage)
@@ -361,7 +363,7 @@ def test_rc_data_reaches_the_collective_a_batch_at_a_time(monkeypatch):
         return real_batch(self, data, rows, stash)
 
     monkeypatch.setattr(UdpTransport, "_datagram", counting_datagram)
-    monkeypatch.setattr(lossy._Step, "handle_batch", counting_batch)
+    monkeypatch.setattr(Step, "handle_batch", counting_batch)
     counters = exact_rc_allreduces(DropMask(3, 0.05), steps=2, numel=30_000)
     assert all(c.masked > 0 and c.retransmitted > 0 and c.missing == 0 for c in counters)
     assert passed and set(passed) <= {hdr.STAGE_ACK, hdr.STAGE_NAK}

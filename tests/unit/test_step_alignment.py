@@ -39,7 +39,7 @@ def align_late(collective, step: int, delay_s: float, errors: list) -> threading
     def late():
         time.sleep(delay_s)
         try:
-            collective._align(step)
+            collective.alignment.align(step)
         except Exception as err:  # noqa: BLE001 - the test reports it
             errors.append(err)
 
@@ -54,7 +54,7 @@ def test_a_rank_late_from_setup_is_waited_for_beyond_the_steady_patience():
     # 3 s late: twice the steady-state patience
     thread = align_late(second, 0, 3.0, errors)
     started = time.monotonic()
-    first._align(0)  # the first alignment of this collective: it comes from setup
+    first.alignment.align(0)  # the first alignment of this collective: it comes from setup
     thread.join()
     assert errors == []
     assert time.monotonic() - started >= 2.5
@@ -63,7 +63,7 @@ def test_a_rank_late_from_setup_is_waited_for_beyond_the_steady_patience():
 def test_a_rank_missing_at_a_later_step_is_named_after_three_ceilings():
     store = MemoryStore()
     first, second = collectives(store)
-    threads = [threading.Thread(target=c._align, args=(0,)) for c in (first, second)]
+    threads = [threading.Thread(target=c.alignment.align, args=(0,)) for c in (first, second)]
     for t in threads:
         t.start()
     for t in threads:
@@ -71,7 +71,7 @@ def test_a_rank_missing_at_a_later_step_is_named_after_three_ceilings():
     # (step 0's alignment itself marks the collective as past setup: nothing set by hand)
     started = time.monotonic()
     with pytest.raises(RankLost, match=r"rank 1 did not reach step 1 within 1\.5 s"):
-        first._align(1)
+        first.alignment.align(1)
     # three ceilings of waiting, then one more ceiling for a late "present" (and 2 s more
     # for rank 0, which hosts the store): no sooner (mutation caught: giving up after one
     # ceiling, which the message alone does not show) and not much later
@@ -84,7 +84,7 @@ def test_a_rank_late_after_a_gloo_stage_is_waited_for_at_every_step(lossy_stage)
     """Mutation caught: the setup patience for the first step only (the old code): rank 0
     gives up on rank 1 after 1.5 s at step 1."""
     first, second = collectives(MemoryStore(), lossy_stage=lossy_stage)
-    threads = [threading.Thread(target=c._align, args=(0,)) for c in (first, second)]
+    threads = [threading.Thread(target=c.alignment.align, args=(0,)) for c in (first, second)]
     for t in threads:
         t.start()
     for t in threads:
@@ -92,7 +92,7 @@ def test_a_rank_late_after_a_gloo_stage_is_waited_for_at_every_step(lossy_stage)
     errors = []
     thread = align_late(second, 1, 3.0, errors)  # twice the steady-state patience
     started = time.monotonic()
-    first._align(1)
+    first.alignment.align(1)
     thread.join()
     assert errors == []
     assert time.monotonic() - started >= 2.5

@@ -2,7 +2,7 @@
 datagram, header and tag; UDP GSO sends many at once), and apply() reassembles them in a
 staging area sized by the receiver's own layout, applying a message only when it is whole.
 Held against the datagram-at-a-time reference on the same inputs: UdpTransport.send (the
-sender), UdpTransport._reassemble with _Step.handle (the receiver).
+sender), UdpTransport._reassemble with Step.handle (the receiver).
 
 Mutations these tests catch (each tried by hand on the C source):
 - a fragment applied before its message is whole, or a partial message applied ->
@@ -23,13 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.collectives.layout import Layout
-from harness.collectives.lossy import EARLY, _Step
+from harness.collectives.step import Step
 from harness.transport import header as hdr
 from harness.transport.early import EarlyStash
 from harness.transport.semantics import Semantics
 from harness.transport.udp import UdpTransport
-from harness.transport.verdicts import HELD, Counters
-from tests.unit.test_native_core import KEY, reference_one
+from harness.transport.verdicts import EARLY, HELD, Counters
+from tests.reference.numpy_apply import reference_one
+from tests.unit.test_native_core import KEY
 from tests.unit.test_transport_hostile import make_pair
 
 MESSAGE, FRAGMENT = 12, 5  # floats: a full message is 3 fragments (5, 5, 2)
@@ -87,7 +88,7 @@ def test_the_compiled_sender_cuts_messages_as_the_reference_does():
 
 # ---- the receiver: compiled reassembly against the reference -----------------------------
 
-def make_state(world: int, numel: int, seed: int, staged: bool) -> _Step:
+def make_state(world: int, numel: int, seed: int, staged: bool) -> Step:
     layout = Layout(numel, world, MESSAGE)
     rng = np.random.default_rng(seed)
     contribution = rng.standard_normal(numel).astype(np.float32)
@@ -96,7 +97,7 @@ def make_state(world: int, numel: int, seed: int, staged: bool) -> _Step:
     staging = (np.full((world - 1) * layout.packets(0) * MESSAGE, np.nan, np.float32),
                np.full(sum(layout.packets(j) for j in range(1, world)) * MESSAGE, np.nan,
                        np.float32))
-    return _Step(layout, STEP, BUCKET, 0, contribution, shared,
+    return Step(layout, STEP, BUCKET, 0, contribution, shared,
                  np.empty(end - start, np.float32), fragment_floats=FRAGMENT,
                  staging=staging if staged else None)
 
@@ -135,7 +136,7 @@ def test_compiled_reassembly_matches_the_reference(world, numel, seed, fates, ac
     """Every message of both stages of a step, each with a fate: whole, missing one or more
     of its fragments (lost whole), a NaN in one fragment, of the step before or the one
     after, or not sent; all fragments shuffled into one batch. The compiled core (one
-    handle_batch call) and the reference (_reassemble then _Step.handle, datagram by
+    handle_batch call) and the reference (_reassemble then Step.handle, datagram by
     datagram) end with the same targets to the bit, the same messages received and
     pending, the same verdict counts, and the same messages left incomplete."""
     rng = np.random.default_rng(seed)
