@@ -45,16 +45,9 @@ from harness.transport.auth import PacketAuth
 from harness.transport.dropmask import DropMask
 from harness.transport.early import EARLY_WINDOW_STEPS, EarlyStash
 from harness.transport.gobackn import Burst, SendFlow
+from harness.transport.screening import screen
 from harness.transport.semantics import Semantics
-from harness.transport.verdicts import (
-    FOREIGN,
-    MALFORMED,
-    MASKED,
-    MISDIRECTED,
-    UNAUTHENTICATED,
-    Counters,
-    count_verdict,
-)
+from harness.transport.verdicts import MALFORMED, Counters, count_verdict
 
 log = logging.getLogger(__name__)
 
@@ -581,24 +574,13 @@ class UdpTransport:
         good: sender unused)."""
         c = self.counters
         head = hdr.unpack(view[:size])
-        if not checked and (head is None or head.nonce != self.nonce
-                            or head.source >= self.world or head.source == self.rank
-                            or self.sources.get(sender) != head.source):
-            c.foreign += 1
-            return FOREIGN
-        if self.auth is not None and not checked and not self.auth.check(view, size):
-            c.unauthenticated += 1
-            return UNAUTHENTICATED
-        if head.dest != self.rank:  # genuine, but another rank's: a redirected copy
-            c.misdirected += 1
-            return MISDIRECTED
-        if head.length != size - hdr.HEADER_BYTES or head.length % 4:
-            c.malformed += 1
-            return MALFORMED
-        # (the drop mask loses control datagrams too: an ACK crosses the network like data)
-        if self.drop_mask is not None and self.drop_mask.drops(head):
-            c.masked += 1
-            return MASKED
+        from_source = (head is not None and head.source < self.world
+                       and head.source != self.rank and self.sources.get(sender) == head.source)
+        refused = screen(head, view, size, rank=self.rank, nonce=self.nonce,
+                         from_source=from_source, auth=self.auth, drop_mask=self.drop_mask,
+                         counters=c, checked=checked)
+        if refused is not None:
+            return refused
         if head.stage in (hdr.STAGE_ACK, hdr.STAGE_NAK):
             if not self._send_flows[head.source].in_window(head.psn):
                 c.malformed += 1

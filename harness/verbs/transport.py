@@ -42,16 +42,9 @@ from harness.transport.auth import PacketAuth
 from harness.transport.dropmask import DropMask
 from harness.transport.early import EarlyStash
 from harness.transport.endpoints import TransportError
+from harness.transport.screening import screen
 from harness.transport.semantics import Semantics
-from harness.transport.verdicts import (
-    FOREIGN,
-    MALFORMED,
-    MASKED,
-    MISDIRECTED,
-    UNAUTHENTICATED,
-    Counters,
-    count_verdict,
-)
+from harness.transport.verdicts import Counters, count_verdict
 from harness.verbs import api
 from harness.verbs.transfer import PORT_NUM, QKEY, UD_GRH_BYTES, find_gid_index
 
@@ -370,23 +363,12 @@ class VerbsTransport:
     def _message(self, peer: int | None, data: memoryview, handle) -> str:
         """Check one message from `peer` (its header, then its values), hand it on, count it."""
         c = self.counters
-        size = len(data)
         head = hdr.unpack(data)
-        if head is None or head.nonce != self.nonce or head.source != peer:
-            c.foreign += 1
-            return FOREIGN
-        if self.auth is not None and not self.auth.check(data, size):
-            c.unauthenticated += 1
-            return UNAUTHENTICATED
-        if head.dest != self.rank:  # genuine, but another rank's
-            c.misdirected += 1
-            return MISDIRECTED
-        if head.length != size - hdr.HEADER_BYTES or head.length % 4 or head.fragments != 1:
-            c.malformed += 1
-            return MALFORMED
-        if self.drop_mask is not None and self.drop_mask.drops(head):
-            c.masked += 1
-            return MASKED
+        refused = screen(head, data, len(data), rank=self.rank, nonce=self.nonce,
+                         from_source=head is not None and head.source == peer, auth=self.auth,
+                         drop_mask=self.drop_mask, counters=c, whole_only=True)
+        if refused is not None:
+            return refused
         verdict = handle(head, data[hdr.HEADER_BYTES:])
         count_verdict(c, verdict)
         return verdict

@@ -61,3 +61,19 @@ def test_one_endpoint_exchange_for_both_transports():
         text = (REPO / path).read_text()
         assert "endpoints.exchange(" in text, path
         assert "/nonce" not in text, f"{path} publishes the nonce itself"
+
+
+def test_the_screening_chain_is_written_once():
+    """Every transport refuses a unit from the wire through transport/screening.py: no other
+    module of harness/ returns a screening verdict of its own."""
+    refusals = {"FOREIGN", "UNAUTHENTICATED", "MISDIRECTED", "MASKED"}
+    written = []
+    for path in (REPO / "harness").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Return) and isinstance(node.value, ast.Name)
+                    and node.value.id in refusals):
+                written.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert written and all(w.startswith("harness/transport/screening.py") for w in written), \
+        written
+    for path in ("harness/transport/udp.py", "harness/verbs/transport.py"):
+        assert "screen(head, " in (REPO / path).read_text(), path

@@ -145,3 +145,45 @@ def test_the_drop_mask_and_device_chosen_on_the_controller_reach_every_rank(monk
     envs = [launch.rank_env(cluster, rank) for rank in (0, 1)]
     assert [e["LOSSBED_RDMA_DEVICE"] for e in envs] == ["mlx5_1", "mlx5_1"]
     assert [e["LOSSBED_BACKEND"] for e in envs] == ["nccl", "nccl"]
+
+
+def test_a_verbs_message_passes_the_one_screening_chain():
+    """VerbsTransport._message on an object with just what it reads: each link of the chain
+    (transport/screening.py) refuses its case and counts it; a good message reaches the
+    handler. Mutation caught: a source other than the queue pair's peer taken as genuine."""
+    from harness.transport import header as hdr
+    from harness.transport.auth import PacketAuth
+    from harness.transport.verdicts import Counters
+
+    key, nonce = bytes(range(32)), 0x1234
+    sender = PacketAuth(key, 0, "lossbed/verbs")
+    me = SimpleNamespace(rank=1, nonce=nonce, drop_mask=None, counters=Counters(),
+                         auth=PacketAuth(key, 1, "lossbed/verbs"))
+    me.auth.know_peers([sender.salt.hex(), me.auth.salt.hex(), sender.salt.hex()])
+    payload = np.arange(4, dtype=np.float32).tobytes()
+
+    def message(source=0, dest=1, fragments=1, length=16, sealed=True):
+        head = hdr.pack(hdr.STAGE_REDUCE, source, nonce, 3, 0, 1, 0, 1, length,
+                        fragments=fragments, dest=dest)
+        head = sender.seal(head, payload) if sealed else head
+        return memoryview(head + payload)
+
+    handled = []
+
+    def handle(head, values):
+        handled.append(bytes(values))
+        return "applied"
+
+    def verdict(peer, data):
+        return VerbsTransport._message(me, peer, data, handle)
+
+    assert verdict(0, message()) == "applied" and handled == [payload]
+    assert verdict(2, message()) == "foreign"              # not the queue pair's peer
+    assert verdict(0, message(sealed=False)) == "unauthenticated"
+    assert verdict(0, message(dest=2)) == "misdirected"
+    assert verdict(0, message(fragments=2)) == "malformed"  # verbs never cuts a message
+    assert verdict(0, message(length=8)) == "malformed"
+    c = me.counters
+    assert (c.packets_received, c.foreign, c.unauthenticated, c.misdirected, c.malformed) \
+        == (1, 1, 1, 1, 2)
+    assert len(handled) == 1
