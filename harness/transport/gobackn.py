@@ -8,18 +8,32 @@ unacknowledged packet, and doubles the timeout.
 
 Receiver, per source: only the expected psn is accepted; a later one is dropped and answered
 by one NAK per gap; an earlier one is a duplicate. A cumulative ACK goes back for every batch
-the receiver reads (UdpTransport._serve_batch) and whenever it goes idle. The compiled core
-takes a batch's datagrams in order (native.in_order); ReceiveFlow below is the reference the
-tests hold it against.
+the receiver reads (GoBackN._serve_batch) and whenever it goes idle. The compiled core
+takes a batch's datagrams in order (native.in_order); tests/reference/gobackn_receiver.py
+is the reference the tests hold it against.
+
+GoBackN is RC's endpoint on a UDP transport: a service thread owns the socket, as a NIC does
+the acknowledging and retransmitting while the rank computes or waits elsewhere, and hands
+the units delivered in order over through a queue. The decisions (ACK, NAK, when to send
+again) are Python's, per batch; the per-datagram work (screen, in_order, building and sealing
+sends) is the compiled core's.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from harness.transport import header as hdr
+from harness.transport import native
+
+RC_TICK_S = 0.002  # how often a waiting RC endpoint checks its timers
 
 RTO_INITIAL_S = 0.02
 RTO_MAX_S = 1.0
@@ -106,17 +120,215 @@ class SendFlow:
         self.last_progress = now
 
 
-@dataclass
-class ReceiveFlow:
-    """One source's flow at the receiver, datagram by datagram (the reference)."""
+def fragments_of(floats, fragment_floats: int):
+    """Datagrams a unit of `floats` values is cut into (an int, or per unit for an array):
+    one, or as many fragments of fragment_floats as it takes. The compiled sender cuts by
+    the same rule (_wire.c, Sender.send)."""
+    return np.maximum(1, -(-floats // fragment_floats))
 
-    expected: int = 0
 
-    def accept(self, psn: int) -> str:
-        """"deliver", "duplicate" or "gap" for an arriving psn."""
-        if psn == self.expected:
-            self.expected += 1
-            return "deliver"
-        if psn < self.expected:
-            return "duplicate"
-        return "gap"
+class GoBackN:
+    """RC semantics on one UdpTransport `t`: its send flows and their retransmissions, its
+    receiver's in-order state and answers, and the service thread that runs them. Lock
+    order: `lock` (the flows) is taken inside the transport's use_lock, never around it."""
+
+    def __init__(self, t):
+        self.t = t
+        world, rx = t.world, t._rx
+        self.flows = [SendFlow() for _ in range(world)]
+        self.controls_sent = [0] * world  # ACKs and NAKs, per peer (see _control)
+        # the receiver, per source: the next psn in order (native.in_order moves it on),
+        # what the last ACK to it said, the psn of the last NAK (one per gap)
+        self.expected = np.zeros(world, np.int64)
+        self.acked = np.zeros(world, np.int64)
+        self.nak_sent_for = np.full(world, -1, np.int64)
+        # what in_order writes for a batch: its rows delivered, per source the duplicates
+        # and the highest psn beyond a gap
+        self._in_order_rows = np.empty(rx.batch, np.int64)
+        self._duplicates_of = np.zeros(world, np.int64)
+        self._gap_max = np.zeros(world, np.int64)
+        # the width of a delivered datagram's row (a header and one fragment)
+        self._delivered_width = -(-(hdr.HEADER_BYTES + 4 * t.fragment_floats) // 64) * 64
+        # the service thread sends again while the rank sends: its own compiled sender
+        self.tx_again = native.Sender(t.sock.fileno(), t.rank, t.nonce, t.segment_bytes,
+                                      t.segments_asked)
+        self.lock = threading.Lock()
+        self.all_acked = threading.Condition(self.lock)  # notified when nothing is unacked
+        self.delivered: queue.Queue = queue.Queue()
+        self.stopping = threading.Event()
+        self.service = threading.Thread(target=self._service_loop, daemon=True,
+                                        name=f"rc-rank{t.rank}")
+        self.service.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.service.join(5)
+
+    # ---- sending ------------------------------------------------------------------------
+
+    def send(self, dest, stage, step, bucket, shard, x, starts, ends,
+             index_first: int = 0, count: int | None = None) -> None:
+        """Every datagram (fragment) of these packets takes the next psn of the flow to
+        `dest`, and the send is kept (a Burst: what it sent, not the datagrams) until
+        acknowledged; then the compiled core builds, seals and sends them all at once, with
+        those psns (_resend sends them again from any psn on)."""
+        t, flow = self.t, self.flows[dest]
+        count = len(starts) if count is None else count
+        datagrams = fragments_of(ends - starts, t.fragment_floats)
+        with self.lock:  # (the service thread resends and acknowledges meanwhile)
+            psn_first = flow.next_psn
+            packet_psn = psn_first + np.concatenate(([0], np.cumsum(datagrams)))
+            flow.sent(Burst(packet_psn, stage, step, bucket, shard, x, starts, ends, count,
+                            index_first))
+            total = flow.next_psn - psn_first
+            seq_first = t.auth.reserve(total) if t.auth is not None else 0
+        t._sent(*t._tx.send(
+            t._sockaddrs[dest], dest, t.auth.mac if t.auth else None, seq_first, stage, step,
+            bucket & 0xFFFF, shard, x, starts, ends, count, hdr.END_OF[stage], 0, 0,
+            t.fragment_floats, psn_first, index_first))
+
+    def _resend(self, dest: int, flow: SendFlow, psn: int) -> None:
+        """Send everything unacknowledged from `psn` on again, by the compiled sender, one
+        call per send it first went in: each datagram as it went (fragment, index, psn), as
+        a new transmission (the send's copy number one more, freshly sealed)."""
+        t, auth = self.t, self.t.auth
+        for burst, first in flow.from_psn(psn):
+            packet, fragment = burst.position(first)
+            burst.copy = (burst.copy + 1) & 0xFFFF
+            total = burst.psn_end - first
+            sent = self.tx_again.send(
+                t._sockaddrs[dest], dest, auth.mac if auth else None,
+                auth.reserve(total) if auth else 0, burst.stage, burst.step,
+                burst.bucket & 0xFFFF, burst.shard, burst.x, burst.starts[packet:],
+                burst.ends[packet:], burst.count, hdr.END_OF[burst.stage], 0, 0,
+                t.fragment_floats, first, burst.index_first + packet, fragment, burst.copy)
+            t._sent(*sent)
+            t.counters.retransmitted += sent[0]
+
+    def _control(self, dest: int, stage: int, psn: int) -> None:
+        """An ACK or NAK to `dest`. Each is a new transmission, numbered (copy) by how many
+        went to `dest` before: the drop mask draws afresh for it, as a network loses each
+        packet on its own (with one number for all, a mask that dropped one ACK of a flow
+        would drop every later one, and the flow would stall for good)."""
+        t = self.t
+        copy = self.controls_sent[dest]
+        self.controls_sent[dest] = (copy + 1) & 0xFFFF
+        head = hdr.pack(stage, t.rank, t.nonce, 0, 0, 0, 0, 0, 0, psn=psn, copy=copy,
+                        dest=dest)
+        t._transmit(dest, t._seal(head, b""), b"")
+
+    # ---- receiving ----------------------------------------------------------------------
+
+    def receive(self, deadline: float, done: Callable[[], bool], handle_batch) -> None:
+        """What the service thread delivered, in order, a batch at a time, to handle_batch
+        (the collective's: fragments reassembled and applied by the compiled core)."""
+        while not done():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                block = self.delivered.get(timeout=remaining)
+            except queue.Empty:
+                return
+            for verdict, count in handle_batch(block, np.arange(len(block))).items():
+                self.t._count(verdict, count)
+
+    def flush(self, deadline: float) -> bool:
+        """Wait until every datagram this rank sent was acknowledged, or the deadline."""
+        with self.all_acked:  # (woken by the ACK that acknowledges the last of it)
+            return self.all_acked.wait_for(self._nothing_unacked,
+                                           max(0.0, deadline - time.monotonic()))
+
+    def _nothing_unacked(self) -> bool:
+        return not any(flow.unacked for flow in self.flows)
+
+    def in_window(self, head: hdr.Header) -> bool:
+        """Could this ACK or NAK be an answer to what we sent (flow.in_window)?"""
+        return self.flows[head.source].in_window(head.psn)
+
+    def on_control(self, head: hdr.Header) -> None:
+        """An ACK or NAK that passed the screen (called with `lock` held, from a batch)."""
+        flow = self.flows[head.source]
+        flow.ack(head.psn)  # (a NAK for psn also acknowledges everything before it)
+        if head.stage == hdr.STAGE_NAK:
+            self._resend(head.source, flow, head.psn)
+        if not flow.unacked and self._nothing_unacked():
+            self.all_acked.notify_all()
+
+    def _service_loop(self) -> None:
+        """Read the socket a batch at a time, answer with ACKs and NAKs, retransmit, hand
+        units over."""
+        rx, poller = self.t._rx, self.t._poller
+        while not self.stopping.is_set():
+            try:
+                n = rx.receive()
+            except OSError:
+                return  # closed
+            if n == 0:
+                with self.lock:
+                    self._acknowledge_all()
+                    self._check_timers()
+                poller.poll(RC_TICK_S * 1000)
+                continue
+            with self.lock:
+                self._serve_batch(n)
+
+    def _serve_batch(self, n: int) -> None:
+        """A received batch, screened by the compiled core (this job's, its source's tag,
+        addressed here). ACKs and NAKs go to the send flows one by one (the transport's
+        _datagram); the data datagrams the drop mask keeps are taken in order by the
+        compiled core (native.in_order) and those it delivers go to the collective as one
+        batch. Then the answers, per source: a NAK for a gap still open (one per gap), and
+        one cumulative ACK for everything newly in order (not one every few datagrams: each
+        is a sealed datagram and a system call), or again for duplicates (the sender resent
+        what we have: our ACK was lost)."""
+        t = self.t
+        rx, c = t._rx, t.counters
+        classes = t._screen(n)
+        for row in np.flatnonzero(classes == native.OTHER).tolist():
+            view = memoryview(rx.data[row])
+            if view[hdr.STAGE_OFFSET] in (hdr.STAGE_ACK, hdr.STAGE_NAK):
+                t._datagram(int(rx.sizes[row]), None, None, view, checked=True)
+            else:
+                c.malformed += 1  # an RC peer sends data, ACKs and NAKs, nothing else
+        rows = np.flatnonzero(classes == native.DATA)
+        if len(rows) and t.drop_mask is not None:
+            rows = t._unmasked(rows)
+        if not len(rows):
+            self._acknowledge_all()
+            return
+        duplicates, gap_max, expected = self._duplicates_of, self._gap_max, self.expected
+        duplicates.fill(0)
+        gap_max.fill(-1)
+        k = native.in_order(rx.data, rx.slot_bytes, rows, expected, self._in_order_rows,
+                            duplicates, gap_max)
+        if k:  # a copy (the buffer is read into again), a header and a fragment wide
+            self.delivered.put(rx.data[self._in_order_rows[:k], :self._delivered_width])
+        c.duplicates += int(duplicates.sum())
+        again = duplicates > 0
+        for source in np.flatnonzero(gap_max >= expected).tolist():
+            if self.nak_sent_for[source] != expected[source]:
+                psn = int(expected[source])
+                self._control(source, hdr.STAGE_NAK, psn)
+                self.nak_sent_for[source] = self.acked[source] = psn  # (a NAK acks too)
+                again[source] = False
+                c.naks_sent += 1
+        self._acknowledge_all(again)
+
+    def _acknowledge_all(self, again: np.ndarray | None = None) -> None:
+        """A cumulative ACK to every source whose flow moved on since the last one, and to
+        those in `again`."""
+        owed = self.expected != self.acked
+        if again is not None:
+            owed |= again
+        for source in np.flatnonzero(owed).tolist():
+            self._control(source, hdr.STAGE_ACK, int(self.expected[source]))
+        np.copyto(self.acked, self.expected)
+
+    def _check_timers(self) -> None:
+        now = time.monotonic()
+        for dest, flow in enumerate(self.flows):
+            if flow.timed_out(now):
+                self._resend(dest, flow, flow.acked)
+                self.t.counters.timeouts += 1
+                flow.backoff(now)

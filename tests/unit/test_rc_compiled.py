@@ -1,9 +1,9 @@
 """RoCE RC semantics through the compiled core: its sends built, sealed and sent by the
 compiled sender with the psns go-back-N gives them (kept for resending), its service
 thread reading batches screened by the compiled core and taking them in order there
-(native.in_order, held against gobackn.ReceiveFlow), its units reaching the collective a
-batch at a time. The go-back-N decisions (ACK, NAK, resend, timeout) stay in Python.
-Loopback ranks only (127.0.0.1)."""
+(native.in_order, held against tests/reference/gobackn_receiver.py), its units reaching
+the collective a batch at a time. The go-back-N decisions (ACK, NAK, resend, timeout) stay
+in Python. Loopback ranks only (127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ from harness.collectives import lossy
 from harness.collectives.lossy import LossyCollective
 from harness.collectives.step import Step
 from harness.reproduce.loopback import on_every_rank
+from harness.transport import gobackn, native
 from harness.transport import header as hdr
-from harness.transport import native, udp
 from harness.transport.dropmask import DropMask
-from harness.transport.gobackn import ReceiveFlow
 from harness.transport.semantics import Semantics
 from harness.transport.udp import UdpTransport
 from tests.reference import numpy_apply
+from tests.reference.gobackn_receiver import ReceiveFlow
 from tests.unit.test_native_core import KEY
 from tests.unit.test_transport_hostile import make_pair
 from tests.unit.test_uc_fragments import raw_datagrams
@@ -54,12 +54,12 @@ def rc_sending_to_a_sink():
     sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     calls = []
     try:
-        t1._stopping.set()
-        t1._service.join(5)
+        t1.rc.stopping.set()
+        t1.rc.service.join(5)
         t1.endpoints[0] = sink.getsockname()
         t1._sockaddrs[0] = native.sockaddr_in(*sink.getsockname())
         t1._tx = CountingSender(t1._tx, calls)
-        t1._tx_again = CountingSender(t1._tx_again, calls)
+        t1.rc.tx_again = CountingSender(t1.rc.tx_again, calls)
         yield t0, t1, sink, calls
     finally:
         sink.close()
@@ -72,7 +72,7 @@ def datagrams_by_the_rule(t1, x, starts, ends, psn_first, copy=0) -> list[bytes]
     rule of fragments_of and header.pack, datagram by datagram, seq and tag left 0."""
     out, psn, size = [], psn_first, t1.fragment_floats
     for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
-        fragments = int(udp.fragments_of(end - start, size))
+        fragments = int(gobackn.fragments_of(end - start, size))
         for fragment in range(fragments):
             part = x[start + fragment * size:min(end, start + (fragment + 1) * size)].tobytes()
             out.append(hdr.pack(hdr.STAGE_REDUCE, 1, t1.nonce, 4, 1, 0, index, len(starts),
@@ -131,15 +131,15 @@ def test_go_back_n_resends_from_the_nak_through_the_compiled_sender():
         p = fragments + 1  # the second fragment of the second message of the first send
         nak = hdr.unpack(hdr.pack(hdr.STAGE_NAK, 0, t1.nonce, 0, 0, 0, 0, 0, 0, psn=p,
                                   dest=1))
-        with t1._lock:
-            t1._on_control(nak)
+        with t1.rc.lock:
+            t1.rc.on_control(nak)
         again = raw_datagrams(sink)
         resends = len(calls)
-        flow = t1._send_flows[0]
+        flow = t1.rc.flows[0]
         acked_after_nak, unacked_after_nak = flow.acked, flow.unacked
-        with t1._lock:
+        with t1.rc.lock:
             flow.last_progress -= 10
-            t1._check_timers()
+            t1.rc._check_timers()
         timed_out = raw_datagrams(sink)
     want = (datagrams_by_the_rule(t1, x, starts[:2], ends[:2], 0, copy=1)[p:]
             + datagrams_by_the_rule(t1, x, starts, ends, 2 * fragments, copy=1))
@@ -254,21 +254,21 @@ def test_a_receiver_acknowledges_a_batch_once():
     _serve_batch."""
     _, (t0, t1) = make_pair(semantics=Semantics.parse("roce-rc:16384"), key=KEY)
     try:
-        t0._stopping.set()  # this test reads t0's socket itself
-        t0._service.join(5)
-        t1._send_flows[0].rto_s = 60.0  # no resend while t0 is not reading
+        t0.rc.stopping.set()  # this test reads t0's socket itself
+        t0.rc.service.join(5)
+        t1.rc.flows[0].rto_s = 60.0  # no resend while t0 is not reading
         x = np.zeros(64 * t1.fragment_floats, np.float32)
         starts = np.arange(64, dtype=np.int64) * t1.fragment_floats
         t1.send_packets(0, hdr.STAGE_REDUCE, 0, 0, 0, x, starts, starts + t1.fragment_floats)
         time.sleep(0.2)
         n = t0._rx.receive()
         assert n == 64
-        t0._serve_batch(n)
-        assert t0._controls_sent[1] == 1 and t0._expected[1] == 64
+        t0.rc._serve_batch(n)
+        assert t0.rc.controls_sent[1] == 1 and t0.rc.expected[1] == 64
         deadline = time.monotonic() + 2  # ... and that one ACK released all 64 at t1
-        while t1._send_flows[0].unacked and time.monotonic() < deadline:
+        while t1.rc.flows[0].unacked and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert not t1._send_flows[0].unacked
+        assert not t1.rc.flows[0].unacked
     finally:
         t0.close()
         t1.close()
@@ -284,7 +284,7 @@ def psn_rows(stream: list[tuple[int, int]], slot: int = 128) -> np.ndarray:
 
 
 def reference_in_order(flows: list[ReceiveFlow], stream, rows) -> tuple:
-    """gobackn.ReceiveFlow, datagram by datagram: the rows delivered, in order, and per
+    """ReceiveFlow, datagram by datagram: the rows delivered, in order, and per
     source the duplicates and the highest psn refused as beyond a gap (-1: none)."""
     delivered, duplicates, gap_max = [], [0] * len(flows), [-1] * len(flows)
     for row in rows:
@@ -377,7 +377,7 @@ def test_flush_returns_when_the_last_ack_comes_not_at_the_next_tick(monkeypatch)
     """A rank leaves an RC step once its peers acknowledged everything (flush): it must
     leave when the last ACK comes, not when a polling tick next looks (the tick is 2 ms,
     on a 16 ms all-reduce). With a 1 s tick: on the old code flush slept it out (>= 1 s)."""
-    monkeypatch.setattr(udp, "RC_TICK_S", 1.0)
+    monkeypatch.setattr(gobackn, "RC_TICK_S", 1.0)
     _, (t0, t1) = make_pair(semantics=Semantics.parse("roce-rc:16384"), key=KEY)
     try:
         x = np.zeros(4 * t1.fragment_floats, np.float32)

@@ -22,16 +22,17 @@ from harness.collectives.lossy import LossyCollective
 from harness.reproduce.loopback import MemoryStore, on_every_rank
 from harness.transport import header as hdr
 from harness.transport.early import EARLY_WINDOW_STEPS
-from harness.transport.udp import UdpTransport
+from tests.reference.datagram_transport import DatagramTransport
 
 
 def make_pair(mtu=1500, **options):
-    """Two ranks' transports on loopback (they meet in the store, so start together);
-    options go to UdpTransport (drop_mask: a fresh copy per rank)."""
+    """Two ranks' transports on loopback (they meet in the store, so start together), with
+    the datagram-at-a-time reference paths beside their own; options go to UdpTransport
+    (drop_mask: a fresh copy per rank)."""
     store = MemoryStore()
     # (each transport takes its own receiver's copy of a drop mask)
-    return store, on_every_rank(2, lambda rank: UdpTransport(rank, 2, "127.0.0.1", store,
-                                                             mtu=mtu, **options))
+    return store, on_every_rank(2, lambda rank: DatagramTransport(rank, 2, "127.0.0.1",
+                                                                  store, mtu=mtu, **options))
 
 
 NUMEL = 3000  # shard of 1500 floats: 5 packets of 365 floats at MTU 1500

@@ -1,8 +1,9 @@
 """RoCE UC messages in the compiled core: the sender cuts them into fragments (each its own
 datagram, header and tag; UDP GSO sends many at once), and apply() reassembles them in a
 staging area sized by the receiver's own layout, applying a message only when it is whole.
-Held against the datagram-at-a-time reference on the same inputs: UdpTransport.send (the
-sender), UdpTransport._reassemble with Step.handle (the receiver).
+Held against the datagram-at-a-time reference on the same inputs
+(tests/reference/datagram_transport.py): its send (the sender), its _reassemble with
+Step.handle (the receiver).
 
 Mutations these tests catch (each tried by hand on the C source):
 - a fragment applied before its message is whole, or a partial message applied ->
@@ -27,8 +28,8 @@ from harness.collectives.step import Step
 from harness.transport import header as hdr
 from harness.transport.early import EarlyStash
 from harness.transport.semantics import Semantics
-from harness.transport.udp import UdpTransport
 from harness.transport.verdicts import EARLY, HELD, Counters
+from tests.reference.datagram_transport import DatagramTransport
 from tests.reference.numpy_apply import reference_one
 from tests.unit.test_native_core import KEY
 from tests.unit.test_transport_hostile import make_pair
@@ -103,11 +104,11 @@ def make_state(world: int, numel: int, seed: int, staged: bool) -> Step:
 
 
 def reference_receiver(world: int):
-    """UdpTransport._reassemble on an object with just what it reads: the reference."""
+    """DatagramTransport._reassemble on an object with just what it reads: the reference."""
     ref = types.SimpleNamespace(
         fragment_floats=FRAGMENT, max_fragments=-(-MESSAGE // FRAGMENT), world=world,
         counters=Counters(), _partial={}, _partial_of=[0] * world, _step=STEP + 1)
-    ref._forget_partial = lambda key: UdpTransport._forget_partial(ref, key)
+    ref._forget_partial = lambda key: DatagramTransport._forget_partial(ref, key)
     return ref
 
 
@@ -180,7 +181,7 @@ def test_compiled_reassembly_matches_the_reference(world, numel, seed, fates, ac
     for d in datagrams:
         head, payload = hdr.unpack(d), memoryview(d)[hdr.HEADER_BYTES:]
         if head.fragments > 1:
-            whole = UdpTransport._reassemble(ref, head, payload)
+            whole = DatagramTransport._reassemble(ref, head, payload)
             if whole is None:
                 continue
             head, payload = whole
