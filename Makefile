@@ -53,7 +53,8 @@ vm-guest: $(STAMP)
 
 # A venv made here carries .lossbed-made; one that exists without it is the user's, whose
 # installed packages are all kept (--keep-installed).
-$(STAMP): pyproject.toml requirements.lock harness/transport/_wire.c
+$(STAMP): pyproject.toml requirements.lock harness/transport/_wire.c \
+		harness/transport/wire.h harness/bench/_blaster.c
 	test -x $(PY) || { $(PYTHON) -m venv $(if $(SYSTEM_SITE_PACKAGES),--system-site-packages) \
 		$(VENV) && touch $(VENV)/.lossbed-made; }
 	$(PY) -m testbed.python_packages constraints requirements.lock \

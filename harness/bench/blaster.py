@@ -1,9 +1,9 @@
-"""One host of the wire's own limit: the compiled blaster (_wire.blast), nothing else to do.
+"""One host of the wire's own limit: the compiled blaster (_blaster.c), nothing else to do.
 
 Started on every host of a cluster at once (harness.launch), each sends MTU-sized datagrams
 to every other host in turn and drains its own socket, for --seconds, in one of four modes:
 sendmmsg or UDP GSO (one buffer the kernel cuts into MTU-sized datagrams), plain or sealed
-(every datagram AES-128-GMAC sealed and checked at the receiver, by _wire.c's own MAC). All
+(every datagram AES-128-GMAC sealed and checked at the receiver, by the data plane's MAC). All
 hosts start at --start-at (time.time()) and print one JSON line: what they sent, received
 and refused. tests/benchmarks/bench_wire.py holds the collective against these figures.
 """
@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 
+from harness.bench import _blaster
 from harness.transport import header as hdr
 from harness.transport import native
 
@@ -45,11 +46,10 @@ def main(argv=None) -> int:
         print("UDP GSO is not available on this socket", file=sys.stderr)
         return 2
     peers = [native.sockaddr_in(a, PORT) for a in args.peers if a != me]
-    mac = native.Mac(KEY) if args.sealed else None
-    macs = [native.Mac(KEY) for _ in args.peers] if args.sealed else []
     time.sleep(max(0.0, args.start_at - time.time()))
-    sent, received, payload_bytes, refused, seconds = native.blast(
-        sock.fileno(), peers, rank, datagram, segments, mac, macs, args.seconds)
+    sent, received, payload_bytes, refused, seconds = _blaster.blast(
+        sock.fileno(), peers, rank, datagram, segments, KEY if args.sealed else None,
+        args.seconds)
     # (counted: what arrived while sending; what is still queued at the end is not)
     print(json.dumps({"rank": rank, "mode": args.mode, "sealed": args.sealed,
                       "segments": segments, "sent": sent, "received": received,

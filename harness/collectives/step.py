@@ -86,12 +86,12 @@ class Stage:
         """Messages of which some fragments came and others never did (lost whole)."""
         return int(np.count_nonzero(self.frag_count > 0)) if self.staging is not None else 0
 
-    def fragments_args(self) -> tuple:
-        """What native.apply takes for this stage's fragments (nothing: none are cut)."""
+    def fragments(self) -> native.Fragments | None:
+        """Where native.apply reassembles this stage's fragments (None: none are cut)."""
         if self.staging is None:
-            return ()
-        return (self.fragment_floats, self.staging, self.staging_base, self.frag_got,
-                self.frag_count)
+            return None
+        return native.Fragments(self.fragment_floats, self.staging, self.staging_base,
+                                self.frag_got, self.frag_count)
 
     def over(self) -> bool:
         """Every source has delivered everything or said that it sent everything."""
@@ -199,22 +199,24 @@ class Step:
         leftover = np.empty(len(rows), dtype=np.int64)
         for stage, st in self.stages.items():
             reduce = stage == hdr.STAGE_REDUCE
-            applied, duplicates, malformed, nonfinite, stale, others, _held = native.apply(
-                data, data.shape[1], rows, self.step, self.bucket & 0xFFFF, stage,
-                self.rank if reduce else -1, st.expected, st.last_floats, st.base,
-                st.per_packet, st.target, st.got, st.got.shape[1], st.pending,
-                self.reduce.ended if not reduce and self.infer_ends else None, reduce,
-                self.accept_reduce or not reduce, leftover, *st.fragments_args())
-            for verdict, count in ((APPLIED, applied), (DUPLICATE, duplicates),
-                                   (MALFORMED, malformed), (NONFINITE, nonfinite),
-                                   (STALE, stale)):
+            done = native.apply(
+                data, rows, step=self.step, bucket=self.bucket, stage=stage,
+                owner=self.rank if reduce else -1, expected=st.expected,
+                last_floats=st.last_floats, base=st.base, per_packet=st.per_packet,
+                target=st.target, got=st.got, pending=st.pending,
+                ended=self.reduce.ended if not reduce and self.infer_ends else None,
+                add=reduce, accept=self.accept_reduce or not reduce, leftover=leftover,
+                fragments=st.fragments())
+            for verdict, count in ((APPLIED, done.applied), (DUPLICATE, done.duplicates),
+                                   (MALFORMED, done.malformed), (NONFINITE, done.nonfinite),
+                                   (STALE, done.stale)):
                 _tally(verdicts, verdict, count)
-            if applied:
-                st.left -= applied
+            if done.applied:
+                st.left -= done.applied
                 st.last_at = time.monotonic()
-            if stale:
+            if done.stale:
                 self.late_stages.add(stage)
-            for row in leftover[:others].tolist():
+            for row in leftover[:done.others].tolist():
                 head = hdr.unpack(data[row])
                 payload = memoryview(data[row, hdr.HEADER_BYTES:hdr.HEADER_BYTES + head.length])
                 verdicts[self.handle(head, payload, stash)] += 1

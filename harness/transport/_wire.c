@@ -15,7 +15,13 @@
  *
  * The MAC is GMAC: AES-128-GCM (OpenSSL's EVP) with the whole datagram as additional data
  * and nothing to encrypt, the tag field taken as zero. Nonce: source rank (4 bytes, big
- * endian) then seq (8 bytes): auth.py says why it never repeats.
+ * endian) then seq (8 bytes): auth.py says why it never repeats. The header's layout and
+ * the GMAC are wire.h's, shared with the blaster (harness/bench/_blaster.c).
+ *
+ * Why one file of this length: the sender, the screen, apply and in_order share the
+ * header's field access and the MAC in one translation unit, where the compiler inlines
+ * them into the per-datagram loops; each part is one section below (the MAC, sending,
+ * receiving, the screen, RC's in_order, apply), and native.py is the named face of each.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,49 +32,15 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
-#define HEADER_BYTES 72
-#define SEQ_OFFSET 48
-#define TAG_OFFSET 56
-#define TAG_BYTES 16
-#define MAGIC 0x4C424544u
-#define VERSION 5
-#define STAGE_REDUCE 0
-#define STAGE_BROADCAST 1
-#define MAX_UDP_PAYLOAD 65507
-#define MAX_SENDMMSG 1024
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103 /* linux/udp.h */
-#endif
-
-/* header field offsets (header.py) */
-enum { O_MAGIC = 0, O_VERSION = 4, O_STAGE = 5, O_SOURCE = 6, O_NONCE = 8, O_STEP = 16,
-       O_BUCKET = 20, O_SHARD = 22, O_FRAGMENT = 24, O_FRAGMENTS = 26, O_INDEX = 28,
-       O_COUNT = 32, O_LENGTH = 36, O_PSN = 40, O_COPY = 44, O_DEST = 46 };
+#include "wire.h"
 
 /* what screen() says of a received datagram */
 enum { CLS_FOREIGN = 0, CLS_UNAUTHENTICATED = 1, CLS_MISDIRECTED = 2, CLS_TRUNCATED = 3,
        CLS_DATA = 4, CLS_OTHER = 5 };
-
-static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
-static inline uint32_t rd32(const uint8_t *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-static inline uint64_t rd64(const uint8_t *p) {
-    return ((uint64_t)rd32(p) << 32) | rd32(p + 4);
-}
-static inline void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
-static inline void wr32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
-}
-static inline void wr64(uint8_t *p, uint64_t v) { wr32(p, (uint32_t)(v >> 32)); wr32(p + 4, (uint32_t)v); }
-
-/* ---- the MAC ------------------------------------------------------------------------ */
 
 typedef struct {
     PyObject_HEAD
@@ -76,34 +48,6 @@ typedef struct {
 } MacObject;
 
 static PyTypeObject MacType;
-
-/* GMAC of head (HEADER_BYTES, its tag field taken as zero) followed by payload. 0 on
- * success. */
-static int gmac(EVP_CIPHER_CTX *ctx, uint32_t source, uint64_t seq, const uint8_t *head,
-                const uint8_t *payload, size_t payload_len, uint8_t tag[TAG_BYTES]) {
-    static const uint8_t zeros[TAG_BYTES];
-    uint8_t iv[12], none[16];
-    int outl;
-    wr32(iv, source);
-    wr64(iv + 4, seq);
-    if (EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, iv) != 1) return -1;
-    if (EVP_EncryptUpdate(ctx, NULL, &outl, head, TAG_OFFSET) != 1) return -1;
-    if (EVP_EncryptUpdate(ctx, NULL, &outl, zeros, TAG_BYTES) != 1) return -1;
-    if (payload_len > 0 && payload_len <= INT32_MAX
-        && EVP_EncryptUpdate(ctx, NULL, &outl, payload, (int)payload_len) != 1) return -1;
-    if (EVP_EncryptFinal_ex(ctx, none, &outl) != 1) return -1;
-    if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, TAG_BYTES, tag) != 1) return -1;
-    return 0;
-}
-
-/* 1: the datagram's tag is the one `ctx` makes for it (source and seq from its header). */
-static int tag_checks(EVP_CIPHER_CTX *ctx, const uint8_t *datagram, size_t size) {
-    uint8_t tag[TAG_BYTES];
-    if (size < HEADER_BYTES) return 0;
-    if (gmac(ctx, rd16(datagram + O_SOURCE), rd64(datagram + SEQ_OFFSET), datagram,
-             datagram + HEADER_BYTES, size - HEADER_BYTES, tag) != 0) return 0;
-    return CRYPTO_memcmp(tag, datagram + TAG_OFFSET, TAG_BYTES) == 0;
-}
 
 static int Mac_init(MacObject *self, PyObject *args, PyObject *kwds) {
     Py_buffer key;
@@ -1084,188 +1028,10 @@ done:
     return result;
 }
 
-/* ---- the wire's own limit: a blaster ----------------------------------------------- */
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* blast(fd, peers, rank, datagram_bytes, segments, mac, peer_macs, seconds)
- *   -> (datagrams_sent, datagrams_received, payload_bytes_received, bad_tags, seconds)
- *
- * Nothing but the wire: send datagrams of datagram_bytes (a header, then payload) to every
- * peer in turn, 64 at a time (segments > 1: messages of that many datagrams, UDP GSO; the
- * socket must have UDP_SEGMENT set to datagram_bytes), and drain this socket between
- * batches. With a mac every datagram is sealed, and every one received is checked with its
- * source's key (peer_macs, by the source rank in its header). Received payload bytes
- * exclude the header, as a collective's goodput does. */
-static PyObject *blast(PyObject *mod, PyObject *args) {
-    int fd, rank, segments;
-    Py_ssize_t dbytes;
-    PyObject *peers, *mac_obj, *peer_macs;
-    double seconds;
-    if (!PyArg_ParseTuple(args, "iOiniOOd", &fd, &peers, &rank, &dbytes, &segments, &mac_obj,
-                          &peer_macs, &seconds))
-        return NULL;
-    EVP_CIPHER_CTX *mac, *pctx[256] = {0};
-    if (mac_arg(mac_obj, &mac) < 0) return NULL;
-    if (dbytes < HEADER_BYTES || dbytes > 9000 || segments < 1 || segments > 64
-        || !PyList_Check(peers) || PyList_Size(peers) < 1 || PyList_Size(peers) > 255
-        || rank < 0 || rank > 255) {
-        PyErr_SetString(PyExc_ValueError, "blast: datagram_bytes 72..9000, segments 1..64, "
-                        "1..255 peers (a list of 16-byte sockaddr_in), rank 0..255");
-        return NULL;
-    }
-    if (mac) {
-        if (!PyList_Check(peer_macs) || PyList_Size(peer_macs) > 256) {
-            PyErr_SetString(PyExc_ValueError, "peer_macs: a list of Macs by rank");
-            return NULL;
-        }
-        for (Py_ssize_t r = 0; r < PyList_Size(peer_macs); r++)
-            if (mac_arg(PyList_GetItem(peer_macs, r), &pctx[r]) < 0) return NULL;
-    }
-    Py_ssize_t npeers = PyList_Size(peers);
-    struct sockaddr_in to[255];
-    for (Py_ssize_t i = 0; i < npeers; i++) {
-        PyObject *o = PyList_GetItem(peers, i);
-        if (!PyBytes_Check(o) || PyBytes_Size(o) != sizeof(struct sockaddr_in)) {
-            PyErr_SetString(PyExc_ValueError, "a peer is a 16-byte sockaddr_in");
-            return NULL;
-        }
-        memcpy(&to[i], PyBytes_AsString(o), sizeof(struct sockaddr_in));
-    }
-    enum { BATCH = 64, RX = 256, RX_SLOT = 9216 };
-    uint8_t *tx = calloc(BATCH, (size_t)dbytes), *rx = malloc((size_t)RX * RX_SLOT);
-    struct iovec *tiov = calloc(BATCH, sizeof(struct iovec)), *riov = calloc(RX, sizeof(struct iovec));
-    struct mmsghdr *tmsg = calloc(BATCH, sizeof(struct mmsghdr)), *rmsg = calloc(RX, sizeof(struct mmsghdr));
-    long long sent = 0, received = 0, rbytes = 0, bad_tags = 0;
-    double t0 = now_s(), elapsed = 0;
-    uint64_t seq = 0;
-    int failed = !tx || !rx || !tiov || !riov || !tmsg || !rmsg;
-    if (failed) PyErr_NoMemory();
-    Py_BEGIN_ALLOW_THREADS
-    for (int i = 0; !failed && i < RX; i++) {
-        riov[i].iov_base = rx + (size_t)i * RX_SLOT;
-        riov[i].iov_len = RX_SLOT;
-    }
-    for (Py_ssize_t round = 0; !failed; round++) {
-        int sending = (elapsed = now_s() - t0) < seconds;
-        const struct sockaddr_in *dst = &to[round % npeers];
-        if (!sending) goto drain; /* (seconds 0: drain only) */
-        for (int k = 0; k < BATCH; k++) {
-            uint8_t *h = tx + (size_t)k * dbytes;
-            wr32(h + O_MAGIC, MAGIC);
-            h[O_VERSION] = VERSION;
-            wr16(h + O_SOURCE, (uint16_t)rank);
-            wr32(h + O_LENGTH, (uint32_t)(dbytes - HEADER_BYTES));
-            if (mac) {
-                wr64(h + SEQ_OFFSET, seq);
-                gmac(mac, (uint32_t)rank, seq, h, h + HEADER_BYTES,
-                     (size_t)(dbytes - HEADER_BYTES), h + TAG_OFFSET);
-                seq++;
-            }
-            tiov[k].iov_base = h;
-            tiov[k].iov_len = (size_t)dbytes;
-        }
-        int msgs = 0;
-        for (int k = 0; k < BATCH; k += segments, msgs++) {
-            int pk = BATCH - k < segments ? BATCH - k : segments;
-            memset(&tmsg[msgs], 0, sizeof(tmsg[msgs]));
-            tmsg[msgs].msg_hdr.msg_name = (void *)dst;
-            tmsg[msgs].msg_hdr.msg_namelen = sizeof(*dst);
-            tmsg[msgs].msg_hdr.msg_iov = &tiov[k];
-            tmsg[msgs].msg_hdr.msg_iovlen = (size_t)pk;
-        }
-        for (int done = 0; done < msgs;) {
-            int r = sendmmsg(fd, tmsg + done, (unsigned int)(msgs - done), MSG_DONTWAIT);
-            if (r > 0) {
-                for (int j = done; j < done + r; j++) sent += (long long)tmsg[j].msg_hdr.msg_iovlen;
-                done += r;
-            } else if (errno == EAGAIN || errno == ENOBUFS || errno == EINTR) {
-                break; /* full: drain our own socket, then go on */
-            } else {
-                failed = 2;
-                break;
-            }
-        }
-    drain:
-        for (;;) { /* drain */
-            for (int i = 0; i < RX; i++) {
-                memset(&rmsg[i].msg_hdr, 0, sizeof(struct msghdr));
-                rmsg[i].msg_hdr.msg_iov = &riov[i];
-                rmsg[i].msg_hdr.msg_iovlen = 1;
-            }
-            int r = recvmmsg(fd, rmsg, RX, MSG_DONTWAIT, NULL);
-            if (r <= 0) break;
-            for (int i = 0; i < r; i++) {
-                size_t size = rmsg[i].msg_len;
-                const uint8_t *p = riov[i].iov_base;
-                if (size < HEADER_BYTES) { bad_tags++; continue; }
-                if (mac) {
-                    uint16_t src = rd16(p + O_SOURCE);
-                    if (src >= 256 || !pctx[src] || !tag_checks(pctx[src], p, size)) {
-                        bad_tags++;
-                        continue;
-                    }
-                }
-                received++;
-                rbytes += (long long)(size - HEADER_BYTES);
-            }
-        }
-        if (!sending) break;
-    }
-    Py_END_ALLOW_THREADS
-    int err = errno;
-    free(tx); free(rx); free(tiov); free(riov); free(tmsg); free(rmsg);
-    if (failed == 1) return NULL;
-    if (failed == 2) {
-        errno = err;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    return Py_BuildValue("LLLLd", sent, received, rbytes, bad_tags, elapsed);
-}
-
-/* mac_cost(mac, datagram_bytes, count) -> (seal_s, check_s): seconds to seal `count`
- * datagrams of datagram_bytes, and to check them, on this core (no system calls). */
-static PyObject *mac_cost(PyObject *mod, PyObject *args) {
-    PyObject *mac_obj;
-    Py_ssize_t dbytes, count;
-    EVP_CIPHER_CTX *mac;
-    if (!PyArg_ParseTuple(args, "Onn", &mac_obj, &dbytes, &count)) return NULL;
-    if (mac_arg(mac_obj, &mac) < 0) return NULL;
-    if (!mac || dbytes < HEADER_BYTES || dbytes > MAX_UDP_PAYLOAD || count < 1) {
-        PyErr_SetString(PyExc_ValueError, "mac_cost(Mac, datagram_bytes, count)");
-        return NULL;
-    }
-    uint8_t *d = calloc(1, (size_t)dbytes);
-    if (!d) return PyErr_NoMemory();
-    int ok = 1;
-    double t0, seal_s, check_s;
-    Py_BEGIN_ALLOW_THREADS
-    t0 = now_s();
-    for (Py_ssize_t i = 0; i < count; i++) {
-        wr64(d + SEQ_OFFSET, (uint64_t)i);
-        gmac(mac, 1, (uint64_t)i, d, d + HEADER_BYTES, (size_t)(dbytes - HEADER_BYTES),
-             d + TAG_OFFSET);
-    }
-    seal_s = now_s() - t0;
-    t0 = now_s();
-    for (Py_ssize_t i = 0; i < count; i++) ok &= tag_checks(mac, d, (size_t)dbytes);
-    check_s = now_s() - t0;
-    Py_END_ALLOW_THREADS
-    free(d);
-    (void)ok; /* (computed so that the checks are not optimised away) */
-    return Py_BuildValue("dd", seal_s, check_s);
-}
-
 static PyMethodDef module_methods[] = {
     {"screen", screen, METH_VARARGS, "Classify a received batch (see the C source)."},
     {"apply", apply, METH_VARARGS, "Apply one stage's data packets of a batch."},
     {"in_order", in_order, METH_VARARGS, "RC: a batch's data datagrams taken in order."},
-    {"blast", blast, METH_VARARGS, "Send and drain as fast as the wire goes."},
-    {"mac_cost", mac_cost, METH_VARARGS, "Seconds to seal and to check a number of datagrams."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef wire_module = {

@@ -182,10 +182,11 @@ class GoBackN:
                             index_first))
             total = flow.next_psn - psn_first
             seq_first = t.auth.reserve(total) if t.auth is not None else 0
-        t._sent(*t._tx.send(
-            t._sockaddrs[dest], dest, t.auth.mac if t.auth else None, seq_first, stage, step,
-            bucket & 0xFFFF, shard, x, starts, ends, count, hdr.END_OF[stage], 0, 0,
-            t.fragment_floats, psn_first, index_first))
+        t._sent(t._tx.send(
+            to=t._sockaddrs[dest], dest=dest, mac=t.auth.mac if t.auth else None,
+            seq_first=seq_first, stage=stage, step=step, bucket=bucket, shard=shard, x=x,
+            starts=starts, ends=ends, count=count, fragment_floats=t.fragment_floats,
+            psn_first=psn_first, index_first=index_first))
 
     def _resend(self, dest: int, flow: SendFlow, psn: int) -> None:
         """Send everything unacknowledged from `psn` on again, by the compiled sender, one
@@ -197,13 +198,15 @@ class GoBackN:
             burst.copy = (burst.copy + 1) & 0xFFFF
             total = burst.psn_end - first
             sent = self.tx_again.send(
-                t._sockaddrs[dest], dest, auth.mac if auth else None,
-                auth.reserve(total) if auth else 0, burst.stage, burst.step,
-                burst.bucket & 0xFFFF, burst.shard, burst.x, burst.starts[packet:],
-                burst.ends[packet:], burst.count, hdr.END_OF[burst.stage], 0, 0,
-                t.fragment_floats, first, burst.index_first + packet, fragment, burst.copy)
-            t._sent(*sent)
-            t.counters.retransmitted += sent[0]
+                to=t._sockaddrs[dest], dest=dest, mac=auth.mac if auth else None,
+                seq_first=auth.reserve(total) if auth else 0, stage=burst.stage,
+                step=burst.step, bucket=burst.bucket, shard=burst.shard, x=burst.x,
+                starts=burst.starts[packet:], ends=burst.ends[packet:], count=burst.count,
+                fragment_floats=t.fragment_floats, psn_first=first,
+                index_first=burst.index_first + packet, first_fragment=fragment,
+                copy=burst.copy)
+            t._sent(sent)
+            t.counters.retransmitted += sent.data
 
     def _control(self, dest: int, stage: int, psn: int) -> None:
         """An ACK or NAK to `dest`. Each is a new transmission, numbered (copy) by how many
@@ -300,8 +303,8 @@ class GoBackN:
         duplicates, gap_max, expected = self._duplicates_of, self._gap_max, self.expected
         duplicates.fill(0)
         gap_max.fill(-1)
-        k = native.in_order(rx.data, rx.slot_bytes, rows, expected, self._in_order_rows,
-                            duplicates, gap_max)
+        k = native.in_order(rx.data, rows, expected=expected, delivered=self._in_order_rows,
+                            duplicates=duplicates, gap_max=gap_max)
         if k:  # a copy (the buffer is read into again), a header and a fragment wide
             self.delivered.put(rx.data[self._in_order_rows[:k], :self._delivered_width])
         c.duplicates += int(duplicates.sum())

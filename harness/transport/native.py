@@ -14,6 +14,7 @@ stops with the command that builds it. The numpy code of the same rules
 from __future__ import annotations
 
 import socket
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,15 +39,133 @@ if _DISAGREE:  # pragma: no cover - a stale build
                       "run `make setup` to rebuild it")
 
 Mac = _wire.Mac
-Sender = _wire.Sender
-screen = _wire.screen
-apply = _wire.apply
-in_order = _wire.in_order
-blast = _wire.blast
-mac_cost = _wire.mac_cost
 FOREIGN, UNAUTHENTICATED, MISDIRECTED, TRUNCATED, DATA, OTHER = (
     _wire.CLS_FOREIGN, _wire.CLS_UNAUTHENTICATED, _wire.CLS_MISDIRECTED, _wire.CLS_TRUNCATED,
     _wire.CLS_DATA, _wire.CLS_OTHER)
+
+
+# ---- sending --------------------------------------------------------------------------------
+
+class Sent(NamedTuple):
+    """What one call of the compiled sender sent."""
+
+    data: int          # data datagrams (fragments counted one each)
+    ends: int          # end markers
+    nbytes: int        # payload bytes of the data datagrams
+    segmented: int     # sends the kernel cut into several datagrams (UDP GSO)
+    refused: bool      # the route refused segmentation: datagram by datagram from now on
+
+
+class Sender:
+    """One rank's compiled sender on socket `fd`: builds every datagram's header, seals it
+    (with a Mac) and sends a shard's packets from the tensor's memory in as few system calls
+    as it can (sendmmsg; UDP GSO in sends of up to `segments` datagrams of segment_bytes)."""
+
+    def __init__(self, fd: int, rank: int, nonce: int, segment_bytes: int, segments: int):
+        self._sender = _wire.Sender(fd, rank, nonce, segment_bytes, segments)
+
+    @property
+    def segments(self) -> int:
+        """Datagrams one send may carry (falls to 1 when the route refuses segmentation)."""
+        return self._sender.segments
+
+    def plan(self, payload_lengths: np.ndarray) -> list[int]:
+        """How packets with these payload lengths (int64) would be grouped into sends."""
+        return self._sender.plan(payload_lengths)
+
+    def send(self, *, to: bytes, dest: int, mac, seq_first: int, stage: int, step: int,
+             bucket: int, shard: int, x: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+             count: int, copies: int = 0, first_copy: int = 0, fragment_floats: int = 0,
+             psn_first: int = -1, index_first: int = 0, first_fragment: int = 0,
+             copy: int = 0) -> Sent:
+        """Packets x[starts[i]:ends[i]] (float32; int64 bounds) of `shard` to rank `dest` at
+        `to` (sockaddr_in), each index index_first + i of `count`, then `copies` end
+        markers numbered from first_copy. fragment_floats > 0 cuts packets longer than
+        that into fragments (UC, RC messages). mac: the sender's Mac (None: unsealed), with
+        one seq per datagram reserved from seq_first. RC (psn_first >= 0): data datagram k
+        carries psn psn_first + k; a resend starts at first_fragment of its first packet
+        and carries `copy`."""
+        return Sent(*self._sender.send(
+            to, dest, mac, seq_first, stage, step, bucket & 0xFFFF, shard, x, starts, ends,
+            count, hdr.END_OF[stage], copies, first_copy, fragment_floats, psn_first,
+            index_first, first_fragment, copy))
+
+
+# ---- receiving ------------------------------------------------------------------------------
+
+class Screened(NamedTuple):
+    """What the screen of a received batch refused, by reason (the rest: DATA or OTHER)."""
+
+    foreign: int
+    unauthenticated: int
+    misdirected: int
+    truncated: int
+
+
+def screen(rx: BatchReceiver, n: int, *, rank: int, world: int, nonce: int, macs,
+           peer_address: np.ndarray, peer_port: np.ndarray) -> Screened:
+    """Classify the first n datagrams of `rx` into rx.classes: this job's (nonce, a source
+    other than `rank` whose published endpoint, peer_address/peer_port by rank, sent it),
+    sealed with its source's key (macs: a Mac per rank, None for oneself; None: no key),
+    addressed to `rank`; then DATA (a data packet or fragment: apply checks the rest) or
+    OTHER (end markers, control, bad lengths: the screening chain's, one at a time)."""
+    return Screened(*_wire.screen(rx.data, rx.slot_bytes, rx.sizes, rx.addrs, rx.ports, n,
+                                  rank, world, nonce, macs, peer_address, peer_port,
+                                  rx.classes))
+
+
+class Fragments(NamedTuple):
+    """Where a stage's messages cut into fragments (UC, RC) are reassembled: message i of
+    source s at staging[staging_base[s] + i * per_packet]; which fragments came (got: uint8,
+    world x packets x most fragments) and how many (count: int32, world x packets)."""
+
+    fragment_floats: int
+    staging: np.ndarray
+    staging_base: np.ndarray
+    got: np.ndarray
+    count: np.ndarray
+
+
+class Applied(NamedTuple):
+    """The verdicts of one apply() call, and where the others went."""
+
+    applied: int
+    duplicates: int
+    malformed: int
+    nonfinite: int
+    stale: int
+    others: int    # rows for the caller's slow path (another step or bucket, ...), in leftover
+    held: int      # fragments kept until their message is whole
+
+
+def apply(data: np.ndarray, rows: np.ndarray, *, step: int, bucket: int, stage: int,
+          owner: int, expected: np.ndarray, last_floats: np.ndarray, base: np.ndarray,
+          per_packet: int, target: np.ndarray, got: np.ndarray, pending: np.ndarray,
+          ended: np.ndarray | None, add: bool, accept: bool, leftover: np.ndarray,
+          fragments: Fragments | None = None) -> Applied:
+    """Check the data datagrams data[rows[i]] of one stage of step `step` against what it
+    expects, and apply those that fit to `target` (float32): added (reduce: `add`) or
+    written. Per source (int64): `expected` packets, the last with last_floats values, packet
+    i at base + i * per_packet; `got` (bool, world x packets) and `pending` say what came
+    already. owner: the shard every packet must name (-1: its source's, as a broadcast's
+    does). ended: where a broadcast packet marks its source's reduce stage over (None: not
+    inferred). accept=False: the stage is over, its packets are stale. The rows of
+    another step or bucket, or not for this stage, are written to `leftover`."""
+    more = () if fragments is None else tuple(fragments)
+    return Applied(*_wire.apply(
+        data, data.shape[1], rows, step, bucket & 0xFFFF, stage, owner, expected, last_floats,
+        base, per_packet, target, got, got.shape[1], pending, ended, add, accept, leftover,
+        *more))
+
+
+def in_order(data: np.ndarray, rows: np.ndarray, *, expected: np.ndarray,
+             delivered: np.ndarray, duplicates: np.ndarray, gap_max: np.ndarray) -> int:
+    """RC's receiver (go-back-N): of the screened data datagrams data[rows[i]], in the order
+    they came, those with their source's next psn (`expected`, int64 per source, moved on)
+    are written to `delivered` in order; per source, earlier psns are counted in
+    `duplicates` and the highest psn beyond a gap goes to `gap_max`. How many rows were
+    delivered."""
+    return _wire.in_order(data, data.shape[1], rows, expected, delivered, duplicates, gap_max)
 
 SOL_UDP, UDP_SEGMENT = 17, 103
 MAX_UDP_PAYLOAD = 65507  # one IPv4 datagram

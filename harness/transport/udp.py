@@ -189,22 +189,22 @@ class UdpTransport:
         the compiled core in one call."""
         total = self._datagrams(starts, ends) + copies
         auth = self.auth
-        self._sent(*self._tx.send(
-            self._sockaddrs[dest], dest, auth.mac if auth else None,
-            auth.reserve(total) if auth else 0, stage, step, bucket & 0xFFFF, shard, x,
-            starts, ends, count, hdr.END_OF[stage], copies, first_copy, self.fragment_floats))
+        self._sent(self._tx.send(
+            to=self._sockaddrs[dest], dest=dest, mac=auth.mac if auth else None,
+            seq_first=auth.reserve(total) if auth else 0, stage=stage, step=step,
+            bucket=bucket, shard=shard, x=x, starts=starts, ends=ends, count=count,
+            copies=copies, first_copy=first_copy, fragment_floats=self.fragment_floats))
 
-    def _sent(self, data: int, ends_went: int, nbytes: int, segmented: int,
-              refused: bool) -> None:
+    def _sent(self, sent: native.Sent) -> None:
         """Count what one call of the compiled sender sent."""
-        if refused:
+        if sent.refused:
             log.warning("rank %d: UDP segmentation refused by the route: sending datagram "
                         "by datagram from now on", self.rank)
         c = self.counters
-        c.segmented_sends += segmented
-        c.packets_sent += data
-        c.ends_sent += ends_went
-        c.bytes_sent += nbytes
+        c.segmented_sends += sent.segmented
+        c.packets_sent += sent.data
+        c.ends_sent += sent.ends
+        c.bytes_sent += sent.nbytes
 
     def _datagrams(self, starts: np.ndarray, ends: np.ndarray) -> int:
         """How many datagrams these packets go in: one each, or (UC, RC) one per fragment."""
@@ -320,14 +320,13 @@ class UdpTransport:
         refused counted: the class of each row (native.DATA and OTHER: this job's, sealed
         by its source, addressed here)."""
         rx, c = self._rx, self.counters
-        foreign, forged, misdirected, truncated = native.screen(
-            rx.data, rx.slot_bytes, rx.sizes, rx.addrs, rx.ports, n, self.rank, self.world,
-            self.nonce, self.auth.macs if self.auth is not None else None,
-            self._peer_address, self._peer_port, rx.classes)
-        c.foreign += foreign
-        c.unauthenticated += forged
-        c.misdirected += misdirected
-        c.truncated += truncated
+        refused = native.screen(rx, n, rank=self.rank, world=self.world, nonce=self.nonce,
+                                macs=self.auth.macs if self.auth is not None else None,
+                                peer_address=self._peer_address, peer_port=self._peer_port)
+        c.foreign += refused.foreign
+        c.unauthenticated += refused.unauthenticated
+        c.misdirected += refused.misdirected
+        c.truncated += refused.truncated
         return rx.classes[:n]
 
     def _datagram(self, size: int, sender, handle, view: memoryview,

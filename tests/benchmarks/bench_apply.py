@@ -78,9 +78,11 @@ def main() -> None:
         stage.got[...] = got  # every call applies the whole batch afresh
         stage.pending[...] = pending
         applied.append(native.apply(
-            data, slot, rows, STEP, BUCKET, hdr.STAGE_REDUCE, RANK, stage.expected,
-            stage.last_floats, stage.base, stage.per_packet, stage.target, stage.got,
-            stage.got.shape[1], stage.pending, None, True, True, leftover)[0])
+            data, rows, step=STEP, bucket=BUCKET, stage=hdr.STAGE_REDUCE, owner=RANK,
+            expected=stage.expected, last_floats=stage.last_floats, base=stage.base,
+            per_packet=stage.per_packet, target=stage.target, got=stage.got,
+            pending=stage.pending, ended=None, add=True, accept=True,
+            leftover=leftover).applied)
 
     # the baseline: one numpy add of the whole batch's payloads (the receive buffer's rows)
     # into a target of the same size, no checks, no per-packet calls: the memory's rate

@@ -17,6 +17,8 @@ from harness.collectives.deadline import Deadline
 from harness.collectives.lossy import LossyCollective
 from harness.collectives.rebuild import ESTIMATORS
 from harness.collectives.rps import RPS
+from harness.transport.semantics import Semantics
+from tests.reference.datagram_transport import DatagramTransport
 
 SIZES = [1, 3, 7, 1000, 12345, 100003]  # below the world size, not multiples of a packet
 
@@ -158,28 +160,35 @@ def die(r, at_send: int) -> dict:
     must stop with a clear error, not hang."""
     collective = LossyCollective(r.transport, r.store, deadline=Deadline(ceiling_s=1.0))
     if r.rank == 2:
-        real_send, real_send_packets = r.transport.send, r.transport.send_packets
+        real_send_packets = r.transport.send_packets
         sent = [0]
 
-        def count(packets: int):
-            sent[0] += packets
+        def send_packets(dest, stage, step, bucket, shard, x, starts, ends, end_copies=0):
+            sent[0] += len(starts)
             if sent[0] > at_send:
                 os._exit(17)
-
-        def send(*args):  # the datagram-at-a-time path
-            count(1)
-            real_send(*args)
-
-        def send_packets(dest, stage, step, bucket, shard, x, starts, ends,
-                         end_copies=0):  # the batched path
-            count(len(starts))
             real_send_packets(dest, stage, step, bucket, shard, x, starts, ends, end_copies)
 
-        r.transport.send, r.transport.send_packets = send, send_packets
+        r.transport.send_packets = send_packets
     x = data(r.rank, 200_000)
     for _ in range(1000):
         collective.allreduce(x)
     return {"finished": True}
+
+
+def datagram_transport(r, semantics: str):
+    """A transport like the rank's own for `semantics`, with the datagram-at-a-time paths
+    (tests/reference/datagram_transport.py) these checks send and receive unit by unit
+    through; made on first use (every rank asks in the same order), closed with the rank's
+    others (runtime.Rank.close)."""
+    r.others = r.others or {}
+    made = ("datagram", semantics)
+    if made not in r.others:
+        r.others[made] = DatagramTransport(
+            r.rank, r.world, r.address, r.store, mtu=r.mtu,
+            semantics=Semantics.parse(semantics), drop_mask=r.drop_mask,
+            segmentation=r.segmentation, key_prefix=f"lossbed/test/{semantics}", key=r.key)
+    return r.others[made]
 
 
 def receive_units(t, units: int, floats: int, name: str):
@@ -213,7 +222,7 @@ def semantics(r, names: list[str], units: int, unit_bytes: int) -> dict:
 
     out = {}
     for name in names:
-        t = r.transport_for(name)
+        t = datagram_transport(r, name)
         floats = unit_bytes // 4
         payloads = [np.full(floats, k, dtype=np.float32) for k in range(units)]
         r.store.set(f"sem/{name}/ready/{r.rank}", "1")
@@ -250,7 +259,7 @@ def segmented(r, units: int, burst: int) -> dict:
     from harness.transport import header as hdr
     from harness.transport.verdicts import APPLIED, END
 
-    t = r.transport
+    t = datagram_transport(r, str(r.transport.semantics))
     per = t.per_packet
     x = np.repeat(np.arange(units, dtype=np.float32), per)
     calls = -(-units // burst)

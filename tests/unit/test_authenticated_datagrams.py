@@ -205,10 +205,10 @@ def test_a_forged_fragment_bomb_never_reaches_reassembly():
     seen = []
     real_apply = native.apply
 
-    def recording_apply(data, slot, rows, *rest):
+    def recording_apply(data, rows, **fields):
         for row in rows.tolist():  # the fragment count of every datagram reassembly sees
             seen.append(int.from_bytes(bytes(data[row, 26:28]), "big"))
-        return real_apply(data, slot, rows, *rest)
+        return real_apply(data, rows, **fields)
 
     native.apply = recording_apply
     try:
@@ -316,9 +316,9 @@ class SendsTwice:
     def __init__(self, sender):
         self.sender = sender
 
-    def send(self, *args):
-        first = self.sender.send(*args)
-        self.sender.send(*args)
+    def send(self, **fields):
+        first = self.sender.send(**fields)
+        self.sender.send(**fields)
         return first
 
 

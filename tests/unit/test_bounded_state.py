@@ -141,9 +141,9 @@ def test_packets_kept_early_are_applied_in_one_call_of_the_core():
         rows_per_call = []
         real_apply = native.apply
 
-        def recording_apply(data, slot, rows, *rest):
+        def recording_apply(data, rows, **fields):
             rows_per_call.append(len(rows))
-            return real_apply(data, slot, rows, *rest)
+            return real_apply(data, rows, **fields)
 
         native.apply = recording_apply
         try:

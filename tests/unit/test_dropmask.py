@@ -123,9 +123,9 @@ def _masked_run(batched: bool, steps: int = 4, seed: int = 7, rate: float = 0.2,
     applied = []
     real_apply = native.apply
 
-    def counting_apply(*args):
+    def counting_apply(*args, **fields):
         applied.append(1)
-        return real_apply(*args)
+        return real_apply(*args, **fields)
 
     real_one = Step._one
     try:

@@ -38,9 +38,9 @@ class CountingSender:
     def __init__(self, real, calls: list):
         self.real, self.calls, self.segments = real, calls, real.segments
 
-    def send(self, *args):
-        self.calls.append(args)
-        return self.real.send(*args)
+    def send(self, **fields):
+        self.calls.append(fields)
+        return self.real.send(**fields)
 
 
 @contextlib.contextmanager
@@ -177,9 +177,9 @@ def test_rc_through_the_compiled_core_delivers_everything_under_a_drop_mask(monk
     screened = []
     real_screen = native.screen
 
-    def counting_screen(*args):
+    def counting_screen(*args, **fields):
         screened.append(1)
-        return real_screen(*args)
+        return real_screen(*args, **fields)
 
     monkeypatch.setattr(native, "screen", counting_screen)
     counters = exact_rc_allreduces(DropMask(5, 0.1), steps=3, numel=20_000)
@@ -225,9 +225,9 @@ def test_rc_messages_are_applied_by_the_compiled_core():
     applied, referenced = [], []
     real_apply, real_reference = native.apply, numpy_apply.apply
 
-    def counting_apply(*args):
+    def counting_apply(*args, **fields):
         applied.append(1)
-        return real_apply(*args)
+        return real_apply(*args, **fields)
 
     def counting_reference(self, *args):
         referenced.append(1)
@@ -317,8 +317,8 @@ def test_in_order_takes_what_go_back_n_takes(stream, cut, every_other):
         want = reference_in_order(flows, stream, rows.tolist())
         delivered = np.full(len(rows), -1, np.int64)
         duplicates, gap_max = np.zeros(4, np.int64), np.full(4, -1, np.int64)
-        k = native.in_order(data, data.shape[1], rows, expected, delivered, duplicates,
-                            gap_max)
+        k = native.in_order(data, rows, expected=expected, delivered=delivered,
+                            duplicates=duplicates, gap_max=gap_max)
         assert delivered[:k].tolist() == want[0]
         assert duplicates.tolist() == want[1] and gap_max.tolist() == want[2]
         assert expected.tolist() == [f.expected for f in flows]
@@ -334,13 +334,14 @@ def test_in_order_refuses_buffers_that_do_not_fit():
                       (np.array([-1], np.int64), np.zeros(1, np.int64)),
                       (np.array([0, 1], np.int64), np.zeros(1, np.int64))):
         try:
-            native.in_order(data, data.shape[1], rows, expected, out, duplicates, gap_max)
+            native.in_order(data, rows, expected=expected, delivered=out,
+                            duplicates=duplicates, gap_max=gap_max)
         except ValueError:
             continue
         raise AssertionError(f"rows {rows} with {len(out)} outputs were taken")
     out = np.zeros(2, np.int64)
-    assert native.in_order(data, data.shape[1], np.array([0, 1], np.int64), expected, out,
-                           duplicates, gap_max) == 1
+    assert native.in_order(data, np.array([0, 1], np.int64), expected=expected,
+                           delivered=out, duplicates=duplicates, gap_max=gap_max) == 1
     assert out[0] == 0 and expected.tolist() == [0, 1, 0, 0]
     assert not duplicates.any() and (gap_max == -1).all()
 

@@ -14,6 +14,7 @@ from harness.collectives.deadline import Deadline
 from harness.collectives.lossy import LossyCollective
 from harness.reproduce import loopback
 from harness.transport import header as hdr
+from harness.transport import native
 
 WORLD, NUMEL, STEPS, LATE_STEP, LATE_S = 3, 30_000, 6, 4, 0.6
 
@@ -85,23 +86,23 @@ class _SlowSender:
     def __getattr__(self, name):
         return getattr(self.sender, name)
 
-    def send(self, addr, dest, mac, seq_first, stage, step, bucket, shard, x, starts, ends,
-             count, end_stage, copies, first_copy, fragment_floats, *rest):
-        if stage != hdr.STAGE_BROADCAST or step != self.step or rest or not len(starts):
-            return self.sender.send(addr, dest, mac, seq_first, stage, step, bucket, shard, x,
-                                    starts, ends, count, end_stage, copies, first_copy,
-                                    fragment_floats, *rest)
+    def send(self, **fields):
+        starts, ends = fields["starts"], fields["ends"]
+        if (fields["stage"] != hdr.STAGE_BROADCAST or fields["step"] != self.step
+                or fields.get("psn_first", -1) >= 0 or not len(starts)):
+            return self.sender.send(**fields)
         time.sleep(self.before_s)
         half = len(starts) // 2 if self.stall_s else 0
-        first = self.sender.send(addr, dest, mac, seq_first, stage, step, bucket, shard, x,
-                                 starts[:half], ends[:half], count, end_stage, 0, 0,
-                                 fragment_floats, 0, 0)
+        first = self.sender.send(**{**fields, "starts": starts[:half], "ends": ends[:half],
+                                    "copies": 0, "first_copy": 0})
         time.sleep(self.stall_s)
-        rest_went = self.sender.send(addr, dest, mac, seq_first + half, stage, step, bucket,
-                                     shard, x, starts[half:], ends[half:], count, end_stage,
-                                     copies, first_copy, fragment_floats, 0, half)
-        return (first[0] + rest_went[0], rest_went[1], first[2] + rest_went[2],
-                first[3] + rest_went[3], first[4] or rest_went[4])
+        rest_went = self.sender.send(**{**fields, "seq_first": fields["seq_first"] + half,
+                                        "starts": starts[half:], "ends": ends[half:],
+                                        "index_first": half})
+        return native.Sent(first.data + rest_went.data, rest_went.ends,
+                           first.nbytes + rest_went.nbytes,
+                           first.segmented + rest_went.segmented,
+                           first.refused or rest_went.refused)
 
 
 def test_a_rank_that_stalls_mid_broadcast_after_a_late_start_keeps_its_packets():
