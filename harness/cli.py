@@ -111,8 +111,8 @@ def _cmd_bench(args) -> int:
     import time
     from pathlib import Path
 
-    from harness.bench import report
     from harness.bench.spec import DEFAULT_VARIANTS, BenchSpec
+    from harness.bench.table import table
     from harness.bench.training_bench import run_bench
 
     spec = BenchSpec(losses=args.loss, profile=args.profile, hosts=args.hosts, steps=args.steps,
@@ -131,7 +131,7 @@ def _cmd_bench(args) -> int:
     with place as cluster:
         summary = run_bench(cluster, spec, out,
                             echo=lambda line: print(line, file=sys.stderr, flush=True))
-    print(report.table(summary))
+    print(table(summary))
     print(f"results in {out}/ (results.jsonl, summary.json, summary.md, *.png)")
     return 0
 

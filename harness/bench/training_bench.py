@@ -1,5 +1,5 @@
 """`lossbed bench`: the runs its spec lists (harness/bench/spec.py), in one launch of the
-ranks, then the summary and the plots (report.py)."""
+ranks, then the summary (summary.py) and what the bench leaves behind (report.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from harness.bench import report
 from harness.bench.spec import BenchSpec
+from harness.bench.summary import summarise
 from harness.train import run
 from testbed.errors import LossbedError, UsageError
 
@@ -53,7 +54,7 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
                    * len(rec.get("ppl_ranks") or [0]))
     wall_s = time.monotonic() - started
     echo(f"[bench] {total} runs done in {wall_s / 60:.1f} min")
-    summary = report.summarise(records, spec_dict=asdict(spec), backend=records[-1]["backend"],
+    summary = summarise(records, spec_dict=asdict(spec), backend=records[-1]["backend"],
                                wall_s=wall_s, regime=spec.regime_text)
     report.write_outputs(out, records, summary)
     if summary["checks"]["reliable_exact_under_loss"] is False:

@@ -31,7 +31,7 @@ RULES = ("regime unchecked", "regime unstable", "disturbed", "references late")
 
 
 def withheld(row: dict, regime: dict | None) -> str | None:
-    """Why this bench row (harness.bench.report.summarise) gets no verdict, or None.
+    """Why this bench row (harness.bench.summary.summarise) gets no verdict, or None.
     `regime`: its bench's stability check (summary["stability"])."""
     if regime is None:
         return "regime unchecked: no stability twin was run"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.bench.report import plots
+from harness.bench.plots import plots
 
 
 @pytest.mark.filterwarnings("error::UserWarning")  # (an empty legend warned: no step times)
@@ -27,7 +27,7 @@ def test_every_loss_curve_of_a_bench_has_a_label_of_its_own():
     # the bench's own plan (references, twin, speed runs, second loss realisations): seed
     # 0's curves once repeated "reliable @ 0%", "unbiased_drift @ 10%" and "rps @ 10%"
     # (mutation caught: a label of variant and loss alone)
-    from harness.bench.report import loss_curves
+    from harness.bench.plots import loss_curves
     from harness.bench.spec import BenchSpec
 
     spec = BenchSpec(stability=True, seeds=2, steps=10)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.bench import report
+from harness.bench import summary as bench_summary
+from harness.bench import table as bench_table
 from harness.metrics.hdr import Histogram
 from testbed import stats
 
@@ -22,17 +23,18 @@ def _record(variant: str, loss: float, seed: int, sha: str) -> dict:
 def test_reliable_equality_is_not_run_without_a_reliable_run_under_loss():
     records = [_record("reliable", 0.0, s, f"ref{s}") for s in (0, 1)]
     records += [_record("unbiased", 0.1, s, f"u{s}") for s in (0, 1)]
-    summary = report.summarise(records, {}, "bpf")
+    summary = bench_summary.summarise(records, {}, "bpf")
     assert summary["checks"]["reliable_exact_under_loss"] is None
-    assert "reliable under loss == lossless model: not run" in report.table(summary)
+    assert "reliable under loss == lossless model: not run" in bench_table.table(summary)
 
 
 def test_reliable_equality_holds_or_fails_by_the_models_it_compared():
     records = [_record("reliable", 0.0, s, f"ref{s}") for s in (0, 1)]
     same = records + [_record("reliable", 0.1, s, f"ref{s}") for s in (0, 1)]
-    assert report.summarise(same, {}, "bpf")["checks"]["reliable_exact_under_loss"] is True
+    assert bench_summary.summarise(same, {}, "bpf")["checks"]["reliable_exact_under_loss"] is True
     differs = records + [_record("reliable", 0.1, 0, "ref0"), _record("reliable", 0.1, 1, "x")]
-    assert report.summarise(differs, {}, "bpf")["checks"]["reliable_exact_under_loss"] is False
+    checks = bench_summary.summarise(differs, {}, "bpf")["checks"]
+    assert checks["reliable_exact_under_loss"] is False
 
 
 def test_every_speed_run_of_the_bench_plan_is_compared_with_its_speed_reference():
@@ -48,20 +50,20 @@ def test_every_speed_run_of_the_bench_plan_is_compared_with_its_speed_reference(
                for c in spec.cases()]
     speed = [r for r in records if r["role"] == "speed"]
     assert len(speed) == 3
-    summary = report.summarise(records, {}, "bpf")
+    summary = bench_summary.summarise(records, {}, "bpf")
     assert summary["checks"]["reliable_exact_under_loss"] is True
     assert summary["checks"]["reliable_unpaired"] == []
     orphaned = [r for r in records if not (r["role"] == "speed_reference" and r["seed"] == 2)]
-    summary = report.summarise(orphaned, {}, "bpf")
+    summary = bench_summary.summarise(orphaned, {}, "bpf")
     assert summary["checks"]["reliable_exact_under_loss"] is False
     assert summary["checks"]["reliable_unpaired"] == [{"seed": 2, "loss": 0.1, "steps": 5}]
     assert "without a lossless run of its seed and length: seed 2 at 10% (5 steps)" \
-        in report.table(summary)
+        in bench_table.table(summary)
 
 
 def test_with_three_steps_a_row_has_no_p99_but_its_maximum():
     records = [_record("reliable", 0.0, 0, "a"), _record("unbiased", 0.1, 0, "b")]
-    row = report.summarise(records, {}, "bpf")["rows"][-1]
+    row = bench_summary.summarise(records, {}, "bpf")["rows"][-1]
     assert row["step_p99_ms"] is None and row["step_samples"] == 3
     assert abs(row["step_max_ms"] - 1.2) < 0.001
 
@@ -115,7 +117,7 @@ def test_rps_is_compared_with_its_own_lossless_run():
         r["ppl"] = 10.0 if r["variant"] == "reliable" else 12.0
     lossy = [dict(_record(v, 0.1, s, "x"), role="lossy", ppl=12.6 if v == "rps" else 10.5)
              for v in ("rps", "unbiased_drift") for s in (0, 1)]
-    rows = {r["variant"]: r for r in report.summarise(records + lossy, {}, "bpf")["rows"]
+    rows = {r["variant"]: r for r in bench_summary.summarise(records + lossy, {}, "bpf")["rows"]
             if r["loss"] == 0.1}
     assert rows["rps"]["ppl_delta_pct"] == pytest.approx(5.0)            # 12.6 vs 12
     assert rows["unbiased_drift"]["ppl_delta_pct"] == pytest.approx(5.0)  # 10.5 vs 10
@@ -123,11 +125,11 @@ def test_rps_is_compared_with_its_own_lossless_run():
 
 
 def test_a_delta_whose_interval_is_wider_than_it_is_inconclusive():
-    assert report.finding({"reference": "reliable", "ppl_delta_pct": 0.5,
+    assert bench_summary.finding({"reference": "reliable", "ppl_delta_pct": 0.5,
                            "ppl_delta_ci95": 0.9}) == "inconclusive"
-    assert report.finding({"reference": "reliable", "ppl_delta_pct": 1.5,
+    assert bench_summary.finding({"reference": "reliable", "ppl_delta_pct": 1.5,
                            "ppl_delta_ci95": 0.9}) == "worse"
-    assert report.finding({"reference": "reliable", "ppl_delta_pct": 1.5,
+    assert bench_summary.finding({"reference": "reliable", "ppl_delta_pct": 1.5,
                            "ppl_delta_ci95": None}) == "one seed"
 
 
@@ -151,10 +153,10 @@ def test_datagrams_no_peer_sent_warn_in_the_record_and_the_bench_table():
     assert "malformed" not in text  # only the counters above zero are named
     records = [_record("reliable", 0.0, 0, "a"),
                dict(_record("unbiased", 0.1, 0, "b"), wire_warning=text)]
-    summary = report.summarise(records, {}, "bpf")
+    summary = bench_summary.summarise(records, {}, "bpf")
     assert summary["rows"][-1]["wire_warnings"] == [0]
     assert summary["rows"][0]["wire_warnings"] == []
-    assert "got datagrams their peers did not send" in report.table(summary)
+    assert "got datagrams their peers did not send" in bench_table.table(summary)
 
 
 def test_reliable_under_loss_shows_no_perplexity_from_its_short_speed_runs():
@@ -170,7 +172,7 @@ def test_reliable_under_loss_shows_no_perplexity_from_its_short_speed_runs():
         records.append(dict(_record("reliable", 0.1, s, f"short{s}"), role="speed",
                             ppl=946.0))
         records.append(dict(_record("unbiased", 0.1, s, f"u{s}"), role="lossy", steps=300))
-    summary = report.summarise(records, {}, "bpf")
+    summary = bench_summary.summarise(records, {}, "bpf")
     speed_row = next(r for r in summary["rows"] if r["variant"] == "reliable"
                      and r["loss"] == 0.1)
     assert speed_row["ppl"] is None and speed_row["ppl_rank_worst"] is None
@@ -178,7 +180,7 @@ def test_reliable_under_loss_shows_no_perplexity_from_its_short_speed_runs():
     reference_row = next(r for r in summary["rows"] if r["variant"] == "reliable"
                          and r["loss"] == 0.0)
     assert reference_row["ppl"] == 10.5  # the 300-step references', not the speed runs'
-    text = report.table(summary)
+    text = bench_table.table(summary)
     line = next(x for x in text.splitlines() if x.lstrip().startswith("10% reliable"))
     assert "946" not in line
     assert "speed runs of 10 steps" in text
@@ -192,16 +194,16 @@ def test_a_lossless_reference_whose_collective_missed_packets_is_named():
                dict(_record("rps", 0.0, 0, "p0"), role="reference", packets_lost=42,
                     packets_sent=4737600),
                dict(_record("rps", 0.1, 0, "p1"), role="lossy", packets_lost=473000)]
-    summary = report.summarise(records, {}, "bpf")
+    summary = bench_summary.summarise(records, {}, "bpf")
     assert summary["checks"]["references_missing_packets"] == [
         {"variant": "rps", "seed": 0, "packets_lost": 42, "packets_sent": 4737600}]
     assert "! lossless references that missed packets (late): rps seed 0 (42 of 4737600)" \
-        in report.table(summary)
+        in bench_table.table(summary)
     rps_row = next(r for r in summary["rows"] if r["variant"] == "rps" and r["loss"] == 0.1)
     assert rps_row["reference_missed_packets"] == [0]
-    clean = report.summarise(records[:1] + [dict(records[1], packets_lost=0)], {}, "bpf")
+    clean = bench_summary.summarise(records[:1] + [dict(records[1], packets_lost=0)], {}, "bpf")
     assert clean["checks"]["references_missing_packets"] == []
-    assert "missed packets" not in report.table(clean)
+    assert "missed packets" not in bench_table.table(clean)
 
 
 def _timed_bench(drift_ppls: list[float]) -> list[dict]:
@@ -221,7 +223,7 @@ def _timed_bench(drift_ppls: list[float]) -> list[dict]:
 
 def test_the_budget_prices_a_seed_from_its_runs_and_projects_the_seeds_a_target_needs():
     # Δppl per seed +1, +2, +3 (sd 1.0): ±1.0 needs k with t95(k)/√k <= 1, i.e. 7 seeds
-    summary = report.summarise(_timed_bench([101.0, 102.0, 103.0]), {}, "bpf", wall_s=570.0)
+    summary = bench_summary.summarise(_timed_bench([101.0, 102.0, 103.0]), {}, "bpf", wall_s=570.0)
     plan = summary["budget"]
     assert plan["seed_min"] == 2.5              # 60 s + 90 s per seed
     assert plan["realisation_min"] == 1.5       # does not grow with seeds
@@ -234,19 +236,19 @@ def test_the_budget_prices_a_seed_from_its_runs_and_projects_the_seeds_a_target_
     assert abs(row["minutes_for_target"] - (2.0 + 7 * 2.5)) < 1e-9
     at3 = next(c for c in row["curve"] if c["seeds"] == 3)
     assert abs(at3["ci95"] - summary["rows"][-1]["ppl_delta_ci95"]) < 1e-9  # the row's own
-    text = report.table(summary)
+    text = bench_table.table(summary)
     assert "a seed costs 2.5 min" in text and "±1.0 needs 7 seeds (~20 min)" in text
 
 
 def test_a_wider_spread_needs_more_seeds_and_untimed_runs_have_no_budget():
-    narrow = report.summarise(_timed_bench([101.0, 102.0, 103.0]), {}, "bpf", wall_s=570.0)
-    wide = report.summarise(_timed_bench([101.0, 104.0, 107.0]), {}, "bpf", wall_s=570.0)
+    narrow = bench_summary.summarise(_timed_bench([101.0, 102.0, 103.0]), {}, "bpf", wall_s=570.0)
+    wide = bench_summary.summarise(_timed_bench([101.0, 104.0, 107.0]), {}, "bpf", wall_s=570.0)
     assert wide["budget"]["rows"][0]["seeds_for_target"] > \
         narrow["budget"]["rows"][0]["seeds_for_target"]
     untimed = _timed_bench([101.0, 102.0, 103.0])
     del untimed[0]["run_s"]
-    summary = report.summarise(untimed, {}, "bpf", wall_s=570.0)
-    assert summary["budget"] is None and "budget:" not in report.table(summary)
+    summary = bench_summary.summarise(untimed, {}, "bpf", wall_s=570.0)
+    assert summary["budget"] is None and "budget:" not in bench_table.table(summary)
 
 
 def test_the_stability_twin_is_seed_0s_lossless_reference_with_its_weights_moved_by_1e_6():
@@ -277,7 +279,7 @@ def test_the_stability_check_refuses_a_chaotic_regime_and_passes_a_stable_one(tw
                for s in (0, 1)]
     records.append(dict(_record("reliable", 0.0, 0, "twin"), role="twin", ppl=twin_ppl))
     records += [dict(_record("unbiased", 0.1, s, "x"), role="lossy") for s in (0, 1)]
-    summary = report.summarise(records, {}, "bpf")
+    summary = bench_summary.summarise(records, {}, "bpf")
     result = summary["stability"]
     assert result["tolerance_pct"] == pytest.approx(0.2)
     assert result["delta_pct"] == pytest.approx((twin_ppl / 10.0 - 1) * 100)
@@ -285,11 +287,11 @@ def test_the_stability_check_refuses_a_chaotic_regime_and_passes_a_stable_one(tw
     # the twin is no row and no reference: the rows are as without it
     assert [(r["loss"], r["variant"], r["seeds"]) for r in summary["rows"]] == [
         (0.0, "reliable", 2), (0.1, "unbiased", 2)]
-    assert ("UNSTABLE" in report.table(summary)) is not stable
+    assert ("UNSTABLE" in bench_table.table(summary)) is not stable
 
 
 def test_a_bench_without_a_twin_says_its_stability_was_not_checked():
     records = [dict(_record("reliable", 0.0, 0, "r"), role="reference")]
-    summary = report.summarise(records, {}, "bpf")
+    summary = bench_summary.summarise(records, {}, "bpf")
     assert summary["stability"] is None
-    assert "regime stability: not checked" in report.table(summary)
+    assert "regime stability: not checked" in bench_table.table(summary)

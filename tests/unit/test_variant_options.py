@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.bench.report import _reference_variant
 from harness.bench.spec import BenchSpec, Variant, base_variant
+from harness.bench.summary import reference_variant
 from harness.train.config import TrainConfig
 from testbed.errors import UsageError
 
@@ -69,8 +69,8 @@ def test_a_stage_alone_is_paired_with_its_variants_reference_and_named_in_its_ru
     assert lossy["unbiased_drift/reduce"].cfg.lossy_stage == "reduce"
     assert lossy["rps/broadcast"].cfg.lossy_stage == "broadcast"
     # rps's stage alone against rps's own lossless run, as rps itself is
-    assert _reference_variant("rps/broadcast") == "rps"
-    assert _reference_variant("unbiased_drift/reduce") == "reliable"
+    assert reference_variant("rps/broadcast") == "rps"
+    assert reference_variant("unbiased_drift/reduce") == "reliable"
     # the rps reference is made when only a stage-alone rps runs, too
     refs = [c.variant for c in spec.cases() if c.role == "reference"]
     assert refs == ["reliable", "rps"]

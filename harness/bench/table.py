@@ -1,0 +1,98 @@
+"""A bench's summary as the text table the bench prints and summary.md shows."""
+
+from __future__ import annotations
+
+from harness.bench import stability
+from harness.bench.summary import CURVE_SEEDS, MOST_SEEDS, finding
+
+
+def budget_lines(plan: dict) -> list[str]:
+    """The budget section of the table: what a seed costs, and the width-versus-minutes
+    curve per lossy row."""
+    lines = [f"budget: a seed costs {plan['seed_min']:.1f} min of runs; realisations (and "
+             f"the twin) {plan['realisation_min']:.1f} min and start-up "
+             f"{plan['start_up_min']:.1f} min do not grow with seeds (this bench: "
+             f"{plan['minutes_now']:.1f} min)"]
+    if not plan["rows"]:
+        return lines
+    lines.append(f"±95% of Δppl projected from each row's seed-to-seed sd (rough with few "
+                 f"seeds), and what ±{plan['target_ci95']:.1f} needs:")
+    head = f"  {'seeds':>5} {'min':>6} " + " ".join(
+        f"{r['variant'] + ' @' + format(r['loss'], '.0%'):>20}" for r in plan["rows"])
+    lines.append(head)
+    for i, k in enumerate(CURVE_SEEDS):
+        lines.append(f"  {k:>5} {plan['rows'][0]['curve'][i]['minutes']:>6.1f} " + " ".join(
+            f"{r['curve'][i]['ci95']:>20.2f}" for r in plan["rows"]))
+    for r in plan["rows"]:
+        need = (f"{r['seeds_for_target']} seeds (~{r['minutes_for_target']:.0f} min)"
+                if r["seeds_for_target"] else f"more than {MOST_SEEDS} seeds")
+        lines.append(f"  {r['variant']} at {r['loss']:.0%}: sd {r['seed_sd']:.2f} over "
+                     f"{r['seeds_now']} seeds; ±{plan['target_ci95']:.1f} needs {need}")
+    return lines
+
+
+def table(summary: dict) -> str:
+    width = max([15] + [len(r["variant"]) for r in summary["rows"]])
+    head = (f"{'loss':>5} {'variant':<{width}} {'model':<9} {'tok/s vs rel':>12} "
+            f"{'p99 vs rel':>10} {'Δppl %':>8} {'±95%':>6} {'real.sd':>7} {'finding':<12} "
+            f"{'ppl':>8} {'worst':>8} {'drift':>6} {'meas.loss':>9}")
+    lines = []
+    if summary.get("regime"):  # every Δppl below is true of this regime
+        seen = ", ".join(f"{t:,}" for t in summary.get("tokens_seen") or []) or "-"
+        lines.append(f"regime {summary['regime']}; tokens seen per run: {seen}")
+    lines += [head, "-" * len(head)]
+
+    def f(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
+    for r in summary["rows"]:
+        lines.append(
+            f"{r['loss']:>5.0%} {r['variant']:<{width}} {f(r.get('headline'), ''):<9} "
+            f"{f(r.get('throughput_vs_reliable'), '.2f'):>12}"
+            f" {f(r.get('p99_vs_reliable'), '.2f'):>10} {f(r['ppl_delta_pct'], '+.2f'):>8}"
+            f" {f(r['ppl_delta_ci95'], '.2f'):>6} {f(r.get('realisation_sd'), '.2f'):>7}"
+            f" {finding(r):<12} {f(r['ppl'], '.3f'):>8} {f(r.get('ppl_rank_worst'), '.3f'):>8}"
+            f" {r['drift']:>6.3f} {r['measured_loss']:>9.2%}")
+    lines.append("model: rank0 = rank 0's own (all equal), rank_mean = the ranks' own models "
+                 "(mean; worst beside), owners = each shard as its owner holds it. Δppl: "
+                 "against the same seed's lossless run of reliable (rps: of rps); real.sd: "
+                 "its spread over loss realisations at seed 0")
+    speed_steps = sorted({r["speed_steps"] for r in summary["rows"] if r.get("speed_steps")})
+    if speed_steps:
+        lines.append(f"reliable under loss: speed runs of {', '.join(map(str, speed_steps))} "
+                     "steps (no perplexity: its model is checked equal to the lossless one)")
+    for r in summary["rows"]:
+        if r.get("disturbed"):
+            lines.append(f"! {r['variant']} at {r['loss']:.0%}: the runs of seeds "
+                         f"{r['disturbed']} are disturbed (a rank fell behind: its collective "
+                         "missed far more than the network lost; see results.jsonl)")
+    for r in summary["rows"]:
+        if r.get("wire_warnings"):
+            lines.append(f"! {r['variant']} at {r['loss']:.0%}: the ranks of seeds "
+                         f"{r['wire_warnings']} got datagrams their peers did not send "
+                         "(foreign, unauthenticated, malformed or not finite: none applied; "
+                         "see wire_warning in results.jsonl)")
+    incomplete = summary["checks"].get("references_missing_packets")
+    if incomplete:
+        lines.append("! lossless references that missed packets (late): " + ", ".join(
+            f"{r['variant']} seed {r['seed']} ({r['packets_lost']} of {r['packets_sent']})"
+            for r in incomplete))
+    if any(r.get("p99_vs_reliable") is None and r.get("max_vs_reliable") for r in
+           summary["rows"]):
+        lines.append("p99 vs rel: '-' where fewer than 100 steady steps back a p99 "
+                     "(summary.json has max_vs_reliable)")
+    floor = summary["noise_floor_pct"]
+    exact = summary["checks"]["reliable_exact_under_loss"]
+    unpaired = summary["checks"].get("reliable_unpaired")
+    if unpaired:
+        lines.append("! reliable under loss without a lossless run of its seed and length: "
+                     + ", ".join(f"seed {u['seed']} at {u['loss']:.0%} ({u['steps']} steps)"
+                                 for u in unpaired))
+    lines.append(f"noise floor (lossless reliable, seed-to-seed sd): "
+                 f"{f'{floor:.2f}%' if floor is not None else 'n/a (one seed)'}; backend "
+                 f"{summary['backend']}; reliable under loss == lossless model: "
+                 f"{'not run' if exact is None else exact}")
+    lines.append(stability.text(summary.get("stability")))
+    if summary.get("budget"):
+        lines += budget_lines(summary["budget"])
+    return "\n".join(lines)
