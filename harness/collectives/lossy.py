@@ -44,7 +44,7 @@ from harness.collectives.deadline import Deadline
 from harness.collectives.end_markers import END_COPIES, LateEndSender
 from harness.collectives.layout import Layout
 from harness.collectives.rebuild import ESTIMATORS, rebuild
-from harness.collectives.step import Stage, Step, StepStats, as_batch
+from harness.collectives.step import Stage, Step, StepBuffers, StepStats, as_batch
 from harness.transport import header as hdr
 from harness.transport.early import EarlyStash
 from harness.transport.verdicts import EARLY, count_verdict
@@ -109,45 +109,12 @@ class LossyCollective:
         # Running totals a caller reads around a training step, to say why it was slow
         self.totals = {"align_s": 0.0, "reduce_deadlines_hit": 0, "broadcast_deadlines_hit": 0,
                        "collective_steps": 0}
-        # per tensor size: its layout and the buffer of the own shard's reduce sums
-        self._sizes: dict[int, tuple[Layout, np.ndarray]] = {}
-        self._stagings: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # ... UC/RC staging
-        # the values of a fragment where the batched transport cuts packets (UC, RC), else 0
-        t = transport
-        self._fragment_floats = (t.fragment_floats if t.batched
-                                 and t.fragment_floats < t.per_packet else 0)
+        self.buffers = StepBuffers(transport)
         # The transport is one thread's at a time (its use_lock): a step holds it, and so
         # does the late markers' background sender for each send it makes between steps.
         self._turn = threading.Condition(transport.use_lock)
         self.late_ends = LateEndSender(transport, self.rank, self.world, self._turn,
                                        background=background_late_ends)
-
-    def _size(self, numel: int) -> tuple[Layout, np.ndarray]:
-        """The layout of a tensor size and its sums buffer, made once: the packet tables
-        take a while to build, a fresh buffer per step costs more in page faults than its
-        arithmetic, and every step of a training run has the same sizes."""
-        entry = self._sizes.get(numel)
-        if entry is None:
-            layout = Layout(numel, self.world, self.transport.per_packet)
-            start, end = layout.shard_bounds(self.rank)
-            entry = self._sizes[numel] = (layout, np.empty(end - start, np.float32))
-        return entry
-
-    def _staging(self, numel: int, layout: Layout) -> tuple[np.ndarray, np.ndarray] | None:
-        """Where UC and RC messages of a tensor size are reassembled (reduce: a region of the own
-        shard's messages per source; broadcast: each other owner's messages), made once per
-        size; None where the transport sends every packet whole."""
-        if self._fragment_floats == 0:
-            return None
-        entry = self._stagings.get(numel)
-        if entry is None:
-            others = [j for j in range(self.world) if j != self.rank]
-            message = layout.per_packet
-            reduce = len(others) * layout.packets(self.rank) * message
-            bcast = sum(layout.packets(j) for j in others) * message
-            entry = self._stagings[numel] = (np.empty(reduce, np.float32),
-                                             np.empty(bcast, np.float32))
-        return entry
 
     @property
     def loss_rate(self) -> float:
@@ -231,7 +198,7 @@ class LossyCollective:
 
     def _run_step(self, contribution: np.ndarray, shared: np.ndarray, bucket: int,
                   on_reduced) -> StepStats:
-        layout, total = self._size(contribution.size)
+        layout, total = self.buffers.size(contribution.size)
         # Steps are numbered by the transport, so collectives sharing it (several
         # estimators, or a collective and RPS) never take each other's packets.
         step = self.transport.next_step()
@@ -242,8 +209,9 @@ class LossyCollective:
             self.alignment.align(step)
             self.totals["align_s"] += time.monotonic() - aligning
         state = Step(layout, step, bucket, self.rank, contribution, shared, total,
-                     infer_ends=self.end_copies > 0, fragment_floats=self._fragment_floats,
-                     staging=self._staging(contribution.size, layout))
+                     infer_ends=self.end_copies > 0,
+                     fragment_floats=self.buffers.fragment_floats,
+                     staging=self.buffers.staging(contribution.size, layout))
         stash, self.transport.stash = self.transport.stash, EarlyStash()
         self._replay(state, stash)
         reliable = self.transport.semantics.reliable
@@ -392,7 +360,7 @@ class LossyCollective:
     def resync(self, params: torch.Tensor) -> None:
         """Make every rank's parameters equal to the owners' shards, reliably (gloo)."""
         flat = _flat_numpy(params)
-        layout, _ = self._size(flat.size)
+        layout, _ = self.buffers.size(flat.size)
         _reliable_broadcast(flat, layout, self.world)
 
 

@@ -242,6 +242,49 @@ class Step:
         return END
 
 
+class StepBuffers:
+    """What a collective keeps from step to step per tensor size, made once: its layout (the
+    packet tables take a while to build) and the own shard's reduce sums (a fresh buffer
+    per step costs more in page faults than its arithmetic), and where the transport cuts
+    packets into fragments (UC, RC) their staging areas. Every step of a training run has
+    the same sizes."""
+
+    def __init__(self, transport):
+        self.rank, self.world = transport.rank, transport.world
+        self.per_packet = transport.per_packet
+        # the values of a fragment where the batched transport cuts packets, else 0
+        t = transport
+        self.fragment_floats = (t.fragment_floats if t.batched
+                                and t.fragment_floats < t.per_packet else 0)
+        self._sizes: dict[int, tuple[Layout, np.ndarray]] = {}
+        self._stagings: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def size(self, numel: int) -> tuple[Layout, np.ndarray]:
+        """The layout of a tensor size and its sums buffer."""
+        entry = self._sizes.get(numel)
+        if entry is None:
+            layout = Layout(numel, self.world, self.per_packet)
+            start, end = layout.shard_bounds(self.rank)
+            entry = self._sizes[numel] = (layout, np.empty(end - start, np.float32))
+        return entry
+
+    def staging(self, numel: int, layout: Layout) -> tuple[np.ndarray, np.ndarray] | None:
+        """Where UC and RC messages of a tensor size are reassembled (reduce: a region of
+        the own shard's messages per source; broadcast: each other owner's messages); None
+        where the transport sends every packet whole."""
+        if self.fragment_floats == 0:
+            return None
+        entry = self._stagings.get(numel)
+        if entry is None:
+            others = [j for j in range(self.world) if j != self.rank]
+            message = layout.per_packet
+            reduce = len(others) * layout.packets(self.rank) * message
+            bcast = sum(layout.packets(j) for j in others) * message
+            entry = self._stagings[numel] = (np.empty(reduce, np.float32),
+                                             np.empty(bcast, np.float32))
+        return entry
+
+
 def as_batch(units: list) -> tuple[np.ndarray, np.ndarray]:
     """(header, payload) pairs as a receive batch for handle_batch: one datagram a row (the
     header packed again, then the payload), and the rows."""

@@ -69,6 +69,36 @@ def _buffer(mr, length: int) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * length).from_address(mr.buf))
 
 
+
+def read_device_counters(device: str) -> dict[str, int]:
+    """The device's own counters (its port's hw_counters in sysfs), as its driver names them."""
+    folder = SYSFS / device / "ports" / str(PORT_NUM) / "hw_counters"
+    counts = {}
+    for path in sorted(folder.glob("*")) if folder.is_dir() else []:
+        try:
+            counts[path.name] = int(path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return counts
+
+def _queue_pairs(v, pd, qp_kind: str, count: int, send_cq, recv_cq, depth: int) -> list:
+    """`count` queue pairs of kind "ud", "uc" or "rc" in their INIT state, each with the
+    attributes it goes on with (its port; UD's qkey), as (qp, attr) pairs."""
+    e = v.e
+    kind = {"ud": e.IBV_QPT_UD, "uc": e.IBV_QPT_UC, "rc": e.IBV_QPT_RC}[qp_kind]
+    cap = v.QPCap(max_send_wr=SEND_SLOTS, max_recv_wr=depth, max_send_sge=1, max_recv_sge=1)
+    made = []
+    for _ in range(count):
+        qp = v.QP(pd, v.QPInitAttr(qp_type=kind, scq=send_cq, rcq=recv_cq, cap=cap))
+        attr = v.QPAttr(port_num=PORT_NUM)
+        if qp_kind == "ud":
+            attr.qkey = QKEY
+        else:
+            attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE
+        qp.to_init(attr)
+        made.append((qp, attr))
+    return made
+
 class VerbsTransport:
     batched = False  # one message at a time: each is one work request anyway
 
@@ -131,20 +161,8 @@ class VerbsTransport:
         self.send_cq = v.CQ(self.ctx, min(limits.max_cqe, SEND_SLOTS + 16))
         self.gid_index = find_gid_index(self.ctx, address)
         self.gid = str(self.ctx.query_gid(PORT_NUM, self.gid_index))
-        kind = {"ud": e.IBV_QPT_UD, "uc": e.IBV_QPT_UC, "rc": e.IBV_QPT_RC}[self.qp_kind]
-        cap = v.QPCap(max_send_wr=SEND_SLOTS, max_recv_wr=depth, max_send_sge=1,
-                      max_recv_sge=1)
-        self.qps = []
-        for _ in self._qp_peers:
-            qp = v.QP(self.pd, v.QPInitAttr(qp_type=kind, scq=self.send_cq, rcq=self.recv_cq,
-                                            cap=cap))
-            attr = v.QPAttr(port_num=PORT_NUM)
-            if ud:
-                attr.qkey = QKEY
-            else:
-                attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE
-            qp.to_init(attr)
-            self.qps.append((qp, attr))
+        self.qps = _queue_pairs(v, self.pd, self.qp_kind, len(self._qp_peers), self.send_cq,
+                                self.recv_cq, depth)
         self._depth = depth
         # Receive buffers, posted before any peer can know our queue pairs.
         self.recv_mr = v.MR(self.pd, self.slot_bytes * depth * len(self.qps),
@@ -161,7 +179,7 @@ class VerbsTransport:
         self._posted = 0
         self._pending: deque = deque()  # (peer, message) taken off the queue while sending
         self._exchange(store, prefix)
-        self._counters_at_start = self._read_device_counters()
+        self._counters_at_start = read_device_counters(self.device)
         log.info("rank %d: verbs transport on %s (GID %s), %s, messages of %d B (%d floats), "
                  "%d receives posted per queue pair", rank, self.device, self.gid, semantics,
                  self.message_bytes, self.per_packet, depth)
@@ -375,22 +393,12 @@ class VerbsTransport:
 
     # ---- the device's own counters ----------------------------------------------------
 
-    def _read_device_counters(self) -> dict[str, int]:
-        folder = SYSFS / self.device / "ports" / str(PORT_NUM) / "hw_counters"
-        counts = {}
-        for path in sorted(folder.glob("*")) if folder.is_dir() else []:
-            try:
-                counts[path.name] = int(path.read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue
-        return counts
-
     def device_counters(self) -> dict[str, int]:
         """What the device counted since this transport started, as its driver names it
         (Soft-RoCE: completer_retry_err counts RC retransmission rounds, rcvd_seq_err the
         sequence errors it NAKed, ...). The counters are the device's: other users of the
         device on this host count too."""
-        now = self._read_device_counters()
+        now = read_device_counters(self.device)
         return {k: now[k] - self._counters_at_start.get(k, 0) for k in now
                 if now[k] != self._counters_at_start.get(k, 0)}
 

@@ -12,6 +12,10 @@ A profile describes the network between the hosts of a cluster:
 A profile's loss is the probability that one packet from one host to another is lost. With
 direction "ingress" (the default) each path crosses exactly one impairment point, the
 receiver's ingress, so 10% means 10% end to end. "both" impairs each path twice.
+
+Why one file of this length: it is the profile format's one definition, read top to bottom
+(the kernel's limits, the loss models, the other impairments, which traffic, the profile),
+and the loader's error messages and the schema are made from it.
 """
 
 from __future__ import annotations
