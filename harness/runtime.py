@@ -121,9 +121,9 @@ def start(timeout_s: float = 60.0) -> Rank:
     transport = make_transport(rank, world, address, store, semantics, mtu=mtu,
                                drop_mask=mask, segmentation=segmentation, key=key)
     # Everything start-up made (torch's and lossbed's modules: ~170,000 objects) lives as
-    # long as the rank: out of the garbage collector with it. A full collection scanned it
-    # all, 40 ms a time here and more under load, and a rank stopped for one stalled every
-    # peer's step (the all-reduce's 1% tail: tests/unit/test_rank_startup.py).
+    # long as the rank: out of the garbage collector with it. A full collection scans it
+    # all, tens of milliseconds, and a rank stopped for one stalls every peer's step (the
+    # all-reduce's tail: tests/unit/test_rank_startup.py).
     gc.freeze()
     return Rank(rank, world, store, transport, address=address, mtu=mtu, drop_mask=mask,
                 segmentation=segmentation, key=key)

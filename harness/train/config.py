@@ -40,14 +40,12 @@ class TrainConfig:
     tokenizer: str = "bpe"    # bpe (subword, trained on the training split), bpe:N, bytes, PATH
     schedule: str = "cosine"  # warm-up then cosine decay to 10%; or constant
     # Lossy variants: every align_every-th step starts together, through the rendezvous
-    # store (1: every step; 0: never). Training impairs the store's port (a fair control
-    # path). Measured at 10% loss on 4 hosts (unbiased_drift, 300 steps): aligning through
-    # the impaired store, every step: p50 342 ms / p99 1001 ms and 14.3% of the packets
-    # missing (TCP's recovery on the store makes ranks start late, and late is lost); every
-    # 10th step: 120 / 545 ms, 13.2% missing; never: 110 / 148 ms, 10.1% missing (the
-    # network's 10%). So never; a rank that falls behind catches up (EARLY_WINDOW_STEPS in
-    # harness/collectives/lossy.py), and a run whose collective missed far more than the
-    # network lost is flagged `disturbed` in its record.
+    # store (1: every step; 0: never, past the first). Never by default: training impairs the
+    # store's port (a fair control path), and TCP's recovery on it makes ranks start late,
+    # which costs more (in step time and in packets late, so lost) than the packets a rank
+    # that falls behind makes its peers miss (docs/results.md, "Step alignment"). A rank that
+    # falls behind catches up (harness/transport/early.py), and a run whose collective
+    # missed far more than the network lost is flagged `disturbed` in its record.
     align_every: int = 0
     # Lossy variants: every stage waits for all its packets instead of a deadline (a bench's
     # lossless reference of rps, whose packets a rank that falls behind would make late,

@@ -121,7 +121,7 @@ class RemoteHost:
         """Run one command on this host over its SSH connection: (exit code, stdout, stderr).
 
         A channel of its own, not Fabric's run(): invoke feeds a command's stdin one byte per
-        10 ms (made for echoing typed input), which made a 1.3 KB apply request take 14 s.
+        10 ms (made for echoing typed input): a 1.3 KB request would take 14 s.
         `timeout`: seconds the command may stay silent before it is given up."""
         import threading
 

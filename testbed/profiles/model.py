@@ -28,7 +28,7 @@ from testbed import ports
 
 # ---- what the kernel's fields can hold -------------------------------------------------------
 # A value past these is refused here, with the reason, instead of being cut or wrapped when it
-# is encoded (a delay of 5,000 s used to reach the kernel as 274.9 s).
+# is encoded (a delay of 5,000 s would reach the kernel as 274.9 s).
 
 # netem's probabilities are 32-bit fractions and nftables draws 1 in 10^9: a nonzero
 # percentage finer than that would silently become 0 (no loss at all).
@@ -126,7 +126,7 @@ class GilbertElliott(_Strict):
     a path that falls quiet the only packets left to end a burst are the retransmissions
     themselves. A TCP sender doubles its timeout after each lost retransmission, so a burst
     of ~10 packets on a quiet path lasts 0.2 s * 2^10 (minutes, RTO capped at 120 s): a
-    step of the reliable baseline measured here never finished within gloo's 300 s timeout.
+    step of the reliable baseline would not finish within gloo's 300 s timeout.
     With a limit, a packet that finds the Bad state older than max_burst_ms is treated as
     arriving in the Good state. 0: only packets end a burst (netem's behaviour; the netem
     backend cannot time bursts, so a limit selects the bpf backend).

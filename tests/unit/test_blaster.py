@@ -43,3 +43,10 @@ def test_the_blaster_sends_and_drains_and_checks_what_it_receives(segments, seal
             assert drained[0] == 0 and drained[3] == 1
     finally:
         sock.close()
+
+
+def test_the_mac_cost_times_sealing_and_checking():
+    seal_s, check_s = _blaster.mac_cost(bytes(16), 1472, 2000)
+    assert 0 < seal_s < 5 and 0 < check_s < 5
+    with pytest.raises(ValueError, match="16 bytes"):
+        _blaster.mac_cost(bytes(8), 1472, 10)
