@@ -5,6 +5,7 @@ imports harness. Thin: parse, call the library, print."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -162,6 +163,33 @@ def _cmd_reproduce(args) -> int:
     return 0
 
 
+def _cmd_run(args) -> int:
+    from harness import torchrun
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    spec = torchrun.RunSpec(command=command, profile=args.profile,
+                            sets=tuple(args.set or ()), loss=args.loss,
+                            transport=args.transport, impair_from=args.impair_from,
+                            unsealed=args.unsealed,
+                            **({"out": Path(args.out)} if args.out else {}))
+    spec.validate()  # bad input is refused before any cluster is touched
+    cluster = cluster_of(args)
+    if args.print:
+        from harness.transport import auth
+
+        print("# lossbed run: one command per host (run them together, e.g. from a Slurm "
+              "or Kubernetes job);\n# impair the links around them with `lossbed apply "
+              f"{args.profile} ... --lease-s S` and read `lossbed verify`")
+        key = None if args.unsealed else auth.new_key()
+        for hc in torchrun.commands(cluster, spec, f"lossbed-{os.getpid()}", key, None, None):
+            print(f"# {hc.host.name}\n{hc.shell()}")
+        return 0
+    return torchrun.run(cluster, spec, echo=lambda line: print(line, file=sys.stderr,
+                                                             flush=True))
+
+
 def _cmd_compare(args) -> int:
     from harness.bench.compare import compare, format_findings
     from harness.bench.training_bench import load_summary
@@ -282,6 +310,35 @@ def add_commands(sub) -> None:
     add_inventory(p)
     _add_unsealed(p)
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "run", help="your torchrun job on every host of a cluster, under a profile, measured",
+        description="lossbed run [options] -- torchrun [torchrun options] script.py [args]: "
+                    "one torchrun per host (c10d rendezvous on the first), the profile "
+                    "applied once the job joined (harness.api), a report under --out")
+    p.add_argument("--cluster", help="default: the only cluster up")
+    add_inventory(p)
+    p.add_argument("--profile", default="random-loss", help="impairment profile "
+                   "(default: random-loss)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a profile field (repeatable)")
+    p.add_argument("--loss", type=float, default=0.0,
+                   help="every path's loss rate as a fraction, 0.1 = 10%% (default 0: the "
+                        "profile's own)")
+    p.add_argument("--transport", default="udp",
+                   help="loss semantics of harness.api's collectives: udp, roce-ud, "
+                        "roce-uc[:BYTES], roce-rc[:BYTES] (default: udp)")
+    p.add_argument("--impair-from", default="joined", choices=["joined", "start"],
+                   help="joined: once the job's ranks met (harness.api.join); start: "
+                        "before torchrun starts, for a script without harness.api "
+                        "(default: joined)")
+    p.add_argument("--out", help="report folder (default: results/run-TIME)")
+    p.add_argument("--print", action="store_true",
+                   help="print each host's command instead of running them")
+    _add_unsealed(p)
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="-- torchrun [torchrun options] script.py [args]")
+    p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("compare", help="regressions between two bench results (exit 1)")
     p.add_argument("base", metavar="BASE", help="summary.json (or its folder)")

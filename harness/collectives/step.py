@@ -250,8 +250,7 @@ class StepBuffers:
     the same sizes."""
 
     def __init__(self, transport):
-        self.rank, self.world = transport.rank, transport.world
-        self.per_packet = transport.per_packet
+        self.transport, self.rank, self.world = transport, transport.rank, transport.world
         # the values of a fragment where the batched transport cuts packets, else 0
         t = transport
         self.fragment_floats = (t.fragment_floats if t.batched
@@ -263,7 +262,7 @@ class StepBuffers:
         """The layout of a tensor size and its sums buffer."""
         entry = self._sizes.get(numel)
         if entry is None:
-            layout = Layout(numel, self.world, self.per_packet)
+            layout = Layout(numel, self.world, self.transport.per_packet)
             start, end = layout.shard_bounds(self.rank)
             entry = self._sizes[numel] = (layout, np.empty(end - start, np.float32))
         return entry

@@ -19,80 +19,50 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from harness import barrier, runtime
-from harness.collectives.lossy import LossyCollective
-from harness.collectives.rps import RPS
+from harness import api, barrier, runtime
 from harness.data.corpus import load_documents, prepare
 from harness.data.sampler import Batches
-from harness.ddp.hooks import LossyHookState, lossy_allreduce_hook
-from harness.ddp.rps import RPSOptimizer
-from harness.ddp.sharded import ShardedOptimizer
+from harness.ddp.hooks import ReliableTiming
 from harness.ddp.wrap import wrap_ddp
 from harness.eval import models
 from harness.metrics.hdr import Histogram
 from harness.model import presets
 from harness.train import schedule
-from harness.train.config import ESTIMATOR_OF, TrainConfig
-
-
-class ReliableTiming:
-    """State of timed_allreduce_hook: the collective-time histogram."""
-
-    def __init__(self):
-        self.collective_us = Histogram()
-
-
-def timed_allreduce_hook(state: ReliableTiming, bucket):
-    """DDP's own all-reduce (default_hooks.allreduce_hook: the same arithmetic as no hook),
-    timed from the bucket being ready to its reduction being done."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    started = time.perf_counter()
-
-    def done(fut):
-        state.collective_us.record((time.perf_counter() - started) * 1e6)
-        return fut.value()
-
-    return allreduce_hook(None, bucket).then(done)
+from harness.train.config import TrainConfig
 
 
 def wrap(cfg: TrainConfig, model, r):
-    """(module to call, optimizer, object holding the collective-time histogram)."""
+    """(module to call, optimizer, object holding the collective-time histogram), wrapped
+    by the public API (harness/api.py) as a user's own script is."""
     transport = r.transport_for(cfg.transport)
-    # the lossy collectives' step alignment, and whether they wait for every packet
-    collective_options = dict(align_every=cfg.align_every, wait_for_all=cfg.wait_for_all,
-                              lossy_stage=cfg.lossy_stage,
-                              # a rank computes between steps: the timed late end markers
-                              # of its last broadcast go from a thread meanwhile (lossy.py)
-                              background_late_ends=True)
+    # the lossy collectives' step alignment, and whether they wait for every packet; a rank
+    # computes between steps: the timed late end markers of its last broadcast go from a
+    # thread meanwhile (api.Job: background_late_ends)
+    job = api.Job.attach(transport, r.store, rank=r.rank, world=r.world,
+                         collective_options=dict(align_every=cfg.align_every,
+                                                 wait_for_all=cfg.wait_for_all,
+                                                 lossy_stage=cfg.lossy_stage))
     if cfg.optimizer == "sgd":
         optimizer_class, options = torch.optim.SGD, dict(lr=cfg.lr, momentum=0.9)
     else:
         optimizer_class = torch.optim.AdamW
         options = dict(lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     device_ids = [model.device.index] if model.device.type == "cuda" else None
+    ddp = wrap_ddp(model, device_ids=device_ids)
     if cfg.variant == "reliable":
-        ddp = wrap_ddp(model, device_ids=device_ids)
-        timer = ReliableTiming()
         if not cfg.plain_ddp:
-            ddp.register_comm_hook(timer, timed_allreduce_hook)
+            job.reliable(ddp)
+        timer = job._timers[-1] if job._timers else ReliableTiming()
         return ddp, optimizer_class(ddp.parameters(), **options), timer
     if cfg.variant in ("zero_fill", "unbiased"):
-        estimator = ESTIMATOR_OF[cfg.variant]
-        ddp = wrap_ddp(model, device_ids=device_ids)
-        state = LossyHookState(LossyCollective(transport, r.store, estimator=estimator,
-                                               **collective_options))
-        ddp.register_comm_hook(state, lossy_allreduce_hook)
-        return ddp, optimizer_class(ddp.parameters(), **options), state
+        job.lossy_gradients(ddp, cfg.variant)
+        return ddp, optimizer_class(ddp.parameters(), **options), job._timers[-1]
     if cfg.variant == "unbiased_drift":
-        collective = LossyCollective(transport, r.store,
-                                     estimator=ESTIMATOR_OF["unbiased_drift"], **collective_options)
-        optimizer = ShardedOptimizer(model, optimizer_class, collective,
-                                     resync_every=cfg.resync_every, **options)
-        return model, optimizer, optimizer
-    optimizer = RPSOptimizer(model, optimizer_class(model.parameters(), **options),
-                             RPS(transport, r.store, **collective_options))
-    return model, optimizer, optimizer
+        optimizer = job.bounded_drift(ddp, optimizer_class, resync_every=cfg.resync_every,
+                                      **options)
+        return ddp, optimizer, optimizer
+    optimizer = job.rps(ddp, optimizer_class(ddp.parameters(), **options))
+    return ddp, optimizer, optimizer
 
 
 # The first steps of a run are slow for reasons of their own (lazy initialisation, caches,

@@ -108,7 +108,7 @@ def test_a_kept_packet_that_is_not_finite_is_counted_when_its_step_comes():
         c0, c1 = LossyCollective(t0, store), LossyCollective(t1, store)
         numel = 3000
         poisoned = np.full(numel, np.nan, np.float32)
-        starts, ends = (a.copy() for a in c1._size(numel)[0].packet_arrays(0))
+        starts, ends = (a.copy() for a in c1.buffers.size(numel)[0].packet_arrays(0))
         # rank 1's reduce packets of step 1, with NaN values, before step 0 starts
         t1.send_packets(0, hdr.STAGE_REDUCE, 1, 0, 0, poisoned, starts, ends)
         xs = [torch.ones(numel), torch.ones(numel)]
@@ -133,7 +133,7 @@ def test_packets_kept_early_are_applied_in_one_call_of_the_core():
         c0, c1 = LossyCollective(t0, store), LossyCollective(t1, store)
         numel = 3000
         xs = [torch.ones(numel), torch.full((numel,), 3.0)]
-        starts, ends = (a.copy() for a in c1._size(numel)[0].packet_arrays(0))
+        starts, ends = (a.copy() for a in c1.buffers.size(numel)[0].packet_arrays(0))
         # rank 1's genuine reduce packets of step 1, before step 0 starts
         t1.send_packets(0, hdr.STAGE_REDUCE, 1, 0, 0, xs[1].numpy().copy(), starts, ends)
         on_every_rank(2, lambda rank: (c0, c1)[rank].allreduce(xs[rank]))

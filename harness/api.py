@@ -1,0 +1,423 @@
+"""lossbed's lossy collectives for your own DDP training script: one import, one call around
+your model (and, for the parameter broadcast and RPS, your optimizer). Nothing of the model
+or the optimizer's code changes.
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import harness.api as lossbed
+
+    dist.init_process_group("gloo")               # as any torchrun script does
+    model = DDP(MyModel())
+    lossbed.lossy_gradients(model)                # the gradient reduce goes lossy
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    ... your training loop, unchanged ...
+    lossbed.report(eval_loss=final_loss)          # your own final metric (optional)
+
+The three schemes, each one call (and the baseline, measured the same way):
+
+    reliable(ddp_model)                           DDP's own all-reduce, timed
+
+    lossy_gradients(ddp_model, estimator)         zero_fill or unbiased: DDP's gradient
+                                                  all-reduce over the lossy transport
+    bounded_drift(ddp_model, Optimizer, **kw)     unbiased_drift (arXiv 2507.07114): the
+                                                  optimizer step on shard owners, parameters
+                                                  broadcast, stale where a packet is lost;
+                                                  returns the optimizer to step
+    rps(ddp_model, optimizer)                     RPS (arXiv 1810.07766): a local step, then
+                                                  lossy model averaging; returns the optimizer
+
+Where it runs comes from the environment, so one script runs under torchrun, Slurm (through
+torchrun) or `lossbed run`: torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT, and lossbed's (which `lossbed run` sets on every host):
+
+    LOSSBED_KEY          the job's key (64 hex digits) every datagram is sealed with; from
+                         the environment only, never over the network it impairs
+    LOSSBED_TRANSPORT    loss semantics: udp (default), roce-ud, roce-uc[:BYTES], roce-rc[...]
+    LOSSBED_ADDRESS      this host's address on the impaired network (default: the one that
+                         reaches MASTER_ADDR)
+    LOSSBED_MTU          that network's MTU (default 1500)
+    LOSSBED_METRICS_DIR  where each rank writes what it measured (rank<N>.json)
+
+What each rank measures (step and collective times, packets sent, missing and late, stages
+ended by their deadline) goes to LOSSBED_METRICS_DIR (or metrics_dir) at exit, and to stdout
+as one JSON line that `lossbed run` gathers into its report.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from harness.transport.semantics import Semantics
+
+# What a rank prints for `lossbed run` (harness/torchrun.py reads these lines)
+JOINED_MARK, METRICS_MARK, ERROR_MARK = "lossbed_joined", "lossbed_rank_metrics", \
+    "lossbed_rank_error"
+METRICS_DIR_ENV = "LOSSBED_METRICS_DIR"
+# `lossbed run` applies the profile once the job has joined, then creates this file on
+# every host: the ranks start their first lossy step only after it (a job started some
+# other way has no gate)
+GATE_ENV = "LOSSBED_GATE"
+GATE_TIMEOUT_S = 600.0
+TIMING_WARMUP_STEPS = 5  # the first steps' times are kept apart (lazy set-up, caches)
+ESTIMATORS = {"zero_fill": "zero_fill", "unbiased": "received_mean"}
+
+__all__ = ["Job", "LossbedSetupError", "Options", "bounded_drift", "finish", "join",
+           "lossy_gradients", "reliable", "report", "rps"]
+
+
+class LossbedSetupError(RuntimeError):
+    """The job cannot go lossy as set up: the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a job goes lossy; every field has its environment default (see the module)."""
+
+    transport: str | None = None      # loss semantics; None: LOSSBED_TRANSPORT or udp
+    address: str | None = None        # None: LOSSBED_ADDRESS, or the one reaching MASTER_ADDR
+    mtu: int | None = None            # None: LOSSBED_MTU or 1500
+    metrics_dir: str | None = None    # None: LOSSBED_METRICS_DIR (nothing written if unset)
+    sealed: bool = True               # False: datagrams unsealed (a network only this job uses)
+    align_every: int = 0              # ranks meet in the store every N-th step (0: the first)
+
+
+class Job:
+    """One rank's part in a lossy job: its transport (made once every rank joined) and what
+    it measures. Made by join(); the module's functions use one made on first call."""
+
+    def __init__(self, options: Options | None = None):
+        import torch.distributed as dist
+
+        from harness.transport.auth import key_from_environment
+        from harness.transport.dropmask import parse_drop_mask
+        from harness.transport.udp import UdpTransport
+
+        self.options = options = options or Options()
+        if not dist.is_available() or not dist.is_initialized():
+            raise LossbedSetupError(
+                "torch.distributed is not initialised: call dist.init_process_group() "
+                "first (DDP needs it too), under torchrun or `lossbed run`")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if self.world < 2:
+            raise LossbedSetupError(
+                "a world of 1 rank has nothing to reduce over a network: start 2 or more "
+                "ranks (torchrun --nproc-per-node 2 ..., or lossbed run on a cluster)")
+        key = key_from_environment()
+        if key is None and options.sealed:
+            raise LossbedSetupError(
+                "LOSSBED_KEY is not set: every datagram is sealed with the job's key, which "
+                "reaches the ranks through their environment only. `lossbed run` sets it; "
+                "under plain torchrun export one per job to every host (python -c 'import "
+                "os; print(os.urandom(32).hex())'), or pass Options(sealed=False) on a "
+                "network only this job uses")
+        semantics = Semantics.parse(options.transport or os.environ.get("LOSSBED_TRANSPORT")
+                                    or "udp")
+        if semantics.verbs:
+            raise LossbedSetupError(f"{semantics}: the API runs on the UDP transport "
+                                    "(udp, roce-ud, roce-uc, roce-rc); verbs needs "
+                                    "`lossbed train`")
+        self.store = _store()
+        address = options.address or os.environ.get("LOSSBED_ADDRESS") or _address_towards(
+            os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        mtu = options.mtu or int(os.environ.get("LOSSBED_MTU", "1500"))
+        self.transport = UdpTransport(
+            self.rank, self.world, address, self.store, mtu=mtu, semantics=semantics,
+            drop_mask=parse_drop_mask(os.environ.get("LOSSBED_DROP_MASK")),
+            segmentation=os.environ.get("LOSSBED_UDP_SEGMENTATION") == "1",
+            key_prefix="lossbed/api/udp", key=key if options.sealed else None)
+        self.metrics_dir = options.metrics_dir or os.environ.get(METRICS_DIR_ENV)
+        self._begin(dict(align_every=options.align_every), owns_transport=True)
+        if self.rank == 0:  # every rank's endpoints are exchanged: the job has joined
+            print(json.dumps({JOINED_MARK: {"world": self.world}}), flush=True)
+        _wait_for_gate()
+        self._counted_from = self.transport.counters.to_dict()
+        _install_error_mark(self.rank)
+        atexit.register(self.finish)
+
+    @classmethod
+    def attach(cls, transport, store, *, rank: int, world: int,
+               collective_options: dict | None = None) -> Job:
+        """A Job on a transport and store a launcher made already (lossbed's own `train`):
+        the same wrapping, without the environment's set-up; collective_options go to
+        every LossyCollective it makes."""
+        job = object.__new__(cls)
+        job.options, job.rank, job.world, job.local_rank = Options(), rank, world, rank
+        job.transport, job.store, job.metrics_dir = transport, store, None
+        job._begin(dict(collective_options or {}), owns_transport=False)
+        return job
+
+    def _begin(self, collective_options: dict, owns_transport: bool) -> None:
+        self._collective_options = {"background_late_ends": True, **collective_options}
+        self._owns_transport = owns_transport
+        self._collectives: list = []
+        self._timers: list = []          # what holds a collective-time histogram
+        self._script: dict = {}          # report(): the script's own figures
+        self._step_marks: list[float] = []
+        self._counted_from = self.transport.counters.to_dict()
+        self._finished = False
+        self._started = time.perf_counter()
+
+    # ---- the baseline and the three schemes --------------------------------------------
+
+    def reliable(self, model):
+        """The baseline under the same impairment: DDP's own all-reduce (gloo or NCCL,
+        which retransmit what is lost), timed, its steps measured as the schemes' are.
+        Returns the model."""
+        from harness.ddp.hooks import ReliableTiming, timed_allreduce_hook
+
+        ddp = _ddp(model, "reliable")
+        timer = ReliableTiming()
+        ddp.register_comm_hook(timer, timed_allreduce_hook)
+        self._watch(ddp, timer)
+        return model
+
+    def _collective(self, estimator: str):
+        from harness.collectives.lossy import LossyCollective
+
+        options = dict(self._collective_options)
+        if self._owns_transport:  # (each collective of a job meets under its own keys)
+            options.setdefault("key_prefix", f"lossbed/api/collective{len(self._collectives)}")
+        collective = LossyCollective(self.transport, self.store, estimator=estimator,
+                                     **options)
+        self._collectives.append(collective)
+        return collective
+
+    def lossy_gradients(self, model, estimator: str = "unbiased"):
+        """DDP's gradient all-reduce over the lossy transport (a communication hook):
+        `zero_fill` (a lost packet contributes zeros) or `unbiased` (the mean of what
+        arrived). Returns the model."""
+        from harness.ddp.hooks import LossyHookState, lossy_allreduce_hook
+
+        ddp = _ddp(model, "lossy_gradients")
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator {estimator!r}: use one of {', '.join(ESTIMATORS)}")
+        state = LossyHookState(self._collective(ESTIMATORS[estimator]))
+        ddp.register_comm_hook(state, lossy_allreduce_hook)
+        self._watch(ddp, state)
+        return model
+
+    def bounded_drift(self, model, optimizer_class, *, resync_every: int = 0,
+                      **optimizer_options):
+        """unbiased_drift: DDP reduces nothing (a hook that leaves the gradients local);
+        the returned optimizer reduces them to each shard's owner, steps
+        `optimizer_class(**optimizer_options)` there and broadcasts the parameters, a rank
+        that misses a packet keeping its stale values (resync_every=K: a reliable resync
+        every K steps). Step and zero it as you would the optimizer itself."""
+        from harness.ddp.sharded import ShardedOptimizer
+
+        ddp = _ddp(model, "bounded_drift")
+        ddp.register_comm_hook(None, _local_gradients_hook)
+        optimizer = ShardedOptimizer(ddp.module, optimizer_class,
+                                     self._collective("received_mean"),
+                                     resync_every=resync_every, **optimizer_options)
+        self._watch(ddp, optimizer)
+        return optimizer
+
+    def rps(self, model, optimizer):
+        """RPS: DDP reduces nothing; the returned optimizer steps `optimizer` on the local
+        gradients, then averages the model over the ranks the RPS way."""
+        from harness.collectives.rps import RPS
+        from harness.ddp.rps import RPSOptimizer
+
+        ddp = _ddp(model, "rps")
+        ddp.register_comm_hook(None, _local_gradients_hook)
+        options = dict(self._collective_options)
+        if self._owns_transport:
+            options.setdefault("key_prefix", "lossbed/api/rps")
+        rps = RPS(self.transport, self.store, **options)
+        self._collectives.append(rps.collective)
+        wrapped = RPSOptimizer(ddp.module, optimizer, rps)
+        self._watch(ddp, wrapped)
+        return wrapped
+
+    def _watch(self, ddp, timer) -> None:
+        """Steps are told apart by the model's training forwards: the time from one to the
+        next is a step's."""
+        self._timers.append(timer)
+
+        def mark(module, args):
+            if module.training:
+                self._step_marks.append(time.perf_counter())
+
+        ddp.register_forward_pre_hook(mark)
+
+    # ---- what it measured ---------------------------------------------------------------
+
+    def report(self, **figures) -> None:
+        """The script's own figures (its final loss, perplexity, accuracy, ...): kept in
+        this rank's metrics; `lossbed run` puts rank 0's in its summary."""
+        for name, value in figures.items():
+            json.dumps(value)  # (refused here if it cannot be written)
+            self._script[name] = value
+
+    def metrics(self) -> dict:
+        from harness.metrics.hdr import Histogram
+
+        marks = self._step_marks
+        gaps = [(b - a) * 1e6 for a, b in zip(marks, marks[1:], strict=False)]
+        steady = gaps[TIMING_WARMUP_STEPS:] if len(gaps) > 2 * TIMING_WARMUP_STEPS else gaps
+        step_us, collective_us = Histogram(), Histogram()
+        for us in steady:
+            step_us.record(us)
+        for timer in self._timers:
+            collective_us.merge(timer.collective_us)
+        now = self.transport.counters.to_dict()
+        totals: dict = {}
+        for c in self._collectives:
+            for k, v in c.totals.items():
+                totals[k] = totals.get(k, 0) + v
+        return {"rank": self.rank, "world": self.world, "host": os.environ.get("LOSSBED_HOST"),
+                "steps": len(marks), "train_s": time.perf_counter() - self._started,
+                "step_us": step_us.to_dict(), "collective_us": collective_us.to_dict(),
+                "counters": {k: now[k] - self._counted_from[k] for k in now},
+                "collective_totals": totals, "transport": str(self.transport.semantics),
+                "authenticated": self.transport.authenticated, "script": dict(self._script)}
+
+    def finish(self) -> None:
+        """Send what the collectives still owe their peers, write this rank's metrics, close
+        the transport. Called at exit if the script does not."""
+        if self._finished:
+            return
+        self._finished = True
+        for collective in self._collectives:
+            try:
+                collective.finish()
+            except Exception as err:  # noqa: BLE001 - the metrics are still written
+                self._script.setdefault("lossbed_finish_error", str(err))
+        metrics = self.metrics()
+        if self.metrics_dir:
+            folder = Path(self.metrics_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"rank{self.rank}.json").write_text(json.dumps(metrics))
+        print(json.dumps({METRICS_MARK: metrics}), flush=True)
+        if self._owns_transport:
+            self.transport.close()
+
+
+_job: Job | None = None
+_job_lock = threading.Lock()
+
+
+def join(options: Options | None = None) -> Job:
+    """This rank's Job (made on the first call, with `options`; every rank must call it, as
+    the transports of all ranks meet)."""
+    global _job
+    with _job_lock:
+        if _job is None:
+            _job = Job(options)
+        elif options is not None and options != _job.options:
+            raise LossbedSetupError("join() was already called with other options")
+        return _job
+
+
+def reliable(model):
+    return join().reliable(model)
+
+
+def lossy_gradients(model, estimator: str = "unbiased"):
+    return join().lossy_gradients(model, estimator)
+
+
+def bounded_drift(model, optimizer_class, *, resync_every: int = 0, **optimizer_options):
+    return join().bounded_drift(model, optimizer_class, resync_every=resync_every,
+                                **optimizer_options)
+
+
+def rps(model, optimizer):
+    return join().rps(model, optimizer)
+
+
+def report(**figures) -> None:
+    join().report(**figures)
+
+
+def finish() -> None:
+    if _job is not None:
+        _job.finish()
+
+
+reliable.__doc__ = Job.reliable.__doc__
+lossy_gradients.__doc__ = Job.lossy_gradients.__doc__
+bounded_drift.__doc__ = Job.bounded_drift.__doc__
+rps.__doc__ = Job.rps.__doc__
+report.__doc__ = Job.report.__doc__
+finish.__doc__ = Job.finish.__doc__
+
+
+# ---- pieces ---------------------------------------------------------------------------------
+
+def _ddp(model, what: str):
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        raise TypeError(f"{what} takes your model wrapped in DistributedDataParallel (got "
+                        f"{type(model).__name__}): model = DDP(model) first")
+    return model
+
+
+def _local_gradients_hook(state, bucket):
+    """A DDP communication hook that communicates nothing: the gradients stay local (the
+    optimizer lossbed returns reduces or averages them itself)."""
+    import torch
+
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def _store():
+    """The store the default process group met in (torchrun's, or rank 0's): the ranks'
+    transports exchange their endpoints there."""
+    import torch.distributed as dist
+
+    get = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if get is not None:
+        try:
+            return dist.PrefixStore("lossbed", get())
+        except Exception:  # noqa: BLE001 - fall back to a client of MASTER_ADDR's store
+            pass
+    return dist.PrefixStore("lossbed", dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), dist.get_world_size(),
+        is_master=False, timeout=timedelta(seconds=300)))
+
+
+def _address_towards(peer: str) -> str:
+    """This host's address on the route to `peer` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, 9))
+        return s.getsockname()[0]
+
+
+def _wait_for_gate() -> None:
+    gate = os.environ.get(GATE_ENV)
+    if not gate:
+        return
+    deadline = time.monotonic() + GATE_TIMEOUT_S
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise LossbedSetupError(f"the impairment was not applied within "
+                                    f"{GATE_TIMEOUT_S:.0f} s ({gate} never appeared)")
+        time.sleep(0.05)
+
+
+def _install_error_mark(rank: int) -> None:
+    """An error that ends this rank is named on stderr as one JSON line (`lossbed run`
+    puts it in its report), then handled as before."""
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        print(json.dumps({ERROR_MARK: {"rank": rank, "error": f"{kind.__name__}: {value}"}}),
+              file=sys.stderr, flush=True)
+        previous(kind, value, traceback)
+
+    sys.excepthook = hook

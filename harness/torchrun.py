@@ -1,0 +1,337 @@
+"""`lossbed run ... -- torchrun [torchrun options] script.py [args]`: your training job on every
+host of a cluster, under an impairment, measured.
+
+One torchrun per host (each host's share of the ranks: --nnodes from the cluster,
+--nproc-per-node from its GPUs, one where it has none), meeting in torchrun's c10d rendezvous
+on the first host. Every rank gets lossbed's environment (harness/api.py: the job's key, the
+host's address on the impaired network, its MTU, the loss semantics). The profile is applied
+once the job has joined (rank 0's lossbed.join() says so) and the ranks wait for it; or, with
+--impair-from start, before torchrun starts (for a script that does not use harness.api: a
+reliable baseline). The kernel's counters are read around the impaired part, the ranks'
+metrics gathered into one report under --out, the job's output passed through, and the
+impairment cleared on exit, failure or Ctrl-C; the job's exit code is lossbed run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import api, launch
+from harness.metrics.hdr import Histogram
+from harness.transport import auth
+from testbed import ports, profiles, stats
+from testbed.errors import UsageError
+from testbed.host import lease
+from testbed.impair import engine, verify
+
+# torchrun's options that lossbed run sets from the cluster: given by the user, refused
+OURS = ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank",
+        "--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint",
+        "--rdzv-id", "--rdzv_id", "--rdzv-conf", "--rdzv_conf", "--master-addr",
+        "--master_addr", "--master-port", "--master_port", "--standalone", "--local-addr",
+        "--local_addr")
+IMPAIR_FROM = ("joined", "start")
+GRACE_S = 30.0  # how long the other hosts get to notice a failed one and say why
+
+
+@dataclass
+class RunSpec:
+    command: list[str]                    # torchrun [options] script.py [args]
+    profile: str = "random-loss"
+    sets: tuple[str, ...] = ()
+    loss: float = 0.0                     # a fraction: every path's loss rate (0: the profile's)
+    transport: str = "udp"
+    impair_from: str = "joined"
+    unsealed: bool = False
+    out: Path = field(default_factory=lambda: Path(f"results/run-{time.strftime('%Y%m%d-%H%M%S')}"))
+
+    def validate(self) -> tuple[list[str], list[str]]:
+        """(torchrun's own options, the script and its arguments), everything refused with
+        the field and the fix before anything is built."""
+        if not self.command or Path(self.command[0]).name != "torchrun":
+            raise UsageError("--", f"{shlex.join(self.command) or 'nothing'} is not a "
+                             "torchrun command",
+                             "Write: lossbed run --profile P -- torchrun script.py [args]")
+        options, rest = _split_torchrun(self.command[1:])
+        for option in options:
+            name = option.split("=", 1)[0]
+            if name in OURS:
+                raise UsageError(name, "lossbed run sets it from the cluster (hosts, GPUs, "
+                                 "the first host's rendezvous)",
+                                 "Leave it out, or print the commands with --print and "
+                                 "start them yourself")
+        if not rest:
+            raise UsageError("--", "no training script after torchrun's options",
+                             "Write: -- torchrun [options] script.py [args]")
+        if self.impair_from not in IMPAIR_FROM:
+            raise UsageError("--impair-from", f"{self.impair_from!r}",
+                             f"Use one of: {', '.join(IMPAIR_FROM)}")
+        if not 0 <= self.loss < 1:
+            raise UsageError("--loss", f"{self.loss} is not a fraction in [0, 1)",
+                             "--loss 0.1 means 10%")
+        from harness.transport.semantics import Semantics
+
+        if Semantics.parse(self.transport).verbs:
+            raise UsageError("--transport", f"{self.transport}: harness.api runs on UDP",
+                             "Use udp, roce-ud, roce-uc[:BYTES] or roce-rc[:BYTES]")
+        self.load_profile()
+        return options, rest
+
+    def load_profile(self):
+        return profiles.load(self.profile, list(self.sets), loss=self.loss,
+                             isolated=self.unsealed)
+
+
+def _split_torchrun(args: list[str]) -> tuple[list[str], list[str]]:
+    """torchrun's options (each with its value), then the script and its arguments."""
+    options, i = [], 0
+    while i < len(args) and args[i].startswith("-"):
+        options.append(args[i])
+        takes_value = "=" not in args[i] and args[i] not in ("--standalone", "--no-python",
+                                                              "--no_python", "-m", "--module",
+                                                              "--run-path", "--run_path")
+        if takes_value and i + 1 < len(args):
+            options.append(args[i + 1])
+            i += 1
+        i += 1
+    return options, args[i:]
+
+
+@dataclass
+class HostCommand:
+    host: object
+    argv: list[str]
+    env: dict[str, str]
+
+    def shell(self) -> str:
+        """The command as one line a job script can run on its host."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"env {env} {shlex.join(self.argv)}"
+
+
+def commands(cluster, spec: RunSpec, job_id: str, key: str | None, gate: str | None,
+             metrics_dir: str | None) -> list[HostCommand]:
+    """The torchrun of every host."""
+    torchrun_options, script = spec.validate()
+    first = cluster.hosts[0]
+    per_host = [max(1, getattr(h, "gpus", 0) or 0) for h in cluster.hosts]
+    profile = spec.load_profile()
+    made = []
+    for i, host in enumerate(cluster.hosts):
+        argv = [cluster.rank_python(host), "-m", "torch.distributed.run",
+                "--nnodes", str(len(cluster.hosts)), "--nproc-per-node", str(per_host[i]),
+                "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{first.address}:{ports.RENDEZVOUS}",
+                "--rdzv-id", job_id, "--rdzv-conf", f"is_host={1 if i == 0 else 0}",
+                "--local-addr", host.address, "--max-restarts", "0",
+                *torchrun_options, *script]
+        env = {"LOSSBED_ADDRESS": host.address, "LOSSBED_MTU": str(cluster.mtu),
+               "LOSSBED_TRANSPORT": spec.transport, "LOSSBED_HOST": host.name,
+               "GLOO_SOCKET_IFNAME": host.ifname, "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": str(getattr(host, "project", launch.PROJECT_ROOT)),
+               **launch.transport_env(profile)}
+        if key:
+            env[auth.KEY_ENV] = key
+        if gate:
+            env[api.GATE_ENV] = gate
+        if metrics_dir:
+            env[api.METRICS_DIR_ENV] = metrics_dir
+        made.append(HostCommand(host, argv, env))
+    return made
+
+
+@dataclass
+class _Job:
+    """What the hosts' output says, as it comes."""
+
+    joined: threading.Event = field(default_factory=threading.Event)
+    metrics: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, line: str, stream) -> None:
+        """One line of a host's output: lossbed's own marks kept, the rest passed through."""
+        if line.startswith('{"lossbed_'):
+            try:
+                mark = json.loads(line)
+            except json.JSONDecodeError:
+                mark = {}
+            with self.lock:
+                if api.JOINED_MARK in mark:
+                    self.joined.set()
+                    return
+                if api.METRICS_MARK in mark:
+                    self.metrics.append(mark[api.METRICS_MARK])
+                    return
+                if api.ERROR_MARK in mark:
+                    self.errors.append(mark[api.ERROR_MARK])
+        stream.write(line + "\n")
+        stream.flush()
+
+
+def run(cluster, spec: RunSpec, echo=print) -> int:
+    """Run the job; its exit code (130 on Ctrl-C). The report is in spec.out."""
+    spec.validate()
+    the_plan, choice = engine.make_plan(cluster, spec.load_profile())
+    out = spec.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    job_id = f"lossbed-{os.getpid()}-{int(time.time())}"
+    key = None if spec.unsealed else auth.new_key()
+    gate = f"/tmp/{job_id}.gate" if spec.impair_from == "joined" else None
+    metrics_dir = str(out / "ranks") if cluster.shares_this_machine else None
+    hosts = commands(cluster, spec, job_id, key, gate, metrics_dir)
+    job, procs, threads, applied = _Job(), [], [], {}
+    keeper = (lease.Keeper(cluster, cluster.lease_s / 3) if cluster.lease_s is not None
+              else contextlib.nullcontext())
+    started = time.monotonic()
+    code = 1
+    try:
+        with keeper:
+            if spec.impair_from == "start":
+                _impair(cluster, the_plan, choice, applied, echo)
+            for hc in hosts:
+                env = {**os.environ, **hc.env} if cluster.shares_this_machine else hc.env
+                procs.append(hc.host.popen(hc.argv, env=env, stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           text=True, start_new_session=True,
+                                           cwd=str(getattr(hc.host, "project",
+                                                           launch.PROJECT_ROOT))))
+                for stream, sink in ((procs[-1].stdout, sys.stdout),
+                                     (procs[-1].stderr, sys.stderr)):
+                    t = threading.Thread(target=_pump, args=(stream, job, sink), daemon=True)
+                    t.start()
+                    threads.append(t)
+            echo(f"[run] torchrun on {len(hosts)} host(s), job {job_id}")
+            code = _wait(procs, job, lambda: _on_joined(cluster, the_plan, choice, applied,
+                                                          hosts, gate, echo), gate)
+    except KeyboardInterrupt:
+        echo("[run] interrupted: stopping the job and clearing the impairment")
+        code = 130
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                launch._kill(p)
+        for p in procs:
+            p.wait()
+        for t in threads:
+            t.join(5)
+        if applied:  # the kernel's count of the impaired part, before it is cleared
+            with contextlib.suppress(Exception):
+                applied["report"] = verify.report(cluster, verify.read(cluster),
+                                                  applied["start"])
+        engine.clear(cluster)
+        if gate:
+            for host in cluster.hosts:
+                with contextlib.suppress(Exception):
+                    host.run(["rm", "-f", gate])
+    summary = summarise(cluster, spec, job, applied, code, time.monotonic() - started, hosts)
+    _write(out, job, summary)
+    echo(f"[run] exit {code}; measured loss {_pct(summary['measured_loss'])}, "
+         f"missing {_pct(summary['missing_fraction'])}; report in {out}/summary.json")
+    return code
+
+
+def _pump(stream, job: _Job, sink) -> None:
+    for line in stream:
+        job.take(line.rstrip("\n"), sink)
+
+
+def _impair(cluster, the_plan, choice, applied: dict, echo) -> None:
+    engine.apply(cluster, the_plan, choice)
+    applied["start"] = verify.read(cluster)
+    echo(f"[run] profile {the_plan.profile.name} applied ({the_plan.backend})")
+
+
+def _on_joined(cluster, the_plan, choice, applied, hosts, gate, echo) -> None:
+    """The job joined: apply the profile, then open every host's gate."""
+    if not applied:
+        _impair(cluster, the_plan, choice, applied, echo)
+    for hc in hosts:
+        hc.host.run(["touch", gate], check=True)
+
+
+def _wait(procs, job: _Job, on_joined, gate) -> int:
+    """Until every torchrun ended (one failed: the others get GRACE_S, then are stopped);
+    the profile applied when the job joins. The first non-zero exit code, else 0."""
+    opened = gate is None
+    failed_at = None
+    while any(p.poll() is None for p in procs):
+        if not opened and job.joined.is_set():
+            on_joined()
+            opened = True
+        if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+            break
+        time.sleep(0.05)
+    codes = [p.poll() for p in procs]
+    return next((c for c in codes if c not in (None, 0)), 0 if None not in codes else 1)
+
+
+def summarise(cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_s: float,
+              hosts: list[HostCommand]) -> dict:
+    """The run's report: what the kernel lost, what the ranks measured, who failed."""
+    ranks = sorted(job.metrics, key=lambda m: m["rank"])
+    step_us, collective_us, counters, totals = Histogram(), Histogram(), {}, {}
+    for m in ranks:
+        step_us.merge(Histogram.from_dict(m["step_us"]))
+        collective_us.merge(Histogram.from_dict(m["collective_us"]))
+        for k, v in m["counters"].items():
+            counters[k] = counters.get(k, 0) + v
+        for k, v in m["collective_totals"].items():
+            totals[k] = totals.get(k, 0) + v
+    measured, interval = None, None
+    report = applied.get("report")
+    if report is not None:
+        if report.total_seen:
+            measured = report.total_dropped / report.total_seen
+            interval = list(stats.wilson_interval(report.total_dropped, report.total_seen))
+    received, missing = counters.get("packets_received", 0), counters.get("missing", 0)
+    rank0 = next((m for m in ranks if m["rank"] == 0), None)
+    train_s = max((m["train_s"] for m in ranks), default=None)
+    steps = rank0["steps"] if rank0 else None
+    script = dict(rank0["script"]) if rank0 else {}
+    tokens = script.get("tokens")
+    return {
+        "command": shlex.join(spec.command), "profile": spec.profile, "sets": list(spec.sets),
+        "loss": spec.loss, "transport": spec.transport, "impair_from": spec.impair_from,
+        "hosts": [h.host.name for h in hosts], "ranks": len(ranks), "exit_code": code,
+        "joined": job.joined.is_set(), "applied": "start" in applied,
+        "measured_loss": measured, "measured_loss_interval": interval,
+        "missing_fraction": missing / (received + missing) if received + missing else None,
+        "steps": steps, "steps_per_s": steps / train_s if steps and train_s else None,
+        "tokens_per_s": tokens / train_s if tokens and train_s else None,
+        "step_ms": _ms(step_us), "collective_ms": _ms(collective_us),
+        "transport_counters": counters, "collective_totals": totals, "script": script,
+        "failed": job.errors, "wall_s": wall_s,
+        "exempt": [f"tcp port {p}" for p in ports.ALWAYS_RELIABLE_TCP] + [
+            "the job's start (rendezvous, DDP's first broadcast): the profile is applied "
+            "once the job has joined" if spec.impair_from == "joined" else
+            "nothing of the job: the profile was applied before torchrun started"],
+    }
+
+
+def _ms(h: Histogram) -> dict:
+    s = h.summary()
+    return {k: (s[k] / 1000 if s[k] is not None else None) for k in ("p50", "p99", "max")}
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:.2%}"
+
+
+def _write(out: Path, job: _Job, summary: dict) -> None:
+    ranks = out / "ranks"
+    ranks.mkdir(exist_ok=True)
+    for m in job.metrics:
+        (ranks / f"rank{m['rank']}.json").write_text(json.dumps(m))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
