@@ -208,7 +208,7 @@ class Job:
 
     def bounded_drift(self, model, optimizer_class, *, resync_every: int = 0,
                       **optimizer_options):
-        """unbiased_drift: DDP reduces nothing (a hook that leaves the gradients local);
+        """unbiased_drift: DDP reduces nothing (the gradients stay local);
         the returned optimizer reduces them to each shard's owner, steps
         `optimizer_class(**optimizer_options)` there and broadcasts the parameters, a rank
         that misses a packet keeping its stale values (resync_every=K: a reliable resync
@@ -216,7 +216,7 @@ class Job:
         from harness.ddp.sharded import ShardedOptimizer
 
         ddp = _ddp(model, "bounded_drift")
-        ddp.register_comm_hook(None, _local_gradients_hook)
+        _keep_gradients_local(ddp)
         optimizer = ShardedOptimizer(ddp.module, optimizer_class,
                                      self._collective("received_mean"),
                                      resync_every=resync_every, **optimizer_options)
@@ -230,7 +230,7 @@ class Job:
         from harness.ddp.rps import RPSOptimizer
 
         ddp = _ddp(model, "rps")
-        ddp.register_comm_hook(None, _local_gradients_hook)
+        _keep_gradients_local(ddp)
         options = dict(self._collective_options)
         if self._owns_transport:
             options.setdefault("key_prefix", "lossbed/api/rps")
@@ -365,14 +365,12 @@ def _ddp(model, what: str):
     return model
 
 
-def _local_gradients_hook(state, bucket):
-    """A DDP communication hook that communicates nothing: the gradients stay local (the
-    optimizer lossbed returns reduces or averages them itself)."""
-    import torch
-
-    future = torch.futures.Future()
-    future.set_result(bucket.buffer())
-    return future
+def _keep_gradients_local(ddp) -> None:
+    """DDP reduces nothing from now on: its backward leaves every gradient local, as inside
+    ddp.no_sync(), without the reducer's bucket copies (the optimizer lossbed returns
+    reduces or averages them itself). DDP still met the ranks and broadcast the parameters
+    when it was made."""
+    ddp.require_backward_grad_sync = False
 
 
 def _store():

@@ -21,6 +21,8 @@ from testbed.errors import UsageError
 
 
 def _cmd_collective_bench(args) -> int:
+    testbed_cli.check_fraction("--loss", *args.loss)  # (before torch is imported)
+    _check_at_least(args, ("iters", 1), ("mtu", 68))
     from harness.bench import collective_bench as cb
 
     spec = cb.BenchSpec(sizes_mib=args.sizes, losses=args.loss, profiles=args.profiles,
@@ -52,6 +54,7 @@ def _cmd_collective_bench(args) -> int:
 
 
 def _cmd_train(args) -> int:
+    testbed_cli.check_fraction("--loss", args.loss)  # (before torch is imported)
     from harness.train import run
     from harness.train.config import TrainConfig
 
@@ -70,7 +73,7 @@ def _cmd_train(args) -> int:
     run.check(cfg, cluster)  # bad input is refused before any process starts
     rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
                     echo=lambda line: print(line, file=sys.stderr, flush=True),
-                    isolated=args.unsealed)
+                    isolated=args.unsealed, loss=args.loss)
     summary = {k: rec[k] for k in ("variant", "profile", "loss", "seed", "steps", "ppl",
                                    "ppl_rank0", "drift", "tokens_per_s", "measured_loss")}
     print(json.dumps(summary))
@@ -80,6 +83,15 @@ def _cmd_train(args) -> int:
         with open(args.json, "a") as f:
             f.write(json.dumps(rec) + "\n")
     return 0
+
+
+def _check_at_least(args, *limits: tuple[str, int]) -> None:
+    """Counts given on the command line, each at least its limit."""
+    for name, least in limits:
+        value = getattr(args, name)
+        if value < least:
+            option = "--" + name.replace("_", "-")
+            raise UsageError(option, f"{value} is too small", f"Give {least} or more")
 
 
 def _new_folder(path: str | None, option: str) -> str | None:
@@ -109,6 +121,8 @@ def _bench_cluster(prefix: str, spec):
 
 
 def _cmd_bench(args) -> int:
+    testbed_cli.check_fraction("--loss", *args.loss)  # (before torch is imported)
+    _check_at_least(args, ("hosts", 2), ("steps", 1), ("seeds", 1), ("mtu", 68))
     import time
     from pathlib import Path
 
@@ -127,13 +141,18 @@ def _cmd_bench(args) -> int:
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if args.cluster is not None or args.inventory:
         place = contextlib.nullcontext(cluster_of(args))
-    else:
+    else:  # (what this kernel cannot apply is refused before the cluster is built)
+        from testbed import profiles
+        from testbed.impair import engine
+
+        for loss in [x for x in spec.losses if x > 0]:
+            engine.refuse_for_this_kernel(profiles.load(spec.profile, loss=loss), spec.hosts)
         place = _bench_cluster("bench", spec)
     with place as cluster:
         summary = run_bench(cluster, spec, out,
                             echo=lambda line: print(line, file=sys.stderr, flush=True))
     print(table(summary))
-    print(f"results in {out}/ (results.jsonl, summary.json, summary.md, *.png)")
+    print(f"results in {out}/ (report.html, summary.md, summary.json, results.jsonl, *.png)")
     return 0
 
 
@@ -164,6 +183,7 @@ def _cmd_reproduce(args) -> int:
 
 
 def _cmd_run(args) -> int:
+    testbed_cli.check_fraction("--loss", args.loss)  # (before torch is imported)
     from harness import torchrun
 
     command = list(args.command)
@@ -190,6 +210,16 @@ def _cmd_run(args) -> int:
                                                              flush=True))
 
 
+def _cmd_report(args) -> int:
+    from harness.bench import report
+
+    folder = Path(args.dir)
+    records, summary = report.load(folder)
+    names = report.redraw(folder, records, summary)
+    print(f"redrew {folder}/: report.html, summary.md, {', '.join(names)}")
+    return 0
+
+
 def _cmd_compare(args) -> int:
     from harness.bench.compare import compare, format_findings
     from harness.bench.training_bench import load_summary
@@ -200,19 +230,21 @@ def _cmd_compare(args) -> int:
     return 1 if any(f.regressed for f in findings) else 0
 
 
-def _add_training_options(p, defaults) -> None:
+def _add_training_options(p, defaults, sizes_note: str = "") -> None:
     """The model, data and optimisation options `train` and `bench` share."""
     p.add_argument("--preset", default=defaults.preset,
                    help="tiny, small, or a local HF model folder")
-    p.add_argument("--device", default=defaults.device, help="cpu, or cuda (GPU hosts)")
+    p.add_argument("--device", default=defaults.device, choices=["cpu", "cuda"],
+                   help="where ranks train (cuda: GPU hosts)")
     p.add_argument("--batch", type=int, default=defaults.batch,
-                   help="sequences per rank per step")
-    p.add_argument("--seq-len", type=int, default=defaults.seq_len)
+                   help="sequences per rank per step" + sizes_note)
+    p.add_argument("--seq-len", type=int, default=defaults.seq_len,
+                   help="tokens per sequence" + sizes_note)
     p.add_argument("--lr", type=float, default=defaults.lr, help="the peak learning rate")
-    p.add_argument("--optimizer", default=defaults.optimizer,
-                   help="adamw or sgd (momentum 0.9; RPS's paper uses SGD)")
-    p.add_argument("--schedule", default=defaults.schedule,
-                   help="cosine (warm-up, then decay to 10%%) or constant")
+    p.add_argument("--optimizer", default=defaults.optimizer, choices=["adamw", "sgd"],
+                   help="sgd: momentum 0.9, as RPS's paper trains")
+    p.add_argument("--schedule", default=defaults.schedule, choices=["cosine", "constant"],
+                   help="cosine: warm-up, then decay to 10%%")
     p.add_argument("--tokenizer", default=defaults.tokenizer,
                    help="bpe (subword, trained on the training split), bpe:N, bytes, or a "
                         "local HF tokenizer folder")
@@ -246,17 +278,23 @@ def _training_options(args) -> dict:
 def add_commands(sub) -> None:
     """Register the experiment commands on testbed's subparsers."""
     from harness.bench.spec import BenchSpec
-    from harness.train.config import TrainConfig
+    from harness.train.config import VARIANTS, TrainConfig
 
     p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
     p.add_argument("--cluster", help="default: the only cluster up")
     add_inventory(p)
-    p.add_argument("--variant", default="reliable",
-                   help="reliable, zero_fill, unbiased, unbiased_drift or rps")
-    p.add_argument("--profile", default="clean", help="impairment profile (default: clean)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="profile override")
-    p.add_argument("--steps", type=int, default=TrainConfig.steps)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variant", default="reliable", choices=list(VARIANTS),
+                   help="the training scheme")
+    p.add_argument("--profile", default="clean", help="impairment profile: a name in "
+                   "netem_profiles/ or a YAML path")
+    p.add_argument("--loss", type=float, default=0.0,
+                   help="every path's loss rate as a fraction, 0.1 = 10%% (default 0: the "
+                        "profile's own)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a profile field (repeatable)")
+    p.add_argument("--steps", type=int, default=TrainConfig.steps, help="training steps")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the initialisation and data order's seed")
     _add_training_options(p, TrainConfig)
     p.add_argument("--warmup-steps", type=int,
                    help="learning-rate warm-up (default: 5%% of the steps)")
@@ -286,11 +324,14 @@ def add_commands(sub) -> None:
                                      "at LOSS against the same seed's lossless reference")
     p.add_argument("--loss", type=float, nargs="+", default=[0.1],
                    help="loss rates as fractions (0.1 = 10%%), e.g. --loss 0.01 0.05 0.1")
-    p.add_argument("--profile", default="random-loss", help="random-loss or burst-loss")
-    p.add_argument("--hosts", type=int, default=4)
-    p.add_argument("--mtu", type=int, default=1500)
-    p.add_argument("--steps", type=int, default=BenchSpec.steps)
-    p.add_argument("--seeds", type=int, default=BenchSpec.seeds)
+    p.add_argument("--profile", default="random-loss",
+                   help="a profile whose one loss rate --loss sets (random-loss, burst-loss, "
+                        "or a file of yours)")
+    p.add_argument("--hosts", type=int, default=4, help="hosts of the bench's own cluster")
+    p.add_argument("--mtu", type=int, default=1500, help="MTU of the bench's own cluster")
+    p.add_argument("--steps", type=int, default=BenchSpec.steps, help="steps of every run")
+    p.add_argument("--seeds", type=int, default=BenchSpec.seeds,
+                   help="seeds (initialisation and data order) per variant and loss")
     p.add_argument("--variants", nargs="+",
                    help="default: reliable unbiased_drift rps; the ablations zero_fill and "
                         "unbiased on request (or all five: make bench-full); each "
@@ -303,7 +344,8 @@ def add_commands(sub) -> None:
                    help="one run more: seed 0's lossless reference with its initial weights "
                         "moved by 1e-6, to check that the regime is not chaotic (summary: "
                         "stability; reproduce always runs it)")
-    _add_training_options(p, BenchSpec)
+    _add_training_options(p, BenchSpec, sizes_note="; train's is larger: a bench runs tens "
+                          "of runs")
     _add_regime_options(p)
     p.add_argument("--out", help="results folder (default: results/bench-TIME)")
     p.add_argument("--cluster", help="reuse this cluster instead of building one")
@@ -340,22 +382,29 @@ def add_commands(sub) -> None:
                    help="-- torchrun [torchrun options] script.py [args]")
     p.set_defaults(func=_cmd_run)
 
+    p = sub.add_parser("report", help="redraw a past bench's report.html, summary.md and "
+                                      "plots from its results")
+    p.add_argument("dir", metavar="DIR", help="a folder a bench wrote (results/bench-TIME)")
+    p.set_defaults(func=_cmd_report)
+
     p = sub.add_parser("compare", help="regressions between two bench results (exit 1)")
     p.add_argument("base", metavar="BASE", help="summary.json (or its folder)")
     p.add_argument("new", metavar="NEW", help="summary.json (or its folder)")
-    p.add_argument("--threshold-pct", type=float, default=10.0)
-    p.add_argument("--ppl-points", type=float, default=1.0)
+    p.add_argument("--threshold-pct", type=float, default=10.0,
+                   help="a throughput or step-p99 change beyond this many percent regressed")
+    p.add_argument("--ppl-points", type=float, default=1.0,
+                   help="a Δppl change beyond this many points (or the intervals, if wider) "
+                        "regressed")
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("reproduce",
                        help="both papers' claims measured here, each with a verdict")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true",
-                      help="small sizes and short training rows (the default; rows 1-5 "
-                           "about 9 min here, row 6 about 8 more)")
+                      help="small sizes and short training rows (the default)")
     mode.add_argument("--full", action="store_true",
-                      help="the sizes the claims need (rows 1-5 about 100 min here, rows 4-5 "
-                           "4 seeds; row 6 about 2 hours more)")
+                      help="the sizes the claims need (rows 4-5 with 4 seeds; about ten times "
+                           "--quick's time)")
     p.add_argument("--rows", nargs="+", metavar="ROW",
                    help="only these rows: 1 aggregation, 2 drift, 3 RPS scaling, "
                         "4 training (rows 4 and 5), 6 the regime map; default all")
@@ -367,16 +416,20 @@ def add_commands(sub) -> None:
                        help="lossy all-reduce, RPS and gloo side by side under loss")
     p.add_argument("--cluster", help="use this cluster (default: build a local one)")
     p.add_argument("--hosts", type=int, default=4, help="hosts of the local cluster")
-    p.add_argument("--mtu", type=int, default=9000, help="MTU of the local cluster")
-    p.add_argument("--sizes", type=float, nargs="+", default=[1, 4, 16, 64], metavar="MIB")
+    p.add_argument("--mtu", type=int, default=9000,
+                   help="MTU of the local cluster (jumbo frames, where a data plane is judged "
+                        "against the wire; bench trains at 1500)")
+    p.add_argument("--sizes", type=float, nargs="+", default=[1, 4, 16, 64], metavar="MIB",
+                   help="tensor sizes in MiB")
     p.add_argument("--loss", type=float, nargs="+", default=[0, 0.01, 0.1],
                    help="loss rates as fractions (0.1 = 10%%)")
-    p.add_argument("--profiles", nargs="+", default=["random-loss", "burst-loss"])
+    p.add_argument("--profiles", nargs="+", default=["random-loss", "burst-loss"],
+                   help="profiles whose one loss rate --loss sets")
     p.add_argument("--algorithms", nargs="+",
                    default=["reliable", "zero_fill", "unbiased", "rescale", "rps"],
                    help="reliable (gloo's all-reduce), zero_fill, unbiased (received mean), "
                         "rescale (1/(1-p)), rps; each optionally @TRANSPORT")
-    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--iters", type=int, default=10, help="timed all-reduces per size")
     p.add_argument("--align-every", type=int, default=0, metavar="N",
                    help="the lossy collectives' ranks meet in the store every N-th step "
                         "before it starts (default 0: at the first only, as training does; "

@@ -34,13 +34,43 @@ def cluster_of(args):
     return clusters.load(getattr(args, "cluster", None))
 
 
-def add_inventory(p) -> None:
+def add_inventory(p, impairs: bool = True) -> None:
+    """--inventory, and where the command applies an impairment (impairs) the options that
+    act on it: --lease-s and --force-interface (elsewhere they would mean nothing)."""
     p.add_argument("--inventory", metavar="FILE",
                    help="real hosts from an (Ansible-format) inventory, over SSH")
+    if not impairs:
+        p.set_defaults(lease_s=120.0, force_interface=False)
+        return
     p.add_argument("--lease-s", type=float, default=120.0,
-                   help="remote hosts revert the impairment after this long without renewal")
+                   help="remote hosts revert the impairment after this long (seconds) "
+                        "without renewal")
     p.add_argument("--force-interface", action="store_true",
                    help="impair an interface even if it carries the default route or SSH")
+
+
+class DefaultsShown(argparse.HelpFormatter):
+    """--help says every option's default, where its help text does not already."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or default in (None, False, argparse.SUPPRESS)
+                or isinstance(action, (argparse._HelpAction, argparse._StoreTrueAction))
+                or "default" in text.lower()):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, list) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})".strip()
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every command's --help with its defaults (DefaultsShown)."""
+    parser.formatter_class = DefaultsShown
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                show_defaults(sub)
+    return parser
 
 
 def _cmd_up(args) -> int:
@@ -132,7 +162,8 @@ def _cmd_apply(args) -> int:
     from testbed import profiles
     from testbed.impair import engine
 
-    profile = profiles.load(args.profile, args.set or [])
+    check_fraction("--loss", args.loss)
+    profile = profiles.load(args.profile, args.set or [], loss=args.loss)
     cluster = cluster_of(args)
     only = [h for item in args.only or [] for h in item.split(",") if h]
     the_plan, choice = engine.make_plan(cluster, profile, backend=args.backend, only=only)
@@ -252,7 +283,7 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     p.add_argument("--subnet", help="IPv4 CIDR for host addresses (default: a free 10.201.x.0/24)")
     p.add_argument("--ssh", action="store_true", help="run sshd on each host's address")
     p.add_argument("--kind", choices=["netns", "vm"], default="netns",
-                   help="netns: namespaces on this kernel (default); vm: qemu VMs with the "
+                   help="netns: namespaces on this kernel; vm: qemu VMs with the "
                         "distribution's kernel (netem, IFB, Soft-RoCE)")
     p.add_argument("--rdma", action="store_true", help="VM hosts: a Soft-RoCE device each")
     p.add_argument("--memory-mb", type=int, default=768, help="VM hosts: memory per VM")
@@ -266,7 +297,7 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="show a cluster's hosts as the kernel reports them")
     p.add_argument("name", nargs="?", metavar="NAME", help="default: the only cluster up")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    add_inventory(p)
+    add_inventory(p, impairs=False)
     p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("exec", help="run a command inside a host")
@@ -278,7 +309,10 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     p.add_argument("profile", metavar="PROFILE", help="a name in netem_profiles/ or a path")
     p.add_argument("--cluster", help="default: the only cluster up")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a profile field, e.g. --set loss_pct=10 (repeatable)")
+                   help="override a profile field, e.g. --set delay_ms=5 (repeatable)")
+    p.add_argument("--loss", type=float, default=0.0,
+                   help="every path's loss rate as a fraction, 0.1 = 10%% (default 0: the "
+                        "profile's own)")
     p.add_argument("--only", action="append", metavar="H1,H2",
                    help="impair only at these hosts (default: all)")
     p.add_argument("--backend", choices=["netem", "bpf", "nft"],
@@ -290,19 +324,19 @@ def build_parser(more=()) -> argparse.ArgumentParser:
 
     p = sub.add_parser("clear", help="remove the impairment from every host")
     p.add_argument("--cluster", help="default: the only cluster up")
-    add_inventory(p)
+    add_inventory(p, impairs=False)
     p.set_defaults(func=_cmd_clear)
 
     p = sub.add_parser("show", help="show the profile applied now")
     p.add_argument("--cluster", help="default: the only cluster up")
-    add_inventory(p)
-    p.add_argument("--json", action="store_true")
+    add_inventory(p, impairs=False)
+    p.add_argument("--json", action="store_true", help="the applied plan as JSON")
     p.set_defaults(func=_cmd_show)
 
     p = sub.add_parser("verify", help="measure the applied loss from the kernel's counters")
     p.add_argument("--cluster", help="default: the only cluster up")
-    add_inventory(p)
-    p.add_argument("--json", action="store_true")
+    add_inventory(p, impairs=False)
+    p.add_argument("--json", action="store_true", help="the per-path report as JSON")
     p.set_defaults(func=_cmd_verify)
     p = sub.add_parser(
         "doctor", help="check every host for what a run needs, with the fix for what is missing",
@@ -338,7 +372,8 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("renew", help="renew the impairment lease on remote hosts")
-    p.add_argument("--inventory", metavar="FILE", required=True)
+    p.add_argument("--inventory", metavar="FILE", required=True,
+                   help="the hosts, as apply --inventory was given them")
     p.set_defaults(func=_cmd_renew, lease_s=120.0, force_interface=False)
 
     p = sub.add_parser("inventory", help="print an inventory of a local --ssh cluster")
@@ -347,7 +382,7 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     for add in more:
         add(sub)
 
-    return parser
+    return show_defaults(parser)
 
 
 _MAIN_PID = os.getpid()
@@ -362,6 +397,16 @@ def _raise_interrupt(signum, frame):
         os.kill(os.getpid(), signal.SIGTERM)
         return
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def check_fraction(option: str, *values: float) -> None:
+    """A loss rate as every command takes it: a fraction in [0, 1) (0.1 = 10%)."""
+    for value in values:
+        if not 0 <= value < 1:
+            raise UsageError(option, f"{value:g} is not a fraction in [0, 1)",
+                             f"{option} is a fraction: {option} 0.1 means 10%"
+                             + (f"; for {value:g}% write {option} {value / 100:g}"
+                                if 1 <= value < 100 else ""))
 
 
 def _check_arguments(args) -> None:

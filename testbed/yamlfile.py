@@ -92,7 +92,7 @@ def parse(text: str) -> Any:
     except yaml.YAMLError as err:
         if "recursive node" in str(err):
             raise YamlInputError(_SELF_REFERENCE) from None
-        raise YamlInputError(f"it is not valid YAML: {_one_line(err)}") from None
+        raise YamlInputError(f"it is not valid YAML: {_where(err, text)}") from None
     except (ValueError, TypeError, OverflowError) as err:  # e.g. an unhashable key
         raise YamlInputError(f"it is not usable YAML: {err}") from None
     check_shape(data)
@@ -120,6 +120,20 @@ def check_shape(data: Any) -> None:
             children = (list(value.keys()) + list(value.values()) if isinstance(value, dict)
                         else value)
             stack.extend((child, depth + 1, inner) for child in children)
+
+
+def _where(err: yaml.YAMLError, text: str) -> str:
+    """The syntax error at its line and column, with that line and a caret under it."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is None or problem is None:
+        return _one_line(err)
+    lines = text.splitlines()
+    shown = lines[mark.line] if mark.line < len(lines) else ""
+    context = getattr(err, "context", None)
+    return (f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+            + (f" ({context})" if context else "") + f"\n    {shown[:200]}\n    "
+            + " " * min(mark.column, 200) + "^")
 
 
 def _one_line(err: yaml.YAMLError) -> str:

@@ -34,7 +34,6 @@ from harness.bench import stability
 from harness.collectives.lossy import LOSSY_STAGES
 from harness.model import presets
 from harness.train.config import VARIANTS, TrainConfig
-from harness.train.run import Run
 from harness.transport.semantics import Semantics
 from testbed import profiles
 from testbed.errors import UsageError
@@ -256,6 +255,8 @@ class BenchRun:
 
     def train_run(self):
         """The run as training takes it: its loss and seed typed (profiles.load)."""
+        from harness.train.run import Run  # (torch: not for parsing a command line)
+
         lossy = self.loss > 0
         return Run(self.cfg, self.profile, loss=self.loss,
                    loss_seed=self.loss_seed if lossy else None, isolated=self.isolated)

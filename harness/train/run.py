@@ -112,9 +112,10 @@ class Run:
 
 
 def train(cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str] = (),
-          out_dir: Path | None = None, echo=print, isolated: bool = False) -> dict:
-    return train_runs(cluster, [Run(cfg, profile_name, tuple(sets), isolated=isolated)],
-                      out_dir, echo)[0]
+          out_dir: Path | None = None, echo=print, isolated: bool = False,
+          loss: float = 0.0) -> dict:
+    return train_runs(cluster, [Run(cfg, profile_name, tuple(sets), loss=loss,
+                                    isolated=isolated)], out_dir, echo)[0]
 
 
 def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
@@ -202,6 +203,8 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
     keeper = (lease.Keeper(cluster, cluster.lease_s / 3) if cluster.lease_s is not None
               else contextlib.nullcontext())
     transport_env = launch.transport_env(plans[runs[0].network][0].profile)
+    # files only where this controller reads them (harness.train.worker.WRITES_FILES)
+    transport_env["LOSSBED_WORK_LOCAL"] = "1" if cluster.shares_this_machine else "0"
     # One key per launch: unless every run's profile says the network is isolated
     authenticate = not all(plan.profile.isolated for plan, _ in plans.values())
     try:

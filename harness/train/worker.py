@@ -65,6 +65,12 @@ def wrap(cfg: TrainConfig, model, r):
     return ddp, optimizer, optimizer
 
 
+# Ranks write their files (metrics, rank 0's parameters) only where the controller reads
+# them: on its own machine. A remote or VM host gets everything through stdout and keeps
+# nothing on its disk (harness.train.run sets it).
+WRITES_FILES = os.environ.get("LOSSBED_WORK_LOCAL", "1") == "1"
+
+
 # The first steps of a run are slow for reasons of their own (lazy initialisation, caches,
 # the collectives' adaptive deadlines learning the path): their times are reported apart,
 # not in the step and collective percentiles.
@@ -171,8 +177,9 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "tokens": cfg.steps * cfg.batch * cfg.seq_len,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"rank{r.rank}.json").write_text(json.dumps(metrics))
+    if WRITES_FILES:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"rank{r.rank}.json").write_text(json.dumps(metrics))
     # ... and on stdout, which the controller always gets: a host's folders may not be the
     # controller's (a VM writes into its own memory; a cluster may share no file system)
     print(json.dumps({"rank_metrics": metrics}), flush=True)
@@ -184,7 +191,8 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
     if result is None:
         return None
     own = models.flat(model)
-    torch.save(own, out_dir / "rank0_params.pt")
+    if WRITES_FILES:
+        torch.save(own, out_dir / "rank0_params.pt")
     result.update(parameters=sum(p.numel() for p in model.parameters()), corpus=source,
                   corpus_sha=corpus.corpus_sha, split_sha=corpus.split_sha,
                   heldout_windows=len(corpus.heldout), heldout_dropped=corpus.heldout_dropped,

@@ -237,8 +237,12 @@ def from_inventory(path: str, lease_s: float = 120.0, force_interface: bool = Fa
     entries = inventory.load(path)
     mtus = {e.lossbed_mtu for e in entries.values()}
     if len(mtus) > 1:
-        raise UsageError("--inventory", f"hosts disagree on lossbed_mtu ({sorted(mtus)})",
-                         "Give one MTU for the data plane")
+        by_mtu = {m: sorted(n for n, e in entries.items() if e.lossbed_mtu == m)
+                  for m in sorted(mtus)}
+        said = "; ".join(f"{m}: {', '.join(names)}" for m, names in by_mtu.items())
+        raise UsageError("--inventory", f"hosts disagree on lossbed_mtu ({said})",
+                         "Give every host the data plane's one MTU (lossbed_mtu under "
+                         "all: vars)")
     hosts = [RemoteHost(name=n, address=e.lossbed_address, ifname=e.lossbed_interface,
                         ssh_host=e.ansible_host, ssh_port=e.ansible_port,
                         ssh_user=e.ansible_user, key_file=e.ansible_ssh_private_key_file,

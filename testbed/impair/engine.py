@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from testbed.errors import LossbedError, UsageError
 from testbed.impair import features, plan
@@ -198,3 +200,36 @@ def _write(cluster, record: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
+
+
+def netem_on_this_kernel() -> str | None:
+    """None if this machine's kernel may have sch_netem (loaded, built in, or a module file
+    of it), else why not: read from /proc and /lib/modules, nothing created."""
+    release = os.uname().release
+    if Path("/sys/module/sch_netem").exists():
+        return None
+    modules = Path("/lib/modules") / release
+    builtin = modules / "modules.builtin"
+    if builtin.is_file() and "sch_netem" in builtin.read_text(errors="replace"):
+        return None
+    if any(modules.glob("kernel/net/sched/sch_netem.ko*")):
+        return None
+    return f"this machine's kernel ({release}) has no sch_netem"
+
+
+def refuse_for_this_kernel(profile: Profile, hosts: int) -> None:
+    """For namespace hosts about to be built on this machine: refuse a profile only netem
+    can apply when this kernel has no netem, before anything is built (the full probe,
+    which creates a qdisc, runs once the hosts exist)."""
+    from types import SimpleNamespace
+
+    why = netem_on_this_kernel()
+    if why is None:
+        return
+    names = [SimpleNamespace(name=f"h{i + 1}") for i in range(max(2, hosts))]
+    try:
+        choose(profile, names, {"netem": why})
+    except LossbedError as err:
+        raise UsageError("--profile", str(err), "Run it on VM hosts (lossbed up --kind vm, "
+                         "then --cluster NAME), or give a profile of loss alone "
+                         "(random-loss, burst-loss)") from None

@@ -4,6 +4,7 @@ overrides, validated, with errors that name the file, the field path and the fix
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from testbed import yamlfile
 from testbed.errors import UsageError
 from testbed.profiles import model
 
+log = logging.getLogger(__name__)
 PROFILES_DIR_ENV = "LOSSBED_PROFILES_DIR"
 LOSS_FIELDS = {
     name for cls in (model.Bernoulli, model.GilbertElliott, model.FourState)
@@ -137,6 +139,10 @@ def apply_override(data: dict, item: str) -> None:
                              "Set the whole value instead")
         node = child
     node[path[-1]] = value
+    if path[-1] == "loss_pct" and isinstance(value, int | float) and 0 < value < 1:
+        log.warning("loss_pct=%g is %g%% (loss_pct is a percent, as in profile files); a "
+                    "loss of %g%% is --loss %g. Taken as %g%%", value, value, value * 100,
+                    value, value)
 
 
 _LOSS_TAGS = {"bernoulli": model.Bernoulli, "gilbert_elliott": model.GilbertElliott,
@@ -208,9 +214,18 @@ def _explain(error: dict) -> str:
         return f"{where}: unknown key {key!r}{hint}"
     if kind in ("float_parsing", "int_parsing", "float_type", "int_type"):
         fix = ""
-        if isinstance(given, str) and any(ch.isalpha() for ch in given):
+        if isinstance(given, str) and given.strip().endswith("%"):
+            number = given.strip().rstrip("%").strip()
+            fix = f" Write {number}: the field is already a percent (_pct)"
+        elif isinstance(given, str) and any(ch.isalpha() for ch in given):
             fix = " Write the number alone: the unit is in the field name"
         return f"{where}: expected a number, got {_short(given)}.{fix}"
+    if error["loc"][-1:] == ("loss",) and isinstance(given, int | float) and not isinstance(
+            given, bool):
+        return (f"{where}: a loss model, not a number (got {_short(given)}). Write "
+                f"loss: {{model: bernoulli, loss_pct: {_pct_of(given)}}} (loss_pct is a "
+                f"percent), or keep the profile's model and give --loss {_fraction_of(given)} "
+                "on the command line (a fraction)")
     message = error["msg"].removeprefix("Value error, ")
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         field = str(error["loc"][-1])
@@ -223,6 +238,15 @@ def _explain(error: dict) -> str:
                                       "literal_error"):
         return f"{where}: {message} (got {_short(given)})"
     return f"{where}: {message}"
+
+
+def _pct_of(value: float) -> str:
+    """What a bare loss number most likely meant, as loss_pct: a fraction below 1."""
+    return f"{value * 100:g}" if 0 < value < 1 else f"{value:g}"
+
+
+def _fraction_of(value: float) -> str:
+    return f"{value:g}" if 0 < value < 1 else f"{value / 100:g}"
 
 
 def _short(value) -> str:

@@ -223,6 +223,11 @@ def test_the_nightly_workflow_commands_run_with_a_tiny_matrix(cluster, inventory
     left = processes_in_namespaces([h.namespace for h in cluster.hosts])
     assert not [p for pids in left.values() for p in pids
                 if "train.worker" in open(f"/proc/{p}/cmdline").read()]
+    # ... and no file on their disks: the ranks' metrics came over stdout, and rank 0's
+    # parameters stayed in memory (these hosts share this file system, so it would show)
+    written = [p.name for p in (tmp_path / "results").rglob("*")
+               if p.name == "rank0_params.pt" or p.name.startswith("rank")]
+    assert written == []
 
 
 def test_doctor_examines_every_host_over_ssh(cluster, inventory):

@@ -71,9 +71,20 @@ def test_report_refuses_what_cannot_be_written():
         job.report(model=torch.nn.Linear(1, 1))
 
 
-def test_the_gradients_stay_local_under_the_no_communication_hook():
-    class Bucket:
-        def buffer(self):
-            return torch.arange(4.0)
+def test_the_gradients_stay_local_where_lossbed_reduces_them_itself(monkeypatch):
+    """bounded_drift and rps turn DDP's own reduction off (as no_sync does, for good): a
+    backward leaves each rank's gradients as they are. (A one-rank gloo group in a file.)"""
+    import tempfile
 
-    assert torch.equal(lossbed._local_gradients_hook(None, Bucket()).wait(), torch.arange(4.0))
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    with tempfile.NamedTemporaryFile() as f:
+        dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
+        try:
+            model = DDP(torch.nn.Linear(3, 1))
+            lossbed._keep_gradients_local(model)
+            model(torch.ones(2, 3)).sum().backward()
+            assert torch.equal(model.module.weight.grad, torch.full((1, 3), 2.0))
+            assert model.require_backward_grad_sync is False
+        finally:
+            dist.destroy_process_group()

@@ -30,7 +30,8 @@ def no_cluster_is_built(monkeypatch):
     (["train", "--cluster", "nosuch", "--lr", "nan"], ["--lr"]),
     (["train", "--inventory", "x.yml", "--lease-s", "0"], ["--lease-s", "positive"]),
     (["apply", "clean", "--inventory", "x.yml", "--lease-s", "-5"], ["--lease-s"]),
-    (["clear", "--inventory", "x.yml", "--lease-s", "nan"], ["--lease-s"]),
+    (["run", "--inventory", "x.yml", "--lease-s", "nan", "--", "torchrun", "x.py"],
+     ["--lease-s"]),
     (["bench", "--hosts", "1"], ["--hosts"]),
     (["bench", "--loss", "10"], ["--loss", "fraction"]),
 ])

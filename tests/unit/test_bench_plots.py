@@ -33,7 +33,8 @@ def test_every_loss_curve_of_a_bench_has_a_label_of_its_own():
     spec = BenchSpec(stability=True, seeds=2, steps=10)
     records = [{"variant": c.variant, "loss": c.loss, "seed": c.cfg.seed, "role": c.role,
                 "loss_seed": c.loss_seed, "losses": [3.0, 2.0]} for c in spec.cases()]
-    curves = loss_curves(records, 0.1)
+    # (the short speed runs are drawn on a plot of their own: both plots together)
+    curves = loss_curves(records, 0.1) + loss_curves(records, 0.1, speed=True)
     labels = [label for label, _ in curves]
     shown = [r for r in records if r["seed"] == 0 and (r["loss"] == 0.1 or (
         r["variant"] == "reliable" and r["loss"] == 0))]

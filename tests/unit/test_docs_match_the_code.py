@@ -1,5 +1,7 @@
-"""The README says what the code does: every option of every command, every LOSSBED_*
-variable the code reads, every file it points at, and no placeholder left in it."""
+"""The README and docs/ say what the code does: every option of every command, every
+LOSSBED_* variable the code reads, every file they point at, and no placeholder left in them.
+The README stays a user's document (short; history in docs/results.md), and the generated
+reference pages stay equal to what the parsers and the profile models say."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ from pathlib import Path
 from harness import cli
 
 REPO = Path(__file__).resolve().parents[2]
-README = (REPO / "README.md").read_text()
+README_ALONE = (REPO / "README.md").read_text()
+DOCS = sorted((REPO / "docs").rglob("*.md"))
+# what the checks below read: the README and every page of docs/ (each starts a section)
+README = "\n\n".join([README_ALONE, *(p.read_text() for p in DOCS)])
 
 
 def _sections(text: str) -> list[str]:
@@ -167,3 +172,38 @@ def test_every_figure_the_readme_quotes_names_what_prints_it():
     assert unsourced_figures(planted) == ["The core seals a datagram in 3.1 µs."]
     sourced = planted.replace("3.1 µs.", "3.1 µs (`tests/benchmarks/bench_wire.py`).")
     assert unsourced_figures(sourced) == []
+
+
+def test_the_readme_is_a_users_document():
+    """Short, and the measurement history lives in docs/results.md: a README that names
+    commits all over is a lab notebook again."""
+    lines = README_ALONE.splitlines()
+    assert len(lines) <= 250, len(lines)
+    commits = set(re.findall(r"\b[0-9a-f]{7}\b", README_ALONE))
+    assert len(commits) <= 2, commits  # the headline results' commit (and the sample's)
+    assert "SAMPLE_" not in README_ALONE
+    for page in ("docs/concepts.md", "docs/guides/one-machine.md", "docs/guides/gpu-cluster.md",
+                 "docs/guides/your-training.md", "docs/reference/cli.md",
+                 "docs/reference/profiles.md", "docs/reference/environment.md",
+                 "docs/reference/outputs.md", "docs/explanation/methodology.md",
+                 "docs/explanation/threat-model.md", "docs/explanation/data-plane.md",
+                 "docs/results.md"):
+        assert (REPO / page).is_file() and f"]({page})" in README_ALONE, page
+
+
+def test_the_generated_reference_pages_are_current():
+    from tests import docs_reference
+
+    assert docs_reference.CLI_PAGE.read_text() == docs_reference.cli_page(), \
+        "docs/reference/cli.md is stale: python -m tests.docs_reference"
+    assert docs_reference.PROFILES_PAGE.read_text() == docs_reference.profiles_page(), \
+        "docs/reference/profiles.md is stale: python -m tests.docs_reference"
+
+
+def test_every_link_between_the_documents_resolves():
+    broken = []
+    for page in [REPO / "README.md", *DOCS]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not target.startswith("http") and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(REPO)} -> {target}")
+    assert broken == []

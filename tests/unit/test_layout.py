@@ -124,7 +124,8 @@ def test_one_entry_point_has_every_command_and_testbed_alone_has_its_own():
 
     network = {"up", "down", "status", "exec", "apply", "clear", "show", "verify", "renew",
                "inventory", "doctor"}
-    experiment = {"train", "bench", "reproduce", "compare", "collective-bench", "run"}
+    experiment = {"train", "bench", "reproduce", "compare", "collective-bench", "run",
+                  "report"}
     assert commands(testbed_cli.build_parser()) == network
     assert commands(testbed_cli.build_parser([cli.add_commands])) == network | experiment
     toml = (REPO / "pyproject.toml").read_text()
