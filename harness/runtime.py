@@ -67,9 +67,9 @@ class Rank:
         failing = sys.exc_info()[0] is not None
         # A peer may still need this rank's transports: under RC semantics it waits for the
         # acknowledgement of its last datagrams, which only a running transport sends again
-        # when the first was lost. CI saw a rank give up after 60 s because its peer had
-        # finished and closed. So transports close once every rank is done (a failing rank
-        # says it is done, and waits for nobody).
+        # when the first was lost, and a peer that finished and closed would leave it to
+        # give up after its timeout. So transports close once every rank is done (a
+        # failing rank says it is done, and waits for nobody).
         self._wait_for_all("lossbed/done", 0.0 if failing else CLOSE_WAIT_S)
         self.transport.close()
         for other in (self.others or {}).values():

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -41,6 +42,7 @@ OURS = ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--no
         "--local_addr")
 IMPAIR_FROM = ("joined", "start")
 GRACE_S = 30.0  # how long the other hosts get to notice a failed one and say why
+STOP_GRACE_S = 20.0  # how long torchrun gets to stop its workers before it is killed
 
 
 @dataclass
@@ -217,11 +219,7 @@ def run(cluster, spec: RunSpec, echo=print) -> int:
         echo("[run] interrupted: stopping the job and clearing the impairment")
         code = 130
     finally:
-        for p in procs:
-            if p.poll() is None:
-                launch._kill(p)
-        for p in procs:
-            p.wait()
+        _stop(procs)
         for t in threads:
             t.join(5)
         if applied:  # the kernel's count of the impaired part, before it is cleared
@@ -238,6 +236,26 @@ def run(cluster, spec: RunSpec, echo=print) -> int:
     echo(f"[run] exit {code}; measured loss {_pct(summary['measured_loss'])}, "
          f"missing {_pct(summary['missing_fraction'])}; report in {out}/summary.json")
     return code
+
+
+def _stop(procs) -> None:
+    """Every torchrun still running: SIGTERM first (torchrun stops its workers, which live
+    in sessions of their own, then exits), SIGKILL to what is left after STOP_GRACE_S."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        if isinstance(p, subprocess.Popen):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        else:  # a remote host's guard: it stops its process group itself
+            launch._kill(p)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while any(p.poll() is None for p in running) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for p in running:
+        if p.poll() is None:
+            launch._kill(p)
+    for p in procs:
+        p.wait()
 
 
 def _pump(stream, job: _Job, sink) -> None:

@@ -56,8 +56,8 @@ class StepAlignment:
         prefix, ceiling = self.key_prefix, self.deadline.ceiling_s
         patience = 3 * ceiling
         if not self.aligned_once or self.gloo_every_step:
-            # CI saw 6+ s at 30% loss from setup, and a rank declared lost at 10% while its
-            # peer waited out a retransmission in a gloo stage (0.2 + ... + 3.2 s of backoff)
+            # TCP's backoff under loss holds a rank for seconds: five losses of one segment
+            # in a row are 0.2 + 0.4 + ... + 3.2 s, and that rank is late, not lost
             patience = max(patience, SETUP_PATIENCE_S)
         round_, arrived = None, None
         try:

@@ -116,9 +116,9 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
     model.to(device)
     module, optimizer, timing = wrap(cfg, model, r)
     # DDP's construction broadcast rank 0's parameters over gloo (TCP). A real job does that
-    # once, before training; here every run of a launch does it again, and under a run's
-    # 30% profile TCP's backoff held ranks in it for over 60 s (CI). So the profile comes
-    # after it: the run's impairment starts with its training.
+    # once, before training; here every run of a launch does it again, and under a heavy
+    # profile TCP's backoff holds ranks in it for a minute. So the profile comes after it:
+    # the run's impairment starts with its training.
     ready()
     step_us, warmup_us, per_step = Histogram(), [], []
     losses = []

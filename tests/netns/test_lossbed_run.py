@@ -130,3 +130,31 @@ def test_print_writes_each_hosts_torchrun(cluster, tmp_path):
         assert f"is_host={1 if i == 0 else 0}" in line
         assert "torch.distributed.run" in line and "LOSSBED_KEY=" in line
     assert engine.read_record(cluster) is None
+
+
+def test_ctrl_c_stops_the_job_and_clears_the_impairment(cluster, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import with_repo_on_path
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "run", "--cluster", cluster.name, "--profile",
+         "random-loss", "--loss", str(LOSS), "--out", str(tmp_path / "stopped"), "--",
+         "torchrun", str(REPO / "examples/plain_pytorch.py"), "--steps", "100000"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": with_repo_on_path()},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    for line in proc.stderr:  # until the profile is on and the job trains under it
+        if "applied" in line or time.monotonic() > deadline:
+            break
+    assert engine.read_record(cluster) is not None, "the profile was never applied"
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, rest[-2000:]
+    assert "interrupted" in rest
+    assert json.loads((tmp_path / "stopped" / "summary.json").read_text())["exit_code"] == 130
+    assert_nothing_left(cluster)
