@@ -41,6 +41,7 @@ OURS = ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--no
         "--master_addr", "--master-port", "--master_port", "--standalone", "--local-addr",
         "--local_addr")
 IMPAIR_FROM = ("joined", "start")
+JOB_ENV = "LOSSBED_JOB"  # the job's id, in every process of it (found by it at the end)
 GRACE_S = 30.0  # how long the other hosts get to notice a failed one and say why
 STOP_GRACE_S = 20.0  # how long torchrun gets to stop its workers before it is killed
 
@@ -136,7 +137,7 @@ def commands(cluster, spec: RunSpec, job_id: str, key: str | None, gate: str | N
                 "--rdzv-id", job_id, "--rdzv-conf", f"is_host={1 if i == 0 else 0}",
                 "--local-addr", host.address, "--max-restarts", "0",
                 *torchrun_options, *script]
-        env = {"LOSSBED_ADDRESS": host.address, "LOSSBED_MTU": str(cluster.mtu),
+        env = {JOB_ENV: job_id, "LOSSBED_ADDRESS": host.address, "LOSSBED_MTU": str(cluster.mtu),
                "LOSSBED_TRANSPORT": spec.transport, "LOSSBED_HOST": host.name,
                "GLOO_SOCKET_IFNAME": host.ifname, "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(getattr(host, "project", launch.PROJECT_ROOT)),
@@ -220,6 +221,7 @@ def run(cluster, spec: RunSpec, echo=print) -> int:
         code = 130
     finally:
         _stop(procs)
+        _kill_left_behind(cluster, job_id)
         for t in threads:
             t.join(5)
         if applied:  # the kernel's count of the impaired part, before it is cleared
@@ -256,6 +258,32 @@ def _stop(procs) -> None:
             launch._kill(p)
     for p in procs:
         p.wait()
+
+
+# What finds the job's processes on a host by their environment (JOB_ENV=the job's id, which
+# no other process has): torchrun's workers live in sessions of their own and outlive a
+# torchrun that was killed before it stopped them. Never a match on command lines.
+_KILL_BY_ENVIRONMENT = """
+import os, signal, sys
+mark = b"\\0" + ("%s=" + sys.argv[1]).encode() + b"\\0"
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if mark in b"\\0" + f.read() + b"\\0" and int(pid) != os.getpid():
+                os.kill(int(pid), signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+"""
+
+
+def _kill_left_behind(cluster, job_id: str) -> None:
+    """SIGKILL any process of this job still alive on any host (a worker whose torchrun was
+    killed before it could stop it)."""
+    script = _KILL_BY_ENVIRONMENT % JOB_ENV
+    hosts = cluster.hosts[:1] if cluster.shares_this_machine else cluster.hosts
+    for host in hosts:  # (namespace hosts share this machine's process table: once)
+        with contextlib.suppress(Exception):
+            host.run([cluster.rank_python(host), "-c", script, job_id], timeout=60)
 
 
 def _pump(stream, job: _Job, sink) -> None:

@@ -133,6 +133,8 @@ def test_print_writes_each_hosts_torchrun(cluster, tmp_path):
 
 
 def test_ctrl_c_stops_the_job_and_clears_the_impairment(cluster, tmp_path):
+    """Even workers that ignore SIGTERM (torchrun's way to stop them) are gone: torchrun is
+    killed after its grace, and what it left is found by the job's id."""
     import signal
     import subprocess
     import sys
@@ -140,10 +142,16 @@ def test_ctrl_c_stops_the_job_and_clears_the_impairment(cluster, tmp_path):
 
     from tests.helpers import with_repo_on_path
 
+    stubborn = tmp_path / "stubborn.py"
+    stubborn.write_text(
+        "import runpy, signal, sys\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"sys.argv = [{str(REPO / 'examples/plain_pytorch.py')!r}, '--steps', '100000']\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness.cli", "run", "--cluster", cluster.name, "--profile",
          "random-loss", "--loss", str(LOSS), "--out", str(tmp_path / "stopped"), "--",
-         "torchrun", str(REPO / "examples/plain_pytorch.py"), "--steps", "100000"],
+         "torchrun", str(stubborn)],
         cwd=REPO, env={**os.environ, "PYTHONPATH": with_repo_on_path()},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
