@@ -41,11 +41,17 @@ MASTER_PORT, and lossbed's (which `lossbed run` sets on every host):
 What each rank measures (step and collective times, packets sent, missing and late, stages
 ended by their deadline) goes to LOSSBED_METRICS_DIR (or metrics_dir) at exit, and to stdout
 as one JSON line that `lossbed run` gathers into its report.
+
+Joining moves what the script made so far out of the garbage collector's scans (gc.freeze),
+as lossbed's own ranks do: a full collection of torch and a model stops a rank for tens of
+milliseconds, and its peers count the stop as loss. The metrics say how many full
+collections still ran during the job.
 """
 
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import socket
@@ -97,6 +103,7 @@ class Job:
     def __init__(self, options: Options | None = None):
         import torch.distributed as dist
 
+        from harness.runtime import keep_startup_out_of_collector
         from harness.transport.auth import key_from_environment
         from harness.transport.dropmask import parse_drop_mask
         from harness.transport.udp import UdpTransport
@@ -136,6 +143,7 @@ class Job:
             segmentation=os.environ.get("LOSSBED_UDP_SEGMENTATION") == "1",
             key_prefix="lossbed/api/udp", key=key if options.sealed else None)
         self.metrics_dir = options.metrics_dir or os.environ.get(METRICS_DIR_ENV)
+        keep_startup_out_of_collector()  # as lossbed's own ranks do (see there)
         self._begin(dict(align_every=options.align_every), owns_transport=True)
         if self.rank == 0:  # every rank's endpoints are exchanged: the job has joined
             print(json.dumps({JOINED_MARK: {"world": self.world}}), flush=True)
@@ -166,6 +174,7 @@ class Job:
         self._counted_from = self.transport.counters.to_dict()
         self._finished = False
         self._started = time.perf_counter()
+        self._full_collections_from = _full_collections()
 
     # ---- the baseline and the three schemes --------------------------------------------
 
@@ -281,7 +290,9 @@ class Job:
                 "step_us": step_us.to_dict(), "collective_us": collective_us.to_dict(),
                 "counters": {k: now[k] - self._counted_from[k] for k in now},
                 "collective_totals": totals, "transport": str(self.transport.semantics),
-                "authenticated": self.transport.authenticated, "script": dict(self._script)}
+                "authenticated": self.transport.authenticated, "script": dict(self._script),
+                "gc": {"frozen_objects": gc.get_freeze_count(),
+                       "full_collections": _full_collections() - self._full_collections_from}}
 
     def finish(self) -> None:
         """Send what the collectives still owe their peers, write this rank's metrics, close
@@ -355,6 +366,11 @@ finish.__doc__ = Job.finish.__doc__
 
 
 # ---- pieces ---------------------------------------------------------------------------------
+
+def _full_collections() -> int:
+    """The garbage collector's full (generation 2) collections in this process so far."""
+    return gc.get_stats()[2]["collections"]
+
 
 def _ddp(model, what: str):
     from torch.nn.parallel import DistributedDataParallel

@@ -120,13 +120,21 @@ def start(timeout_s: float = 60.0) -> Rank:
     key = key_from_environment()
     transport = make_transport(rank, world, address, store, semantics, mtu=mtu,
                                drop_mask=mask, segmentation=segmentation, key=key)
-    # Everything start-up made (torch's and lossbed's modules: ~170,000 objects) lives as
-    # long as the rank: out of the garbage collector with it. A full collection scans it
-    # all, tens of milliseconds, and a rank stopped for one stalls every peer's step (the
-    # all-reduce's tail: tests/unit/test_rank_startup.py).
-    gc.freeze()
+    keep_startup_out_of_collector()
     return Rank(rank, world, store, transport, address=address, mtu=mtu, drop_mask=mask,
                 segmentation=segmentation, key=key)
+
+
+def keep_startup_out_of_collector() -> int:
+    """Move everything made so far (torch's and lossbed's modules, a script's model: over
+    100,000 objects) out of the garbage collector's scans, as it lives as long as the rank;
+    how many objects that is. A full collection scans it all, tens of milliseconds to over
+    a hundred, and a rank stopped for one stalls every peer's step: under a lossy
+    collective's deadlines its packets come late and count as lost. Where such a collection
+    falls depends on what start-up left behind, so without this a benchmark's tail moves
+    with unrelated code (tests/unit/test_rank_startup.py)."""
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def make_transport(rank: int, world: int, address: str, store, semantics: Semantics, *,

@@ -75,6 +75,12 @@ def test_the_plain_pytorch_example_goes_lossy_under_lossbed_run(cluster, tmp_pat
     assert math.isfinite(summary["script"]["final_loss"])
     assert sorted(p.name for p in (tmp_path / "plain" / "ranks").iterdir()) == [
         "rank0.json", "rank1.json", "rank2.json"]
+    for rank_file in (tmp_path / "plain" / "ranks").iterdir():
+        # what the script made before it joined (torch alone: over 100,000 objects) is out
+        # of the collector's scans, as in lossbed's own ranks: a full collection of it
+        # stops a rank for tens of milliseconds, and its peers' lossy steps count the
+        # stop as loss
+        assert json.loads(rank_file.read_text())["gc"]["frozen_objects"] > 100_000
     assert_nothing_left(cluster)
 
 
