@@ -262,6 +262,11 @@ class Job:
 
     # ---- what it measured ---------------------------------------------------------------
 
+    def collective_timer(self):
+        """What holds the collective-time histogram (`collective_us`) of the model wrapped
+        last; None before any is."""
+        return self._timers[-1] if self._timers else None
+
     def report(self, **figures) -> None:
         """The script's own figures (its final loss, perplexity, accuracy, ...): kept in
         this rank's metrics; `lossbed run` puts rank 0's in its summary."""

@@ -50,6 +50,21 @@ def leftovers(name: str) -> dict:
 NOTHING = {"namespaces": [], "etc_netns": [], "state": False}
 
 
+def assert_job_left_nothing(cluster) -> None:
+    """After a job on a live cluster: its profile cleared, no lossbed nft table on any host,
+    no process left in the hosts' namespaces (the cluster itself stays)."""
+    from testbed.host.hosts import is_running, processes_in_namespaces
+    from testbed.impair import engine
+
+    assert engine.read_record(cluster) is None  # the profile was cleared
+    tables = [h.run(["nft", "list", "tables"]).stdout for h in cluster.hosts]
+    assert not any(b"lossbed" in t for t in tables)
+    namespaces = [h.namespace for h in cluster.hosts]
+    left = [p for pids in processes_in_namespaces(namespaces).values() for p in pids
+            if is_running(p)]
+    assert left == []
+
+
 def send_between_vms(cluster, count: int, rate_pps: int = 4000) -> dict:
     """h2 sends `count` numbered datagrams to h1; h1 counts them (both inside the VMs)."""
     h1, h2 = cluster.hosts

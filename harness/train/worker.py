@@ -52,11 +52,11 @@ def wrap(cfg: TrainConfig, model, r):
     if cfg.variant == "reliable":
         if not cfg.plain_ddp:
             job.reliable(ddp)
-        timer = job._timers[-1] if job._timers else ReliableTiming()
+        timer = job.collective_timer() or ReliableTiming()
         return ddp, optimizer_class(ddp.parameters(), **options), timer
     if cfg.variant in ("zero_fill", "unbiased"):
         job.lossy_gradients(ddp, cfg.variant)
-        return ddp, optimizer_class(ddp.parameters(), **options), job._timers[-1]
+        return ddp, optimizer_class(ddp.parameters(), **options), job.collective_timer()
     if cfg.variant == "unbiased_drift":
         optimizer = job.bounded_drift(ddp, optimizer_class, resync_every=cfg.resync_every,
                                       **options)

@@ -17,9 +17,9 @@ from harness.train import run
 from harness.train.config import TrainConfig
 from testbed import clusters
 from testbed.clusters import netns as netns_cluster
-from testbed.host.hosts import is_running, processes_in_namespaces
+from testbed.host.hosts import processes_in_namespaces
 from testbed.impair import engine
-from tests.helpers import REPO, lossbed, unique_name, untrained_ppl
+from tests.helpers import REPO, assert_job_left_nothing, lossbed, unique_name, untrained_ppl
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -183,13 +183,7 @@ def test_a_killed_rank_stops_the_run_clears_the_profile_and_leaves_no_process(cl
     err = "".join(stderr_lines) + err
     assert child.returncode != 0
     assert "training failed on rank" in err, err[-2000:]
-    assert engine.read_record(cluster) is None  # the profile was cleared
-    objects = [h.run(["nft", "list", "tables"]).stdout for h in cluster.hosts]
-    assert not any(b"lossbed" in o for o in objects)
-    namespaces = [h.namespace for h in cluster.hosts]
-    left = [p for pids in processes_in_namespaces(namespaces).values() for p in pids
-            if is_running(p)]
-    assert left == []
+    assert_job_left_nothing(cluster)
 
 
 @pytest.mark.parametrize("args,words", [

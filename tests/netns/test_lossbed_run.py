@@ -16,9 +16,8 @@ import pytest
 
 from testbed import clusters
 from testbed.clusters import netns as netns_cluster
-from testbed.host.hosts import is_running, processes_in_namespaces
 from testbed.impair import engine
-from tests.helpers import REPO, lossbed, unique_name
+from tests.helpers import REPO, assert_job_left_nothing, lossbed, unique_name
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 LOSS = 0.1
@@ -41,13 +40,7 @@ def run(cluster, out, *command: str, options=(), timeout: float = 600):
 
 
 def assert_nothing_left(cluster):
-    assert engine.read_record(cluster) is None  # the profile was cleared
-    tables = [h.run(["nft", "list", "tables"]).stdout for h in cluster.hosts]
-    assert not any(b"lossbed" in t for t in tables)
-    namespaces = [h.namespace for h in cluster.hosts]
-    left = [p for pids in processes_in_namespaces(namespaces).values() for p in pids
-            if is_running(p)]
-    assert left == []
+    assert_job_left_nothing(cluster)
     # (the gates of these tests' jobs: made after this module was loaded)
     assert not [p for p in Path("/tmp").glob("lossbed-*.gate")
                 if p.stat().st_mtime >= LOADED_AT]
