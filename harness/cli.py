@@ -192,7 +192,7 @@ def _cmd_run(args) -> int:
     spec = torchrun.RunSpec(command=command, profile=args.profile,
                             sets=tuple(args.set or ()), loss=args.loss,
                             transport=args.transport, impair_from=args.impair_from,
-                            unsealed=args.unsealed,
+                            unsealed=args.unsealed, grace_s=args.grace_s,
                             **({"out": Path(args.out)} if args.out else {}))
     spec.validate()  # bad input is refused before any cluster is touched
     cluster = cluster_of(args)
@@ -278,6 +278,7 @@ def _training_options(args) -> dict:
 def add_commands(sub) -> None:
     """Register the experiment commands on testbed's subparsers."""
     from harness.bench.spec import BenchSpec
+    from harness.launch import FAILURE_GRACE_S
     from harness.train.config import VARIANTS, TrainConfig
 
     p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
@@ -375,6 +376,9 @@ def add_commands(sub) -> None:
                         "before torchrun starts, for a script without harness.api "
                         "(default: joined)")
     p.add_argument("--out", help="report folder (default: results/run-TIME)")
+    p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S,
+                   help="once one host's torchrun failed, how long the others get to end "
+                        "by themselves (and say why) before they are stopped")
     p.add_argument("--print", action="store_true",
                    help="print each host's command instead of running them")
     _add_unsealed(p)

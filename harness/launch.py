@@ -120,6 +120,12 @@ def _kill(proc) -> None:
         proc.kill_group()
 
 
+# Once one rank (or host) failed, how long the others get to notice and say why before they
+# are stopped: a peer of a dead rank fails only at its next collective's timeout, and what
+# it says is often the clearest account of the failure.
+FAILURE_GRACE_S = 30.0
+
+
 def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
         extra_env: dict | None = None, echo_rank0=None, answer_rank0=None,
         authenticate: bool = True) -> list[RankResult]:
@@ -187,7 +193,7 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
             if failed:
                 # One rank failed: give the others the chance to notice and say why, then
                 # stop them.
-                grace = time.monotonic() + 30
+                grace = time.monotonic() + FAILURE_GRACE_S
                 while any(t.is_alive() for t in threads) and time.monotonic() < grace:
                     time.sleep(0.1)
                 break

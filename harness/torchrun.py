@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import signal
@@ -42,7 +43,7 @@ OURS = ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--no
         "--local_addr")
 IMPAIR_FROM = ("joined", "start")
 JOB_ENV = "LOSSBED_JOB"  # the job's id, in every process of it (found by it at the end)
-GRACE_S = 30.0  # how long the other hosts get to notice a failed one and say why
+GRACE_S = launch.FAILURE_GRACE_S  # the other hosts' time once one failed (--grace-s)
 STOP_GRACE_S = 20.0  # how long torchrun gets to stop its workers before it is killed
 
 
@@ -55,6 +56,7 @@ class RunSpec:
     transport: str = "udp"
     impair_from: str = "joined"
     unsealed: bool = False
+    grace_s: float = GRACE_S              # after one host's torchrun failed: the others' time
     out: Path = field(default_factory=lambda: Path(f"results/run-{time.strftime('%Y%m%d-%H%M%S')}"))
 
     def validate(self) -> tuple[list[str], list[str]]:
@@ -78,6 +80,10 @@ class RunSpec:
         if self.impair_from not in IMPAIR_FROM:
             raise UsageError("--impair-from", f"{self.impair_from!r}",
                              f"Use one of: {', '.join(IMPAIR_FROM)}")
+        if not (math.isfinite(self.grace_s) and self.grace_s >= 0):
+            raise UsageError("--grace-s", f"{self.grace_s} is not a number of seconds",
+                             f"e.g. --grace-s {GRACE_S:g}: how long the other hosts get "
+                             "to end by themselves once one host's torchrun failed")
         if not 0 <= self.loss < 1:
             raise UsageError("--loss", f"{self.loss} is not a fraction in [0, 1)",
                              "--loss 0.1 means 10%")
@@ -215,7 +221,8 @@ def run(cluster, spec: RunSpec, echo=print) -> int:
                     threads.append(t)
             echo(f"[run] torchrun on {len(hosts)} host(s), job {job_id}")
             code = _wait(procs, job, lambda: _on_joined(cluster, the_plan, choice, applied,
-                                                          hosts, gate, echo), gate)
+                                                          hosts, gate, echo), gate,
+                         spec.grace_s)
     except KeyboardInterrupt:
         echo("[run] interrupted: stopping the job and clearing the impairment")
         code = 130
@@ -305,8 +312,8 @@ def _on_joined(cluster, the_plan, choice, applied, hosts, gate, echo) -> None:
         hc.host.run(["touch", gate], check=True)
 
 
-def _wait(procs, job: _Job, on_joined, gate) -> int:
-    """Until every torchrun ended (one failed: the others get GRACE_S, then are stopped);
+def _wait(procs, job: _Job, on_joined, gate, grace_s: float) -> int:
+    """Until every torchrun ended (one failed: the others get grace_s, then are stopped);
     the profile applied when the job joins. The first non-zero exit code, else 0."""
     opened = gate is None
     failed_at = None
@@ -316,7 +323,7 @@ def _wait(procs, job: _Job, on_joined, gate) -> int:
             opened = True
         if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
             failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+        if failed_at is not None and time.monotonic() - failed_at > grace_s:
             break
         time.sleep(0.05)
     codes = [p.poll() for p in procs]

@@ -101,7 +101,9 @@ def test_a_script_that_fails_on_one_rank_ends_the_job_cleared_and_named(cluster,
         "    raise RuntimeError('rank one gives up')\n"
         "for _ in range(1000):\n"
         "    model(torch.ones(2, 4)).sum().backward()\n")
-    done, summary = run(cluster, tmp_path / "fails", str(script), timeout=300)
+    # (--grace-s 5: the other hosts are stopped 5 s after the failed one, not 30)
+    done, summary = run(cluster, tmp_path / "fails", str(script), options=("--grace-s", "5"),
+                        timeout=300)
     assert done.returncode != 0 and summary["exit_code"] == done.returncode
     assert {"rank": 1, "error": "RuntimeError: rank one gives up"} in summary["failed"]
     assert "rank one gives up" in done.stderr  # the job's own output, passed through

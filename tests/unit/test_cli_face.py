@@ -90,6 +90,8 @@ def lossbed_bare(*args: str) -> subprocess.CompletedProcess:
     (["apply", "random-loss", "--loss", "1.5"], "--loss", "fraction"),
     (["bench", "--hosts", "1"], "--hosts", "2 or more"),
     (["run", "--loss", "10", "--", "torchrun", "x.py"], "--loss", "--loss 0.1"),
+    (["run", "--grace-s", "-1", "--", "torchrun", "x.py"], "--grace-s", "--grace-s 30"),
+    (["run", "--grace-s", "nan", "--", "torchrun", "x.py"], "--grace-s", "--grace-s 30"),
 ])
 def test_bad_arguments_are_refused_before_torch_is_imported(args, option, fix):
     done = lossbed_bare(*args)
