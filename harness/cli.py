@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from harness.launch import FAILURE_GRACE_MEANS, FAILURE_GRACE_S
 from testbed import cli as testbed_cli
 from testbed import clusters
 from testbed.cli import add_inventory, cluster_of
@@ -55,6 +56,7 @@ def _cmd_collective_bench(args) -> int:
 
 def _cmd_train(args) -> int:
     testbed_cli.check_fraction("--loss", args.loss)  # (before torch is imported)
+    testbed_cli.check_seconds("--grace-s", args.grace_s, FAILURE_GRACE_S, FAILURE_GRACE_MEANS)
     from harness.train import run
     from harness.train.config import TrainConfig
 
@@ -73,7 +75,7 @@ def _cmd_train(args) -> int:
     run.check(cfg, cluster)  # bad input is refused before any process starts
     rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
                     echo=lambda line: print(line, file=sys.stderr, flush=True),
-                    isolated=args.unsealed, loss=args.loss)
+                    isolated=args.unsealed, loss=args.loss, failure_grace_s=args.grace_s)
     summary = {k: rec[k] for k in ("variant", "profile", "loss", "seed", "steps", "ppl",
                                    "ppl_rank0", "drift", "tokens_per_s", "measured_loss")}
     print(json.dumps(summary))
@@ -184,6 +186,7 @@ def _cmd_reproduce(args) -> int:
 
 def _cmd_run(args) -> int:
     testbed_cli.check_fraction("--loss", args.loss)  # (before torch is imported)
+    testbed_cli.check_seconds("--grace-s", args.grace_s, FAILURE_GRACE_S, FAILURE_GRACE_MEANS)
     from harness import torchrun
 
     command = list(args.command)
@@ -278,7 +281,6 @@ def _training_options(args) -> dict:
 def add_commands(sub) -> None:
     """Register the experiment commands on testbed's subparsers."""
     from harness.bench.spec import BenchSpec
-    from harness.launch import FAILURE_GRACE_S
     from harness.train.config import VARIANTS, TrainConfig
 
     p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
@@ -294,6 +296,7 @@ def add_commands(sub) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a profile field (repeatable)")
     p.add_argument("--steps", type=int, default=TrainConfig.steps, help="training steps")
+    p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
     p.add_argument("--seed", type=int, default=0,
                    help="the initialisation and data order's seed")
     _add_training_options(p, TrainConfig)
@@ -376,9 +379,7 @@ def add_commands(sub) -> None:
                         "before torchrun starts, for a script without harness.api "
                         "(default: joined)")
     p.add_argument("--out", help="report folder (default: results/run-TIME)")
-    p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S,
-                   help="once one host's torchrun failed, how long the others get to end "
-                        "by themselves (and say why) before they are stopped")
+    p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
     p.add_argument("--print", action="store_true",
                    help="print each host's command instead of running them")
     _add_unsealed(p)

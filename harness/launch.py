@@ -124,13 +124,16 @@ def _kill(proc) -> None:
 # are stopped: a peer of a dead rank fails only at its next collective's timeout, and what
 # it says is often the clearest account of the failure.
 FAILURE_GRACE_S = 30.0
+FAILURE_GRACE_MEANS = ("once one host failed, how long the others get to end by themselves "
+                       "(and say why) before they are stopped")
 
 
 def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
         extra_env: dict | None = None, echo_rank0=None, answer_rank0=None,
-        authenticate: bool = True) -> list[RankResult]:
+        authenticate: bool = True,
+        failure_grace_s: float = FAILURE_GRACE_S) -> list[RankResult]:
     """Run `python -m module args` as one rank per host and wait for all. If one fails, the
-    others get a moment to notice and say why, then are stopped. echo_rank0(line) is
+    others get failure_grace_s to notice and say why, then are stopped. echo_rank0(line) is
     called with each line rank 0 writes to stderr as it comes (progress). authenticate=False
     (a network only the experiment uses: the profile says `isolated`) gives the ranks no
     key, and their datagrams go unsealed.
@@ -193,7 +196,7 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
             if failed:
                 # One rank failed: give the others the chance to notice and say why, then
                 # stop them.
-                grace = time.monotonic() + FAILURE_GRACE_S
+                grace = time.monotonic() + failure_grace_s
                 while any(t.is_alive() for t in threads) and time.monotonic() < grace:
                     time.sleep(0.1)
                 break

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shlex
 import signal
@@ -31,6 +30,7 @@ from harness import api, launch
 from harness.metrics.hdr import Histogram
 from harness.transport import auth
 from testbed import ports, profiles, stats
+from testbed.cli import check_seconds
 from testbed.errors import UsageError
 from testbed.host import lease
 from testbed.impair import engine, verify
@@ -44,6 +44,7 @@ OURS = ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--no
 IMPAIR_FROM = ("joined", "start")
 JOB_ENV = "LOSSBED_JOB"  # the job's id, in every process of it (found by it at the end)
 GRACE_S = launch.FAILURE_GRACE_S  # the other hosts' time once one failed (--grace-s)
+GRACE_MEANS = launch.FAILURE_GRACE_MEANS
 STOP_GRACE_S = 20.0  # how long torchrun gets to stop its workers before it is killed
 
 
@@ -80,10 +81,7 @@ class RunSpec:
         if self.impair_from not in IMPAIR_FROM:
             raise UsageError("--impair-from", f"{self.impair_from!r}",
                              f"Use one of: {', '.join(IMPAIR_FROM)}")
-        if not (math.isfinite(self.grace_s) and self.grace_s >= 0):
-            raise UsageError("--grace-s", f"{self.grace_s} is not a number of seconds",
-                             f"e.g. --grace-s {GRACE_S:g}: how long the other hosts get "
-                             "to end by themselves once one host's torchrun failed")
+        check_seconds("--grace-s", self.grace_s, GRACE_S, GRACE_MEANS)
         if not 0 <= self.loss < 1:
             raise UsageError("--loss", f"{self.loss} is not a fraction in [0, 1)",
                              "--loss 0.1 means 10%")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -409,11 +410,16 @@ def check_fraction(option: str, *values: float) -> None:
                                 if 1 <= value < 100 else ""))
 
 
+def check_seconds(option: str, value: float, example: float, what: str) -> None:
+    """A length of time as every command takes it: finite seconds, 0 or more."""
+    if not (math.isfinite(value) and value >= 0):
+        raise UsageError(option, f"{value} is not a number of seconds",
+                         f"e.g. {option} {example:g}: {what}")
+
+
 def _check_arguments(args) -> None:
     """What argparse cannot check, before anything runs. Every cluster name obeys the rule:
     a name reaches state paths, namespace names and `down`'s removals (exit 2 otherwise)."""
-    import math
-
     from testbed.clusters import naming
 
     lease_s = getattr(args, "lease_s", None)

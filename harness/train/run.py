@@ -113,9 +113,10 @@ class Run:
 
 def train(cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str] = (),
           out_dir: Path | None = None, echo=print, isolated: bool = False,
-          loss: float = 0.0) -> dict:
+          loss: float = 0.0, failure_grace_s: float = launch.FAILURE_GRACE_S) -> dict:
     return train_runs(cluster, [Run(cfg, profile_name, tuple(sets), loss=loss,
-                                    isolated=isolated)], out_dir, echo)[0]
+                                    isolated=isolated)], out_dir, echo,
+                      failure_grace_s=failure_grace_s)[0]
 
 
 def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
@@ -175,11 +176,13 @@ class _Boundaries:
 
 
 def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
-               echo=print, control_exempt: bool = False) -> list[dict]:
+               echo=print, control_exempt: bool = False,
+               failure_grace_s: float = launch.FAILURE_GRACE_S) -> list[dict]:
     """Runs one after the other in one launch of the ranks, each under its own profile (the
     profile changes between runs where it differs). Each run's measured loss and socket
     drops are counted around that run alone. The profile also impairs the rendezvous port
-    (impair_the_control_path) unless control_exempt."""
+    (impair_the_control_path) unless control_exempt. Once a rank failed, the others get
+    failure_grace_s to end by themselves."""
     for r in runs:
         check(r.cfg, cluster)
     doctor.require(cluster, doctor_request([r.cfg for r in runs], cluster))
@@ -213,7 +216,8 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
                                  [json.dumps([r.cfg.to_dict() for r in runs]), str(work)],
                                  timeout_s=24 * 3600, echo_rank0=echo,
                                  extra_env=transport_env, answer_rank0=boundaries.answer,
-                                 authenticate=authenticate)
+                                 authenticate=authenticate,
+                                 failure_grace_s=failure_grace_s)
     finally:
         engine.clear(cluster)
     if boundaries.error is not None:

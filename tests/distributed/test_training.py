@@ -166,7 +166,9 @@ def test_a_killed_rank_stops_the_run_clears_the_profile_and_leaves_no_process(cl
     child = subprocess.Popen(
         [sys.executable, "-m", "harness.cli", "train", "--cluster", cluster.name, "--variant",
          variant, "--profile", "random-loss", "--set", "loss_pct=5", "--steps", "2000",
-         "--batch", "4", "--seq-len", "32"], cwd=REPO, stdout=subprocess.PIPE,
+         "--batch", "4", "--seq-len", "32",
+         "--grace-s", "5"],  # the ranks left are stopped 5 s after the killed one, not 30
+        cwd=REPO, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     victim_ns = cluster.hosts[2].namespace
     deadline = time.monotonic() + 120

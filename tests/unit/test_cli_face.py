@@ -92,6 +92,7 @@ def lossbed_bare(*args: str) -> subprocess.CompletedProcess:
     (["run", "--loss", "10", "--", "torchrun", "x.py"], "--loss", "--loss 0.1"),
     (["run", "--grace-s", "-1", "--", "torchrun", "x.py"], "--grace-s", "--grace-s 30"),
     (["run", "--grace-s", "nan", "--", "torchrun", "x.py"], "--grace-s", "--grace-s 30"),
+    (["train", "--grace-s", "-5"], "--grace-s", "--grace-s 30"),
 ])
 def test_bad_arguments_are_refused_before_torch_is_imported(args, option, fix):
     done = lossbed_bare(*args)
