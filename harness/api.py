@@ -275,6 +275,7 @@ class Job:
             self._script[name] = value
 
     def metrics(self) -> dict:
+        from harness.metrics.counts import summed
         from harness.metrics.hdr import Histogram
 
         marks = self._step_marks
@@ -286,10 +287,7 @@ class Job:
         for timer in self._timers:
             collective_us.merge(timer.collective_us)
         now = self.transport.counters.to_dict()
-        totals: dict = {}
-        for c in self._collectives:
-            for k, v in c.totals.items():
-                totals[k] = totals.get(k, 0) + v
+        totals = summed(c.totals for c in self._collectives)
         return {"rank": self.rank, "world": self.world, "host": os.environ.get("LOSSBED_HOST"),
                 "steps": len(marks), "train_s": time.perf_counter() - self._started,
                 "step_us": step_us.to_dict(), "collective_us": collective_us.to_dict(),

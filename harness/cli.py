@@ -16,7 +16,7 @@ from pathlib import Path
 from harness.launch import FAILURE_GRACE_MEANS, FAILURE_GRACE_S
 from testbed import cli as testbed_cli
 from testbed import clusters
-from testbed.cli import add_inventory, cluster_of
+from testbed.cli import add_inventory, add_profile_changes, cluster_of
 from testbed.clusters import netns as netns_cluster
 from testbed.errors import UsageError
 
@@ -197,7 +197,7 @@ def _cmd_run(args) -> int:
                             transport=args.transport, impair_from=args.impair_from,
                             unsealed=args.unsealed, grace_s=args.grace_s,
                             **({"out": Path(args.out)} if args.out else {}))
-    spec.validate()  # bad input is refused before any cluster is touched
+    checked = spec.validate()  # bad input is refused before any cluster is touched
     cluster = cluster_of(args)
     if args.print:
         from harness.transport import auth
@@ -206,11 +206,12 @@ def _cmd_run(args) -> int:
               "or Kubernetes job);\n# impair the links around them with `lossbed apply "
               f"{args.profile} ... --lease-s S` and read `lossbed verify`")
         key = None if args.unsealed else auth.new_key()
-        for hc in torchrun.commands(cluster, spec, f"lossbed-{os.getpid()}", key, None, None):
+        for hc in torchrun.commands(cluster, spec, checked, f"lossbed-{os.getpid()}", key,
+                                    None, None):
             print(f"# {hc.host.name}\n{hc.shell()}")
         return 0
-    return torchrun.run(cluster, spec, echo=lambda line: print(line, file=sys.stderr,
-                                                             flush=True))
+    return torchrun.run(cluster, spec, checked=checked,
+                        echo=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def _cmd_report(args) -> int:
@@ -290,11 +291,7 @@ def add_commands(sub) -> None:
                    help="the training scheme")
     p.add_argument("--profile", default="clean", help="impairment profile: a name in "
                    "netem_profiles/ or a YAML path")
-    p.add_argument("--loss", type=float, default=0.0,
-                   help="every path's loss rate as a fraction, 0.1 = 10%% (default 0: the "
-                        "profile's own)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a profile field (repeatable)")
+    add_profile_changes(p)
     p.add_argument("--steps", type=int, default=TrainConfig.steps, help="training steps")
     p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
     p.add_argument("--seed", type=int, default=0,
@@ -366,11 +363,7 @@ def add_commands(sub) -> None:
     add_inventory(p)
     p.add_argument("--profile", default="random-loss", help="impairment profile "
                    "(default: random-loss)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a profile field (repeatable)")
-    p.add_argument("--loss", type=float, default=0.0,
-                   help="every path's loss rate as a fraction, 0.1 = 10%% (default 0: the "
-                        "profile's own)")
+    add_profile_changes(p)
     p.add_argument("--transport", default="udp",
                    help="loss semantics of harness.api's collectives: udp, roce-ud, "
                         "roce-uc[:BYTES], roce-rc[:BYTES] (default: udp)")

@@ -25,8 +25,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from harness import api, launch
+from harness.metrics.counts import summed
 from harness.metrics.hdr import Histogram
 from harness.transport import auth
 from testbed import ports, profiles, stats
@@ -48,6 +50,14 @@ GRACE_MEANS = launch.FAILURE_GRACE_MEANS
 STOP_GRACE_S = 20.0  # how long torchrun gets to stop its workers before it is killed
 
 
+class Checked(NamedTuple):
+    """A RunSpec as validate() found it: what the hosts' commands are made of."""
+
+    torchrun_options: list[str]
+    script: list[str]           # the script and its arguments
+    profile: object             # the profile, loaded once (testbed.profiles.model.Profile)
+
+
 @dataclass
 class RunSpec:
     command: list[str]                    # torchrun [options] script.py [args]
@@ -60,9 +70,9 @@ class RunSpec:
     grace_s: float = GRACE_S              # after one host's torchrun failed: the others' time
     out: Path = field(default_factory=lambda: Path(f"results/run-{time.strftime('%Y%m%d-%H%M%S')}"))
 
-    def validate(self) -> tuple[list[str], list[str]]:
-        """(torchrun's own options, the script and its arguments), everything refused with
-        the field and the fix before anything is built."""
+    def validate(self) -> Checked:
+        """torchrun's own options, the script with its arguments and the profile, everything
+        refused with the field and the fix before anything is built."""
         if not self.command or Path(self.command[0]).name != "torchrun":
             raise UsageError("--", f"{shlex.join(self.command) or 'nothing'} is not a "
                              "torchrun command",
@@ -90,12 +100,9 @@ class RunSpec:
         if Semantics.parse(self.transport).verbs:
             raise UsageError("--transport", f"{self.transport}: harness.api runs on UDP",
                              "Use udp, roce-ud, roce-uc[:BYTES] or roce-rc[:BYTES]")
-        self.load_profile()
-        return options, rest
-
-    def load_profile(self):
-        return profiles.load(self.profile, list(self.sets), loss=self.loss,
-                             isolated=self.unsealed)
+        profile = profiles.load(self.profile, list(self.sets), loss=self.loss,
+                                isolated=self.unsealed)
+        return Checked(options, rest, profile)
 
 
 def _split_torchrun(args: list[str]) -> tuple[list[str], list[str]]:
@@ -125,13 +132,11 @@ class HostCommand:
         return f"env {env} {shlex.join(self.argv)}"
 
 
-def commands(cluster, spec: RunSpec, job_id: str, key: str | None, gate: str | None,
-             metrics_dir: str | None) -> list[HostCommand]:
-    """The torchrun of every host."""
-    torchrun_options, script = spec.validate()
+def commands(cluster, spec: RunSpec, checked: Checked, job_id: str, key: str | None,
+             gate: str | None, metrics_dir: str | None) -> list[HostCommand]:
+    """The torchrun of every host (checked: spec.validate()'s)."""
     first = cluster.hosts[0]
     per_host = [max(1, getattr(h, "gpus", 0) or 0) for h in cluster.hosts]
-    profile = spec.load_profile()
     made = []
     for i, host in enumerate(cluster.hosts):
         argv = [cluster.rank_python(host), "-m", "torch.distributed.run",
@@ -140,12 +145,12 @@ def commands(cluster, spec: RunSpec, job_id: str, key: str | None, gate: str | N
                 "--rdzv-endpoint", f"{first.address}:{ports.RENDEZVOUS}",
                 "--rdzv-id", job_id, "--rdzv-conf", f"is_host={1 if i == 0 else 0}",
                 "--local-addr", host.address, "--max-restarts", "0",
-                *torchrun_options, *script]
+                *checked.torchrun_options, *checked.script]
         env = {JOB_ENV: job_id, "LOSSBED_ADDRESS": host.address, "LOSSBED_MTU": str(cluster.mtu),
                "LOSSBED_TRANSPORT": spec.transport, "LOSSBED_HOST": host.name,
                "GLOO_SOCKET_IFNAME": host.ifname, "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(getattr(host, "project", launch.PROJECT_ROOT)),
-               **launch.transport_env(profile)}
+               **launch.transport_env(checked.profile)}
         if key:
             env[auth.KEY_ENV] = key
         if gate:
@@ -185,17 +190,18 @@ class _Job:
         stream.flush()
 
 
-def run(cluster, spec: RunSpec, echo=print) -> int:
-    """Run the job; its exit code (130 on Ctrl-C). The report is in spec.out."""
-    spec.validate()
-    the_plan, choice = engine.make_plan(cluster, spec.load_profile())
+def run(cluster, spec: RunSpec, echo=print, checked: Checked | None = None) -> int:
+    """Run the job; its exit code (130 on Ctrl-C). The report is in spec.out. checked:
+    spec.validate()'s, where the caller has it already."""
+    checked = checked or spec.validate()
+    the_plan, choice = engine.make_plan(cluster, checked.profile)
     out = spec.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     job_id = f"lossbed-{os.getpid()}-{int(time.time())}"
     key = None if spec.unsealed else auth.new_key()
     gate = f"/tmp/{job_id}.gate" if spec.impair_from == "joined" else None
     metrics_dir = str(out / "ranks") if cluster.shares_this_machine else None
-    hosts = commands(cluster, spec, job_id, key, gate, metrics_dir)
+    hosts = commands(cluster, spec, checked, job_id, key, gate, metrics_dir)
     job, procs, threads, applied = _Job(), [], [], {}
     keeper = (lease.Keeper(cluster, cluster.lease_s / 3) if cluster.lease_s is not None
               else contextlib.nullcontext())
@@ -219,8 +225,7 @@ def run(cluster, spec: RunSpec, echo=print) -> int:
                     threads.append(t)
             echo(f"[run] torchrun on {len(hosts)} host(s), job {job_id}")
             code = _wait(procs, job, lambda: _on_joined(cluster, the_plan, choice, applied,
-                                                          hosts, gate, echo), gate,
-                         spec.grace_s)
+                                                          gate, echo), gate, spec.grace_s)
     except KeyboardInterrupt:
         echo("[run] interrupted: stopping the job and clearing the impairment")
         code = 130
@@ -235,7 +240,7 @@ def run(cluster, spec: RunSpec, echo=print) -> int:
                                                   applied["start"])
         engine.clear(cluster)
         if gate:
-            for host in cluster.hosts:
+            for host in _one_per_machine(cluster):
                 with contextlib.suppress(Exception):
                     host.run(["rm", "-f", gate])
     summary = summarise(cluster, spec, job, applied, code, time.monotonic() - started, hosts)
@@ -285,10 +290,15 @@ def _kill_left_behind(cluster, job_id: str) -> None:
     """SIGKILL any process of this job still alive on any host (a worker whose torchrun was
     killed before it could stop it)."""
     script = _KILL_BY_ENVIRONMENT % JOB_ENV
-    hosts = cluster.hosts[:1] if cluster.shares_this_machine else cluster.hosts
-    for host in hosts:  # (namespace hosts share this machine's process table: once)
+    for host in _one_per_machine(cluster):
         with contextlib.suppress(Exception):
             host.run([cluster.rank_python(host), "-c", script, job_id], timeout=60)
+
+
+def _one_per_machine(cluster) -> list:
+    """A host of each machine: namespace hosts share this machine's process table and /tmp,
+    so what is done there for one is done for all."""
+    return cluster.hosts[:1] if cluster.shares_this_machine else list(cluster.hosts)
 
 
 def _pump(stream, job: _Job, sink) -> None:
@@ -302,12 +312,12 @@ def _impair(cluster, the_plan, choice, applied: dict, echo) -> None:
     echo(f"[run] profile {the_plan.profile.name} applied ({the_plan.backend})")
 
 
-def _on_joined(cluster, the_plan, choice, applied, hosts, gate, echo) -> None:
+def _on_joined(cluster, the_plan, choice, applied, gate, echo) -> None:
     """The job joined: apply the profile, then open every host's gate."""
     if not applied:
         _impair(cluster, the_plan, choice, applied, echo)
-    for hc in hosts:
-        hc.host.run(["touch", gate], check=True)
+    for host in _one_per_machine(cluster):
+        host.run(["touch", gate], check=True)
 
 
 def _wait(procs, job: _Job, on_joined, gate, grace_s: float) -> int:
@@ -332,14 +342,12 @@ def summarise(cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_
               hosts: list[HostCommand]) -> dict:
     """The run's report: what the kernel lost, what the ranks measured, who failed."""
     ranks = sorted(job.metrics, key=lambda m: m["rank"])
-    step_us, collective_us, counters, totals = Histogram(), Histogram(), {}, {}
+    step_us, collective_us = Histogram(), Histogram()
     for m in ranks:
         step_us.merge(Histogram.from_dict(m["step_us"]))
         collective_us.merge(Histogram.from_dict(m["collective_us"]))
-        for k, v in m["counters"].items():
-            counters[k] = counters.get(k, 0) + v
-        for k, v in m["collective_totals"].items():
-            totals[k] = totals.get(k, 0) + v
+    counters = summed(m["counters"] for m in ranks)
+    totals = summed(m["collective_totals"] for m in ranks)
     measured, interval = None, None
     report = applied.get("report")
     if report is not None:
@@ -361,7 +369,7 @@ def summarise(cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_
         "missing_fraction": missing / (received + missing) if received + missing else None,
         "steps": steps, "steps_per_s": steps / train_s if steps and train_s else None,
         "tokens_per_s": tokens / train_s if tokens and train_s else None,
-        "step_ms": _ms(step_us), "collective_ms": _ms(collective_us),
+        "step_ms": step_us.summary_ms(), "collective_ms": collective_us.summary_ms(),
         "transport_counters": counters, "collective_totals": totals, "script": script,
         "failed": job.errors, "wall_s": wall_s,
         "exempt": [f"tcp port {p}" for p in ports.ALWAYS_RELIABLE_TCP] + [
@@ -369,11 +377,6 @@ def summarise(cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_
             "once the job has joined" if spec.impair_from == "joined" else
             "nothing of the job: the profile was applied before torchrun started"],
     }
-
-
-def _ms(h: Histogram) -> dict:
-    s = h.summary()
-    return {k: (s[k] / 1000 if s[k] is not None else None) for k in ("p50", "p99", "max")}
 
 
 def _pct(x) -> str:

@@ -50,6 +50,16 @@ def add_inventory(p, impairs: bool = True) -> None:
                    help="impair an interface even if it carries the default route or SSH")
 
 
+def add_profile_changes(p) -> None:
+    """What a command that applies one profile takes to change it: --set and --loss (a
+    fraction; check_fraction holds it)."""
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a profile field, e.g. --set delay_ms=5 (repeatable)")
+    p.add_argument("--loss", type=float, default=0.0,
+                   help="every path's loss rate as a fraction, 0.1 = 10%% (default 0: the "
+                        "profile's own)")
+
+
 class DefaultsShown(argparse.HelpFormatter):
     """--help says every option's default, where its help text does not already."""
 
@@ -309,11 +319,7 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     p = sub.add_parser("apply", help="impair a cluster's links with a profile")
     p.add_argument("profile", metavar="PROFILE", help="a name in netem_profiles/ or a path")
     p.add_argument("--cluster", help="default: the only cluster up")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a profile field, e.g. --set delay_ms=5 (repeatable)")
-    p.add_argument("--loss", type=float, default=0.0,
-                   help="every path's loss rate as a fraction, 0.1 = 10%% (default 0: the "
-                        "profile's own)")
+    add_profile_changes(p)
     p.add_argument("--only", action="append", metavar="H1,H2",
                    help="impair only at these hosts (default: all)")
     p.add_argument("--backend", choices=["netem", "bpf", "nft"],

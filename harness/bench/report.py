@@ -49,7 +49,7 @@ def redraw(out: Path, records: list[dict], summary: dict) -> list[str]:
         "# lossbed bench\n\n```\n" + text + "\n```\n\n"
         + "".join(f"![{name}]({name})\n\n" for name in names)
         + "Config: `" + json.dumps(summary["config"]) + "`\n")
-    (out / "report.html").write_text(html_report(out, summary, names))
+    (out / "report.html").write_text(html_report(out, summary, names, text))
     return names
 
 
@@ -107,8 +107,9 @@ def _answer_rows(summary: dict) -> str:
     return "\n".join(cells)
 
 
-def html_report(out: Path, summary: dict, images: list[str]) -> str:
-    """One self-contained page: every plot embedded (data URIs), nothing fetched."""
+def html_report(out: Path, summary: dict, images: list[str], printed: str) -> str:
+    """One self-contained page: every plot embedded (data URIs), nothing fetched; printed:
+    the table as the bench printed it (table.py)."""
     figures = []
     for name in images:
         data = base64.b64encode((out / name).read_bytes()).decode()
@@ -132,7 +133,7 @@ noise floor ±{summary.get("noise_floor_pct") or 0:.2f} points.</p>
 <h2>The answer</h2><table>{head}
 {_answer_rows(summary)}</table>
 <h2>Plots</h2>{"".join(figures)}
-<h2>The table as printed</h2><pre>{html.escape(table(summary))}</pre>
+<h2>The table as printed</h2><pre>{html.escape(printed)}</pre>
 <h2>Provenance</h2><p>commit {html.escape(str(prov.get("commit")))}; {html.escape(versions)};
 {prov.get("hosts")} hosts; kernel {html.escape(str(prov.get("kernel")))}</p>
 <h2>Config</h2><pre>{html.escape(json.dumps(summary.get("config"), indent=1))}</pre>

@@ -29,9 +29,7 @@ def _step_ms(runs: list[dict]) -> dict:
     merged = Histogram()
     for r in runs:
         merged.merge(Histogram.from_dict(r["step_hist"]))
-    s = merged.summary()
-    return {k: (s[k] / 1000 if s[k] is not None else None) for k in ("p50", "p99", "max")} \
-        | {"count": s["count"]}
+    return merged.summary_ms()
 
 
 def reference_variant(variant: str) -> str:

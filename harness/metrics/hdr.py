@@ -67,6 +67,12 @@ class Histogram:
         out["count"] = self.total
         return out
 
+    def summary_ms(self) -> dict:
+        """summary() of a histogram of microseconds, its percentiles and max in
+        milliseconds (None stays None)."""
+        s = self.summary()
+        return {k: (v / 1000 if v is not None and k != "count" else v) for k, v in s.items()}
+
     def to_dict(self) -> dict:
         """JSON: the package's own compressed encoding of the buckets, and the exact ends."""
         return {"hdr": self.hdr.encode().decode("ascii"), "total": self.total,

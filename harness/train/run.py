@@ -23,6 +23,7 @@ from pathlib import Path
 from harness import launch
 from harness.data.corpus import load_documents, prepare
 from harness.data.sampler import Batches
+from harness.metrics.counts import summed
 from harness.metrics.hdr import Histogram
 from harness.train.config import TrainConfig
 from testbed import doctor, profiles, stats
@@ -266,13 +267,13 @@ def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) 
         "wait_for_all": cfg.wait_for_all,
         "tokens_per_s": tokens / train_s,
         # steady state: the first TIMING_WARMUP_STEPS steps of each rank are apart
-        "step_ms": _ms(step_us), "collective_ms": _ms(collective_us),
+        "step_ms": step_us.summary_ms(), "collective_ms": collective_us.summary_ms(),
         "step_hist": step_us.to_dict(),
         "warmup_step_ms": [[us / 1000 for us in m.get("warmup_step_us", [])] for m in ranks],
         "slow_steps": [{"rank": m["rank"], **s} for m in ranks for s in m.get("slow_steps", [])],
         "transport_counters": dict(sum((Counter(m["counters"]) for m in ranks), Counter())),
         # summed over ranks: stages ended by their deadline, step alignment time, ...
-        "collective_totals": _summed([m.get("collective_totals", {}) for m in ranks]),
+        "collective_totals": summed(m.get("collective_totals", {}) for m in ranks),
         # every datagram sealed with the launch's key, and checked against it
         "authenticated": all(m.get("authenticated") for m in ranks),
         "wire_warning": wire_warning(ranks),
@@ -331,23 +332,3 @@ def _disturbed(missing: int, expected: int, measured: float) -> str | None:
         return None
     return (f"the collective missed {fraction:.1%} of its packets where the network lost "
             f"{measured:.1%}: a rank fell behind and its packets came too late")
-
-
-def _summed(counts: list[dict]) -> dict:
-    """Per key, the sum over ranks; a key counted 0 stays (Counter's sum would drop it,
-    and 0 deadlines hit is a result)."""
-    total: dict = {}
-    for one in counts:
-        for key, value in one.items():
-            total[key] = total.get(key, 0) + value
-    return total
-
-
-def _ms(h: Histogram) -> dict:
-    """Milliseconds from a histogram of microseconds; a percentile that too few samples back
-    is None (Histogram.summary)."""
-    s = h.summary()
-    out = {k: (s[k] / 1000 if s[k] is not None else None)
-           for k in ("p50", "p99", "p999", "max")}
-    out["count"] = s["count"]
-    return out
