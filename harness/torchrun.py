@@ -342,10 +342,8 @@ def summarise(cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_
               hosts: list[HostCommand]) -> dict:
     """The run's report: what the kernel lost, what the ranks measured, who failed."""
     ranks = sorted(job.metrics, key=lambda m: m["rank"])
-    step_us, collective_us = Histogram(), Histogram()
-    for m in ranks:
-        step_us.merge(Histogram.from_dict(m["step_us"]))
-        collective_us.merge(Histogram.from_dict(m["collective_us"]))
+    step_us = Histogram.merged(m["step_us"] for m in ranks)
+    collective_us = Histogram.merged(m["collective_us"] for m in ranks)
     counters = summed(m["counters"] for m in ranks)
     totals = summed(m["collective_totals"] for m in ranks)
     measured, interval = None, None

@@ -85,10 +85,8 @@ def plots(out: Path, records: list[dict], summary: dict) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for variant in dict.fromkeys(r["variant"] for r in records):
-        hist = Histogram()
-        for r in records:
-            if r["variant"] == variant and r["loss"] == shown and r.get("step_hist"):
-                hist.merge(Histogram.from_dict(r["step_hist"]))
+        hist = Histogram.merged(r["step_hist"] for r in records if r["variant"] == variant
+                                and r["loss"] == shown and r.get("step_hist"))
         if hist.total:
             qs = [q / 10 for q in range(1, 1000)]
             ax.plot([hist.percentile(q) / 1000 for q in qs], [q / 100 for q in qs],

@@ -26,10 +26,7 @@ MOST_SEEDS = 10_000  # seeds_for looks no further
 def _step_ms(runs: list[dict]) -> dict:
     """Step-time percentiles (ms) over the steps of all these runs (their histograms
     merged)."""
-    merged = Histogram()
-    for r in runs:
-        merged.merge(Histogram.from_dict(r["step_hist"]))
-    return merged.summary_ms()
+    return Histogram.merged(r["step_hist"] for r in runs).summary_ms()
 
 
 def reference_variant(variant: str) -> str:

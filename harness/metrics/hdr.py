@@ -79,6 +79,14 @@ class Histogram:
                 "max": self.max, "min": self.min if self.total else None}
 
     @classmethod
+    def merged(cls, encoded) -> Histogram:
+        """One histogram of several written by to_dict (the ranks', the runs')."""
+        total = cls()
+        for d in encoded:
+            total.merge(cls.from_dict(d))
+        return total
+
+    @classmethod
     def from_dict(cls, d: dict) -> Histogram:
         if "hdr" not in d:
             raise ValueError("a latency histogram without 'hdr' was written by a lossbed "

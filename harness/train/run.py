@@ -245,10 +245,8 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
 
 
 def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) -> dict:
-    step_us, collective_us = Histogram(), Histogram()
-    for m in ranks:
-        step_us.merge(Histogram.from_dict(m["step_us"]))
-        collective_us.merge(Histogram.from_dict(m["collective_us"]))
+    step_us = Histogram.merged(m["step_us"] for m in ranks)
+    collective_us = Histogram.merged(m["collective_us"] for m in ranks)
     tokens = sum(m["tokens"] for m in ranks)
     train_s = max(m["train_s"] for m in ranks)
     sent = sum(m["counters"]["packets_sent"] for m in ranks)

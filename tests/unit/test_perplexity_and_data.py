@@ -84,3 +84,23 @@ def test_a_percentile_too_few_samples_back_is_not_reported():
     for _ in range(90):
         h.record(1.0)
     assert h.summary()["p99"] is not None and h.summary()["p999"] is None
+
+
+def test_histograms_written_apart_merge_into_one_and_read_in_milliseconds():
+    from harness.metrics.hdr import Histogram
+
+    ranks = []
+    for rank in range(4):  # each rank 50 steps of 1000 µs, rank 3 one of 9000 µs more
+        h = Histogram()
+        for _ in range(50):
+            h.record(1000.0)
+        if rank == 3:
+            h.record(9000.0)
+        ranks.append(h.to_dict())
+    merged = Histogram.merged(ranks)
+    assert merged.total == 201
+    ms = merged.summary_ms()
+    assert ms["count"] == 201 and ms["max"] == 9.0
+    assert abs(ms["p50"] - 1.0) < 0.01 and ms["p999"] is None
+    assert Histogram.merged([]).summary_ms() == {"p50": None, "p99": None, "p999": None,
+                                                 "max": None, "count": 0}
