@@ -16,9 +16,9 @@ from pathlib import Path
 from harness.launch import FAILURE_GRACE_MEANS, FAILURE_GRACE_S
 from testbed import cli as testbed_cli
 from testbed import clusters
-from testbed.cli import add_inventory, add_profile_changes, cluster_of
+from testbed.cli import add_inventory, add_min_coverage, add_profile_changes, cluster_of
 from testbed.clusters import netns as netns_cluster
-from testbed.errors import UsageError
+from testbed.errors import NotAResult, UsageError
 
 
 def _cmd_collective_bench(args) -> int:
@@ -41,7 +41,8 @@ def _cmd_collective_bench(args) -> int:
         cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=args.hosts, name=own,
                                                              mtu=args.mtu))
     try:
-        rows = cb.run(cluster, spec, progress=lambda m: print(m, file=sys.stderr, flush=True))
+        rows = cb.run(cluster, spec, progress=lambda m: print(m, file=sys.stderr, flush=True),
+                      min_coverage=args.min_coverage)
     finally:
         if own:
             clusters.down(own)
@@ -51,6 +52,9 @@ def _cmd_collective_bench(args) -> int:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
         print(f"wrote {len(rows)} rows to {args.json}")
+    if any(r.get("invalid") for r in rows):
+        raise NotAResult("rows under an impairment their traffic did not meet are no "
+                           "result (marked ! above)")
     return 0
 
 
@@ -75,7 +79,8 @@ def _cmd_train(args) -> int:
     run.check(cfg, cluster)  # bad input is refused before any process starts
     rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
                     echo=lambda line: print(line, file=sys.stderr, flush=True),
-                    isolated=args.unsealed, loss=args.loss, failure_grace_s=args.grace_s)
+                    isolated=args.unsealed, loss=args.loss, failure_grace_s=args.grace_s,
+                    min_coverage=args.min_coverage)
     summary = {k: rec[k] for k in ("variant", "profile", "loss", "seed", "steps", "ppl",
                                    "ppl_rank0", "drift", "tokens_per_s", "measured_loss")}
     print(json.dumps(summary))
@@ -84,6 +89,8 @@ def _cmd_train(args) -> int:
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(rec) + "\n")
+    if rec["invalid"]:  # measured, but not under the impairment it names
+        raise NotAResult(f"the run is no result under {args.profile}: {rec['invalid']}")
     return 0
 
 
@@ -196,6 +203,7 @@ def _cmd_run(args) -> int:
                             sets=tuple(args.set or ()), loss=args.loss,
                             transport=args.transport, impair_from=args.impair_from,
                             unsealed=args.unsealed, grace_s=args.grace_s,
+                            min_coverage=args.min_coverage,
                             **({"out": Path(args.out)} if args.out else {}))
     checked = spec.validate()  # bad input is refused before any cluster is touched
     cluster = cluster_of(args)
@@ -205,6 +213,10 @@ def _cmd_run(args) -> int:
         print("# lossbed run: one command per host (run them together, e.g. from a Slurm "
               "or Kubernetes job);\n# impair the links around them with `lossbed apply "
               f"{args.profile} ... --lease-s S` and read `lossbed verify`")
+        if cluster.shares_this_machine:
+            from testbed.impair import bypass
+
+            bypass.refuse_contradictions(os.environ, cluster)
         key = None if args.unsealed else auth.new_key()
         for hc in torchrun.commands(cluster, spec, checked, f"lossbed-{os.getpid()}", key,
                                     None, None):
@@ -318,6 +330,7 @@ def add_commands(sub) -> None:
                    help="the HF dataset's column with the text (default: text)")
     p.add_argument("--out", help="folder for the ranks' metrics (default: a temporary one)")
     p.add_argument("--json", metavar="FILE", help="append the run's record to this file")
+    add_min_coverage(p)
     _add_unsealed(p)
     p.set_defaults(func=_cmd_train)
 
@@ -351,6 +364,7 @@ def add_commands(sub) -> None:
     p.add_argument("--out", help="results folder (default: results/bench-TIME)")
     p.add_argument("--cluster", help="reuse this cluster instead of building one")
     add_inventory(p)
+    add_min_coverage(p)
     _add_unsealed(p)
     p.set_defaults(func=_cmd_bench)
 
@@ -375,6 +389,7 @@ def add_commands(sub) -> None:
     p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
     p.add_argument("--print", action="store_true",
                    help="print each host's command instead of running them")
+    add_min_coverage(p)
     _add_unsealed(p)
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- torchrun [torchrun options] script.py [args]")
@@ -433,6 +448,7 @@ def add_commands(sub) -> None:
                         "before it starts (default 0: at the first only, as training does; "
                         "1: every step, two store round trips on each step's time)")
     p.add_argument("--json", metavar="FILE", help="also write one JSON object per line")
+    add_min_coverage(p)
     _add_unsealed(p)
     p.set_defaults(func=_cmd_collective_bench)
 

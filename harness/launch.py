@@ -1,9 +1,9 @@
 """Start one rank per host of a cluster, torchrun-style, and collect what they print.
 
 Each rank gets RANK, WORLD_SIZE, MASTER_ADDR/MASTER_PORT (rank 0's host; the rendezvous
-port, which profiles keep reliable), GLOO_SOCKET_IFNAME (the host's emulated interface) and
-LOSSBED_ADDRESS/LOSSBED_MTU. If any rank fails, the others are stopped; no rank outlives
-the launch.
+port, which profiles keep reliable), gloo's and NCCL's settings that keep its collectives on
+the host's emulated interface (testbed/impair/bypass.py) and LOSSBED_ADDRESS/LOSSBED_MTU.
+If any rank fails, the others are stopped; no rank outlives the launch.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 from harness.transport import auth
 from testbed import ports
 from testbed.errors import LossbedError, UsageError
+from testbed.impair import bypass
 
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +74,7 @@ def rank_env(cluster, rank: int, extra: dict | None = None) -> dict:
     env = {
         "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(len(slots)),
         "MASTER_ADDR": cluster.hosts[0].address, "MASTER_PORT": str(ports.RENDEZVOUS),
-        "GLOO_SOCKET_IFNAME": host.ifname, "LOSSBED_ADDRESS": host.address,
+        **bypass.pinned_env(cluster, host), "LOSSBED_ADDRESS": host.address,
         "LOSSBED_MTU": str(cluster.mtu),
         "PYTHONPATH": str(getattr(host, "project", PROJECT_ROOT)), "OMP_NUM_THREADS": "1",
     }

@@ -33,9 +33,9 @@ from harness.metrics.hdr import Histogram
 from harness.transport import auth
 from testbed import ports, profiles, stats
 from testbed.cli import check_seconds
-from testbed.errors import UsageError
+from testbed.errors import NotAResult, UsageError
 from testbed.host import lease
-from testbed.impair import engine, verify
+from testbed.impair import bypass, coverage, engine, verify
 
 # torchrun's options that lossbed run sets from the cluster: given by the user, refused
 OURS = ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank",
@@ -68,6 +68,7 @@ class RunSpec:
     impair_from: str = "joined"
     unsealed: bool = False
     grace_s: float = GRACE_S              # after one host's torchrun failed: the others' time
+    min_coverage: float = coverage.DEFAULT_MIN_COVERAGE  # of the hosts' bytes, impaired
     out: Path = field(default_factory=lambda: Path(f"results/run-{time.strftime('%Y%m%d-%H%M%S')}"))
 
     def validate(self) -> Checked:
@@ -148,7 +149,7 @@ def commands(cluster, spec: RunSpec, checked: Checked, job_id: str, key: str | N
                 *checked.torchrun_options, *checked.script]
         env = {JOB_ENV: job_id, "LOSSBED_ADDRESS": host.address, "LOSSBED_MTU": str(cluster.mtu),
                "LOSSBED_TRANSPORT": spec.transport, "LOSSBED_HOST": host.name,
-               "GLOO_SOCKET_IFNAME": host.ifname, "OMP_NUM_THREADS": "1",
+               **bypass.pinned_env(cluster, host), "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(getattr(host, "project", launch.PROJECT_ROOT)),
                **launch.transport_env(checked.profile)}
         if key:
@@ -194,6 +195,8 @@ def run(cluster, spec: RunSpec, echo=print, checked: Checked | None = None) -> i
     """Run the job; its exit code (130 on Ctrl-C). The report is in spec.out. checked:
     spec.validate()'s, where the caller has it already."""
     checked = checked or spec.validate()
+    if cluster.shares_this_machine:  # its ranks inherit this environment
+        bypass.refuse_contradictions(os.environ, cluster)
     the_plan, choice = engine.make_plan(cluster, checked.profile)
     out = spec.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -236,18 +239,42 @@ def run(cluster, spec: RunSpec, echo=print, checked: Checked | None = None) -> i
             t.join(5)
         if applied:  # the kernel's count of the impaired part, before it is cleared
             with contextlib.suppress(Exception):
-                applied["report"] = verify.report(cluster, verify.read(cluster),
-                                                  applied["start"])
+                end = verify.read(cluster)
+                applied["report"] = verify.report(cluster, end, applied["start"])
+                applied["coverage"] = verify.measure_coverage(cluster, end, applied["start"],
+                                                              spec.min_coverage)
         engine.clear(cluster)
         if gate:
             for host in _one_per_machine(cluster):
                 with contextlib.suppress(Exception):
                     host.run(["rm", "-f", gate])
     summary = summarise(cluster, spec, job, applied, code, time.monotonic() - started, hosts)
+    summary["invalid"] = not_a_result(spec, checked.profile, applied, code)
     _write(out, job, summary)
+    covered = summary["coverage"]["fraction"] if summary["coverage"] else None
     echo(f"[run] exit {code}; measured loss {_pct(summary['measured_loss'])}, "
-         f"missing {_pct(summary['missing_fraction'])}; report in {out}/summary.json")
+         f"missing {_pct(summary['missing_fraction'])}, coverage {_pct(covered)}; "
+         f"report in {out}/summary.json")
+    if summary["invalid"] and code == 0:
+        # the job went well, but not under the impairment: no result, and no exit 0
+        echo(f"[run] no result: {summary['invalid']}")
+        return NotAResult.exit_code
     return code
+
+
+def not_a_result(spec: RunSpec, profile, applied: dict, code: int) -> str | None:
+    """Why the run measured something other than the profile it names, or None."""
+    if profile.impairs_nothing() or code != 0:
+        return None  # nothing to miss; or the job's own failure, which its exit code says
+    if "start" not in applied:
+        return (f"the profile {spec.profile} was never applied: the job never joined "
+                "(harness.api's lossbed.join(), or a scheme it wraps its model with), and "
+                "--impair-from joined waits for that. Run a script that does not use "
+                "harness.api with --impair-from start")
+    covered = applied.get("coverage")
+    if covered is None:
+        return "the impairment's counters could not be read at the end of the job"
+    return None if covered.enough else covered.shortfall()
 
 
 def _stop(procs) -> None:
@@ -363,6 +390,7 @@ def summarise(cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_
         "loss": spec.loss, "transport": spec.transport, "impair_from": spec.impair_from,
         "hosts": [h.host.name for h in hosts], "ranks": len(ranks), "exit_code": code,
         "joined": job.joined.is_set(), "applied": "start" in applied,
+        "coverage": applied["coverage"].to_dict() if "coverage" in applied else None,
         "measured_loss": measured, "measured_loss_interval": interval,
         "missing_fraction": missing / (received + missing) if received + missing else None,
         "steps": steps, "steps_per_s": steps / train_s if steps and train_s else None,

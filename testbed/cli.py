@@ -60,6 +60,18 @@ def add_profile_changes(p) -> None:
                         "profile's own)")
 
 
+def add_min_coverage(p) -> None:
+    """What a command that measures under an impairment takes to say how much of the hosts'
+    traffic must have crossed it for a run to count (testbed/impair/coverage.py)."""
+    from testbed.impair.coverage import DEFAULT_MIN_COVERAGE
+
+    p.add_argument("--min-coverage", type=float, default=DEFAULT_MIN_COVERAGE,
+                   help="the least fraction of the hosts' bytes that must cross the "
+                        "impairment for a lossy run to count; a run below it fails (bench: "
+                        "is left out of every verdict) naming what carried the rest "
+                        f"(default: {DEFAULT_MIN_COVERAGE})")
+
+
 class DefaultsShown(argparse.HelpFormatter):
     """--help says every option's default, where its help text does not already."""
 
@@ -432,6 +444,11 @@ def _check_arguments(args) -> None:
     if lease_s is not None and not (math.isfinite(lease_s) and lease_s > 0):
         raise UsageError("--lease-s", f"{lease_s} is not a positive number of seconds",
                          "e.g. --lease-s 120 (hosts revert that long after the last renewal)")
+    min_coverage = getattr(args, "min_coverage", None)
+    if min_coverage is not None and not 0 <= min_coverage <= 1:
+        raise UsageError("--min-coverage", f"{min_coverage:g} is not a fraction in [0, 1]",
+                         "e.g. --min-coverage 0.9: at least 90% of the hosts' bytes crossed "
+                         "the impairment")
     if getattr(args, "cluster", None) is not None:
         naming.check_cluster_name(args.cluster, "--cluster")
     if args.command in ("down", "status") and args.name is not None:

@@ -32,3 +32,10 @@ class ClusterError(LossbedError):
     """A cluster is missing, already exists, or is in a state that forbids the request."""
 
     exit_code = 4
+
+
+class NotAResult(LossbedError):
+    """A run that measured another network than the one it names: too little of its
+    traffic crossed the impairment, or the impairment was never applied."""
+
+    exit_code = 5

@@ -23,7 +23,7 @@ from harness.transport import header as hdr
 from harness.transport.semantics import Semantics
 from testbed import profiles
 from testbed.errors import LossbedError, UsageError
-from testbed.impair import engine, verify
+from testbed.impair import coverage, engine, verify
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
@@ -98,7 +98,10 @@ def raw_udp_rate(cluster, seconds: float = 0.5) -> float:
     return got / elapsed
 
 
-def run(cluster, spec: BenchSpec, progress=print) -> list[dict]:
+def run(cluster, spec: BenchSpec, progress=print,
+        min_coverage: float = coverage.DEFAULT_MIN_COVERAGE) -> list[dict]:
+    """Every (profile, loss) case's rows; a row under an impairment that too little of the
+    hosts' traffic crossed carries `invalid` (why, and what carried it instead)."""
     spec.validate()
     if len(cluster.hosts) < 2:
         raise UsageError("--hosts", "a collective needs 2 or more hosts", "Use --hosts 4")
@@ -117,13 +120,16 @@ def run(cluster, spec: BenchSpec, progress=print) -> list[dict]:
         the_plan, choice = engine.make_plan(cluster, profile)
         engine.apply(cluster, the_plan, choice)
         try:
+            start = verify.read(cluster)
             results = launch.run(cluster, "harness.bench.collective_worker", [
                 "--sizes", *map(str, sizes), "--algorithms", *spec.algorithms,
                 "--iters", str(spec.iters), "--warmup", str(spec.warmup),
                 "--align-every", str(spec.align_every)],
                 timeout_s=3600, extra_env=launch.transport_env(profile),
                 authenticate=not spec.unsealed)
-            report = verify.verify(cluster)
+            end = verify.read(cluster)
+            report = verify.report(cluster, end, start)
+            covered = verify.measure_coverage(cluster, end, start, min_coverage)
         finally:
             engine.clear(cluster)
         failed = [r for r in results if r.returncode != 0]
@@ -136,7 +142,9 @@ def run(cluster, spec: BenchSpec, progress=print) -> list[dict]:
             row.update(profile=profile_name, loss=loss, measured_loss=measured,
                        backend=report.backend, hosts=len(cluster.hosts), mtu=cluster.mtu,
                        sealed=not spec.unsealed, align_every=spec.align_every,
-                       raw_udp_pps=raw_pps,
+                       raw_udp_pps=raw_pps, coverage=covered.fraction,
+                       invalid=(None if profile.impairs_nothing() or covered.enough
+                                else covered.shortfall()),
                        raw_rate_fraction=(row["packets_per_s"] / raw_pps
                                           if row.get("packets_per_s") and raw_pps else None))
             rows.append(row)
@@ -189,4 +197,11 @@ def format_table(rows: list[dict]) -> str:
     if rows:
         lines.append(f"raw UDP rate between two hosts (one Python sender, MTU "
                      f"{rows[0]['mtu']}): {rows[0]['raw_udp_pps']:.0f} packets/s")
+    covered = [r["coverage"] for r in rows if r.get("coverage") is not None]
+    if covered:
+        lines.append(f"coverage (the hosts' bytes that crossed the impairment): "
+                     f"{min(covered):.1%} at the least")
+    for case in dict.fromkeys((r["profile"], r["loss"], r["invalid"]) for r in rows
+                              if r.get("invalid")):
+        lines.append(f"! {case[0]} at {case[1]:.0%} is no result: {case[2]}")
     return "\n".join(lines)

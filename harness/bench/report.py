@@ -26,7 +26,7 @@ RESULT_FIELDS = ("variant", "regime", "tokens_seen", "role", "profile", "loss", 
                  "corpus_sha", "split_sha", "heldout_windows", "heldout_dropped", "epochs",
                  "transport_counters", "ppl_delta_pct",
                  "measured_loss", "measured_loss_interval", "measured_packets", "rcvbuf_drops",
-                 "measured_window", "drift", "backend",
+                 "measured_window", "coverage", "invalid", "drift", "backend",
                  "packets_sent", "packets_lost", "bytes_sent", "losses", "model_sha",
                  "authenticated", "wire_warning", "rank_max_rss_mb", "exempt", "run_s",
                  "wait_for_all", "step_hist")
@@ -99,10 +99,11 @@ def _answer_rows(summary: dict) -> str:
                                                    if r.get("ppl_delta_ci95") else ""))
         speed = r.get("throughput_vs_reliable")
         p99 = r.get("p99_vs_reliable")
-        measured = r.get("measured_loss")
+        measured, covered = r.get("measured_loss"), r.get("coverage")
         values = [f"{r['loss']:.0%}", r["variant"], delta, finding(r),
                   "-" if speed is None else f"{speed:.2f}×", "-" if p99 is None else f"{p99:.2f}×",
-                  "-" if measured is None else f"{measured:.2%}", str(r["seeds"])]
+                  "-" if measured is None else f"{measured:.2%}",
+                  "-" if covered is None else f"{covered:.1%}", str(r["seeds"])]
         cells.append("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in values) + "</tr>")
     return "\n".join(cells)
 
@@ -120,7 +121,7 @@ def html_report(out: Path, summary: dict, images: list[str], printed: str) -> st
     versions = ", ".join(f"{k} {v}" for k, v in (prov.get("versions") or {}).items())
     head = ("<tr><th>loss</th><th>variant</th><th>Δppl vs lossless (95%)</th><th>finding</th>"
             "<th>tokens/s vs reliable</th><th>step p99 vs reliable</th>"
-            "<th>measured loss</th><th>seeds</th></tr>")
+            "<th>measured loss</th><th>coverage</th><th>seeds</th></tr>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>lossbed bench</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}}

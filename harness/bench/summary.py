@@ -95,6 +95,11 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
     for r in records:
         r.setdefault("role", "reference" if r["variant"] == "reliable" and r["loss"] == 0
                      else "lossy")
+    # a run whose traffic did not meet its impairment measured another network: it is named,
+    # and left out of every row, verdict and check below
+    invalid = [{"variant": r["variant"], "seed": r["seed"], "loss": r["loss"],
+                "role": r["role"], "why": r["invalid"]} for r in records if r.get("invalid")]
+    records = [r for r in records if not r.get("invalid")]
     refs = {(r["variant"], r["seed"]): r for r in records if r["role"] == "reference"}
     # A lossless reference of a lossy collective is lossless only if nothing came late: a
     # rank that falls behind (shared cores) loses packets at 0% too, and its model is then
@@ -158,6 +163,10 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
                 r["seed"] for r in runs if (reference_variant(variant), r["seed"]) in late_refs),
             "wire_warnings": [r["seed"] for r in runs if r.get("wire_warning")],
             "measured_loss": statistics.fmean(r["measured_loss"] for r in runs),
+            # the least share of the hosts' bytes that crossed the impairment, over its runs
+            "coverage": min((r["coverage"]["fraction"] for r in runs
+                             if (r.get("coverage") or {}).get("fraction") is not None),
+                            default=None),
             "drift": statistics.fmean(r["drift"] for r in runs),
         }
         base = speed.get(loss) or groups.get((loss, "reliable"), [])
@@ -197,6 +206,7 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
             "backend": backend, "noise_floor_pct": noise_floor,
             "lossless_ppl": lossless, "rows": rows,
             "budget": budget(records, rows, wall_s),
+            "invalid_runs": invalid,
             "checks": {"reliable_exact_under_loss": exact,
                        "reliable_unpaired": unpaired,
                        "references_missing_packets": incomplete}}

@@ -35,7 +35,7 @@ def table(summary: dict) -> str:
     width = max([15] + [len(r["variant"]) for r in summary["rows"]])
     head = (f"{'loss':>5} {'variant':<{width}} {'model':<9} {'tok/s vs rel':>12} "
             f"{'p99 vs rel':>10} {'Δppl %':>8} {'±95%':>6} {'real.sd':>7} {'finding':<12} "
-            f"{'ppl':>8} {'worst':>8} {'drift':>6} {'meas.loss':>9}")
+            f"{'ppl':>8} {'worst':>8} {'drift':>6} {'meas.loss':>9} {'cover':>6}")
     lines = []
     if summary.get("regime"):  # every Δppl below is true of this regime
         seen = ", ".join(f"{t:,}" for t in summary.get("tokens_seen") or []) or "-"
@@ -52,7 +52,7 @@ def table(summary: dict) -> str:
             f" {f(r.get('p99_vs_reliable'), '.2f'):>10} {f(r['ppl_delta_pct'], '+.2f'):>8}"
             f" {f(r['ppl_delta_ci95'], '.2f'):>6} {f(r.get('realisation_sd'), '.2f'):>7}"
             f" {finding(r):<12} {f(r['ppl'], '.3f'):>8} {f(r.get('ppl_rank_worst'), '.3f'):>8}"
-            f" {r['drift']:>6.3f} {r['measured_loss']:>9.2%}")
+            f" {r['drift']:>6.3f} {r['measured_loss']:>9.2%} {f(r.get('coverage'), '.1%'):>6}")
     lines.append("model: rank0 = rank 0's own (all equal), rank_mean = the ranks' own models "
                  "(mean; worst beside), owners = each shard as its owner holds it. Δppl: "
                  "against the same seed's lossless run of reliable (rps: of rps); real.sd: "
@@ -61,6 +61,11 @@ def table(summary: dict) -> str:
     if speed_steps:
         lines.append(f"reliable under loss: speed runs of {', '.join(map(str, speed_steps))} "
                      "steps (no perplexity: its model is checked equal to the lossless one)")
+    lines.append("cover: the least share of the hosts' bytes that crossed the impairment "
+                 "in the row's runs (their interfaces' counters against the impairment's)")
+    for bad in summary.get("invalid_runs") or []:
+        lines.append(f"! left out: {bad['variant']} seed {bad['seed']} at {bad['loss']:.0%} "
+                     f"({bad['role']}) is no result: {bad['why']}")
     for r in summary["rows"]:
         if r.get("disturbed"):
             lines.append(f"! {r['variant']} at {r['loss']:.0%}: the runs of seeds "

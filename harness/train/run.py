@@ -29,7 +29,7 @@ from harness.train.config import TrainConfig
 from testbed import doctor, profiles, stats
 from testbed.errors import LossbedError
 from testbed.host import lease
-from testbed.impair import engine, verify
+from testbed.impair import bypass, coverage, engine, verify
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +114,11 @@ class Run:
 
 def train(cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str] = (),
           out_dir: Path | None = None, echo=print, isolated: bool = False,
-          loss: float = 0.0, failure_grace_s: float = launch.FAILURE_GRACE_S) -> dict:
+          loss: float = 0.0, failure_grace_s: float = launch.FAILURE_GRACE_S,
+          min_coverage: float = coverage.DEFAULT_MIN_COVERAGE) -> dict:
     return train_runs(cluster, [Run(cfg, profile_name, tuple(sets), loss=loss,
                                     isolated=isolated)], out_dir, echo,
-                      failure_grace_s=failure_grace_s)[0]
+                      failure_grace_s=failure_grace_s, min_coverage=min_coverage)[0]
 
 
 def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
@@ -136,11 +137,14 @@ class _Boundaries:
     evaluation (the ranks' models gathered over gloo) crosses a clean network: under 30%
     loss TCP took over 300 s for it, and its packets were no part of the experiment."""
 
-    def __init__(self, cluster, runs: list[Run], plans: dict):
+    def __init__(self, cluster, runs: list[Run], plans: dict,
+                 min_coverage: float = coverage.DEFAULT_MIN_COVERAGE):
         self.cluster, self.runs, self.plans = cluster, runs, plans
+        self.min_coverage = min_coverage
         self.applied = None      # the (profile, sets) applied now
         self.start = None        # the counters at the start of the current run
-        self.windows: list = [None] * len(runs)   # per run: (report, profile) of its window
+        # per run: (report, profile, coverage) of its window
+        self.windows: list = [None] * len(runs)
         # when each run's "start" boundary came, and the one after the last run: a run's
         # wall time, setup and evaluation included, is the gap to the next one
         self.started_at: list = [None] * (len(runs) + 1)
@@ -162,7 +166,9 @@ class _Boundaries:
             elif phase == "trained":
                 end = verify.read(self.cluster)
                 profile = self.plans[self.applied][0].profile
-                self.windows[index] = (verify.report(self.cluster, end, self.start), profile)
+                self.windows[index] = (verify.report(self.cluster, end, self.start), profile,
+                                       verify.measure_coverage(self.cluster, end, self.start,
+                                                               self.min_coverage))
                 engine.clear(self.cluster)
                 self.applied = None
             elif phase == "ready":
@@ -178,14 +184,20 @@ class _Boundaries:
 
 def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
                echo=print, control_exempt: bool = False,
-               failure_grace_s: float = launch.FAILURE_GRACE_S) -> list[dict]:
+               failure_grace_s: float = launch.FAILURE_GRACE_S,
+               min_coverage: float = coverage.DEFAULT_MIN_COVERAGE) -> list[dict]:
     """Runs one after the other in one launch of the ranks, each under its own profile (the
-    profile changes between runs where it differs). Each run's measured loss and socket
-    drops are counted around that run alone. The profile also impairs the rendezvous port
-    (impair_the_control_path) unless control_exempt. Once a rank failed, the others get
-    failure_grace_s to end by themselves."""
+    profile changes between runs where it differs). Each run's measured loss, socket
+    drops and coverage are counted around that run alone; a run under an impairment whose
+    coverage is below min_coverage is marked `invalid` (with what carried its traffic
+    instead). The profile also impairs the rendezvous port (impair_the_control_path) unless
+    control_exempt. Once a rank failed, the others get failure_grace_s to end by
+    themselves."""
     for r in runs:
         check(r.cfg, cluster)
+    # (a local rank inherits this environment: what would route it around the impairment)
+    if cluster.shares_this_machine:
+        bypass.refuse_contradictions(os.environ, cluster)
     doctor.require(cluster, doctor_request([r.cfg for r in runs], cluster))
     plans, exempt = {}, {}
     for r in runs:  # every profile refused before anything is applied
@@ -200,7 +212,7 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
     # absolute: ranks on remote hosts write under it from their own working folder
     work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    boundaries = _Boundaries(cluster, runs, plans)
+    boundaries = _Boundaries(cluster, runs, plans, min_coverage)
     started = time.monotonic()
     # Remote hosts: renew the impairment's lease while the run lasts; if this controller
     # dies, the hosts revert by themselves.
@@ -234,14 +246,25 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
     wall = time.monotonic() - started
     records = []
     for i, r in enumerate(runs):
-        window, profile = boundaries.windows[i]
+        window, profile, covered = boundaries.windows[i]
         backend = plans[r.network][1].backend
         rec = record(r.cfg, cluster, profile, window, backend, lines[i],
                      [m[i] for m in metrics], work / f"run{i}", wall / len(runs))
         rec["exempt"] = exempt[r.network]
+        rec["coverage"] = covered.to_dict()
+        rec["invalid"] = uncovered(profile, covered)
         rec["run_s"] = boundaries.run_s(i)
         records.append(rec)
     return records
+
+
+def uncovered(profile, covered: coverage.Coverage) -> str | None:
+    """Why a run is no result, or None: its profile impairs, and too little of the hosts'
+    traffic crossed the impairment. A clean profile's run impairs nothing to be missed: its
+    coverage is recorded, not judged."""
+    if profile.impairs_nothing() or covered.enough:
+        return None
+    return covered.shortfall()
 
 
 def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) -> dict:

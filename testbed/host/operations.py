@@ -3,7 +3,8 @@ wherever the host is: in this process for a namespace host (through a netlink se
 opened into its namespace), in the VM's guest process, or on a remote machine through
 `python -m testbed.host.agent OP` (agent.py). Operations: probe (which impairment backends
 the kernel has), check (what the impaired interface carries), apply, renew, clear, counters
-(of an applied plan), udp_snmp, checkup (what `lossbed doctor` judges).
+(of an applied plan), udp_snmp, traffic (every interface's counters), checkup (what
+`lossbed doctor` judges).
 """
 
 from __future__ import annotations
@@ -113,6 +114,14 @@ def udp_snmp(host, payload: dict) -> dict:
     return {name: int(value) for name, value in zip(rows[0][1:], rows[1][1:], strict=True)}
 
 
+def traffic(host, payload: dict) -> dict:
+    """Every interface's and RDMA port's counters (what coverage holds the impairment's
+    counters against)."""
+    from testbed.impair.coverage import read_traffic
+
+    return read_traffic(host)
+
+
 def checkup(host, payload: dict) -> dict:
     from testbed.host import checkup as examination
 
@@ -124,7 +133,8 @@ def checkup(host, payload: dict) -> dict:
 
 
 OPERATIONS = {"probe": probe, "apply": apply, "clear": clear, "counters": counters,
-              "udp_snmp": udp_snmp, "check": check, "renew": renew, "checkup": checkup}
+              "udp_snmp": udp_snmp, "traffic": traffic, "check": check, "renew": renew,
+              "checkup": checkup}
 
 
 def dispatch(host, op: str, payload: dict):

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from testbed import stats
-from testbed.impair import engine
+from testbed.impair import coverage, engine
 from testbed.impair.counters import LinkCounters
 from testbed.profiles.model import GilbertElliott
 
@@ -115,6 +115,12 @@ class Reading:
     counters: list[list[LinkCounters]]   # per host of the plan, per rule
     snmp: dict[str, dict[str, int]]      # host -> /proc/net/snmp's Udp row
     taken_at: float
+    # host -> every interface's and RDMA port's counters (coverage.read_traffic)
+    traffic: dict[str, dict] = field(default_factory=dict)
+
+
+def read_traffic(host) -> dict:
+    return host.agent_call("traffic", {})
 
 
 def read(cluster) -> Reading:
@@ -131,9 +137,10 @@ def read(cluster) -> Reading:
     # hosts in parallel: on remote clusters each call is an SSH round trip and a Python start
     with ThreadPoolExecutor(max_workers=min(16, len(cluster.hosts))) as pool:
         per_host = list(pool.map(read_host, the_plan.hosts))
-        snmp = dict(zip([h.name for h in cluster.hosts],
-                        pool.map(read_udp_snmp, cluster.hosts), strict=True))
-    return Reading(per_host, snmp, time.monotonic())
+        names = [h.name for h in cluster.hosts]
+        snmp = dict(zip(names, pool.map(read_udp_snmp, cluster.hosts), strict=True))
+        traffic = dict(zip(names, pool.map(read_traffic, cluster.hosts), strict=True))
+    return Reading(per_host, snmp, time.monotonic(), traffic)
 
 
 def report(cluster, reading: Reading, since: Reading | None = None) -> Report:
@@ -160,6 +167,17 @@ def report(cluster, reading: Reading, since: Reading | None = None) -> Report:
         udp_in_datagrams={name: udp(name, "InDatagrams") for name in names},
         window=("since the profile was applied" if since is None else
                 f"between two readings {reading.taken_at - since.taken_at:.1f} s apart"))
+
+
+def measure_coverage(cluster, reading: Reading, since: Reading,
+                     min_coverage: float = coverage.DEFAULT_MIN_COVERAGE) -> coverage.Coverage:
+    """How much of the hosts' traffic between two readings crossed the impairment."""
+    the_plan, _ = engine.applied_plan(cluster)
+    paths = {hp.host: [now.since(then) for now, then in
+                       zip(reading.counters[i], since.counters[i], strict=True)]
+             for i, hp in enumerate(the_plan.hosts)}
+    return coverage.measure(the_plan, since.traffic, reading.traffic, paths, min_coverage,
+                            one_machine=cluster.shares_this_machine)
 
 
 def verify(cluster) -> Report:

@@ -506,6 +506,13 @@ class Profile(_Strict):
                                                 **changes})
         return self.model_copy(update={"impairment": impairment})
 
+    def impairs_nothing(self) -> bool:
+        """No path of this profile changes a packet: it only counts them (clean)."""
+        return (self.impairment.is_clean()
+                and all(i.is_clean() for i in self.hosts.values())
+                and all(Impairment.model_validate(
+                    link.model_dump(exclude={"src", "dst"})).is_clean() for link in self.links))
+
     def impairment_for(self, src: str, dst: str, at: str) -> Impairment:
         """The impairment of path src -> dst as applied at `at` (dst for ingress, src for
         egress): the default, then the host's override, then the link's, field by field."""

@@ -77,6 +77,8 @@ def test_reliable_under_loss_trains_exactly_the_lossless_model(cluster, tmp_path
     lossy = train(cluster, tmp_path, "lossy", "random-loss", ["loss_pct=10"],
                   variant="reliable")
     assert 0.05 < lossy["measured_loss"] < 0.15  # the loss really was applied
+    # ... to gloo's traffic: almost all the hosts' bytes crossed the impairment
+    assert lossy["coverage"]["fraction"] >= 0.95 and lossy["invalid"] is None, lossy["coverage"]
     assert lossy["model_sha"] == clean["model_sha"]
     assert torch.equal(params(lossy), params(clean))
     assert lossy["ppl"] == clean["ppl"]
@@ -90,6 +92,11 @@ def test_record_has_the_promised_fields(cluster, tmp_path):
                 "backend"):
         assert key in rec, key
     assert rec["profile"] == "random-loss" and rec["measured_packets"] > 0
+    # the hosts' traffic met the impairment: coverage per host, from their own counters
+    covered = rec["coverage"]
+    assert covered["fraction"] >= 0.95 and rec["invalid"] is None, covered
+    assert [h["host"] for h in covered["hosts"]] == [h.name for h in cluster.hosts]
+    assert all(h["fraction"] >= 0.9 for h in covered["hosts"]), covered
     # only setup before the run is exempt from the loss, and the rendezvous port is not
     assert rec["exempt"][0].startswith("setup (rendezvous, gloo's connections, DDP's")
     assert not any("29500" in e for e in rec["exempt"])
@@ -155,6 +162,8 @@ def test_each_run_of_a_launch_measures_its_own_loss_and_socket_drops(cluster, tm
     # 123840). A few, not a loss rate: the run is not flagged disturbed.
     assert clean["packets_lost"] < 0.01 * clean["packets_sent"], clean["transport_counters"]
     assert not clean["disturbed"]
+    # a clean profile impairs nothing to be missed: its coverage is recorded, not judged
+    assert clean["coverage"]["fraction"] is not None and clean["invalid"] is None
     for rec in (low, high, clean):
         assert rec["rcvbuf_drops"] < 2000, rec["rcvbuf_drops"]
         assert rec["measured_window"].startswith("between two readings")

@@ -290,7 +290,7 @@ def test_every_launch_gives_its_ranks_a_fresh_key(monkeypatch):
             raise RuntimeError("stop here")
 
     class Cluster:
-        kind, mtu, hosts = "netns", 1500, [Host(), Host()]
+        name, kind, mtu, hosts = "c1", "netns", 1500, [Host(), Host()]
         shares_this_machine = True
 
         def rank_python(self, host) -> str:

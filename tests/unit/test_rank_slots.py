@@ -12,7 +12,7 @@ from harness import launch
 def _cluster(kind: str, gpus: list[int]):
     hosts = [SimpleNamespace(name=f"h{i + 1}", address=f"10.0.0.{i + 1}", ifname="eth0",
                              gpus=g) for i, g in enumerate(gpus)]
-    return SimpleNamespace(kind=kind, hosts=hosts, mtu=1500,
+    return SimpleNamespace(name="c1", kind=kind, hosts=hosts, mtu=1500,
                            shares_this_machine=kind == "netns")
 
 
@@ -43,7 +43,8 @@ def test_a_local_rank_keeps_the_controllers_python_path_after_the_project(monkey
                                     stdin=subprocess.PIPE, text=True)
 
     monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
-    cluster = SimpleNamespace(kind="netns", hosts=[Host()], mtu=1500, shares_this_machine=True,
+    cluster = SimpleNamespace(name="c1", kind="netns", hosts=[Host()], mtu=1500,
+                              shares_this_machine=True,
                               rank_python=lambda host: "python3")
     launch.run(cluster, "harness.nothing", [], authenticate=False)
     assert seen["PYTHONPATH"] == f"{launch.PROJECT_ROOT}:/somewhere/else"
