@@ -24,11 +24,13 @@ def unique_name() -> str:
     return "t" + uuid.uuid4().hex[:6]
 
 
-def lossbed(*args: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess, as a user would."""
+def lossbed(*args: str, check: bool = False, timeout: float = 120,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user would (in `env`: this environment)."""
     return subprocess.run(
         [*LOSSBED, *args], capture_output=True, text=True, timeout=timeout, check=check,
-        cwd=REPO, env={**os.environ, "PYTHONPATH": with_repo_on_path()},
+        cwd=REPO, env={**(os.environ if env is None else env),
+                       "PYTHONPATH": with_repo_on_path()},
     )
 
 
