@@ -178,7 +178,53 @@ def judge(cluster, facts: dict[str, dict], request: Request) -> Report:
                     "synchronise the hosts' clocks (chrony or PTP): tail latency across "
                     "hosts needs them"))
     _judge_backend(report, cluster, facts, request)
+    _judge_bypasses(add, cluster, facts, request)
     return report
+
+
+def _judge_bypasses(add, cluster, facts: dict[str, dict], request: Request,
+                    environ: dict | None = None) -> None:
+    """Every way around the impaired interface that can be seen before a run: a second
+    interface that reaches a peer, hardware RDMA devices (NCCL's IB transport), and this
+    controller's gloo/NCCL variables that ranks on this machine would inherit. lossbed's
+    own launchers keep their ranks on the impaired interface; coverage measures the rest."""
+    import ipaddress
+    import os
+
+    from testbed.impair import bypass
+
+    def addresses_of(host) -> list:
+        f = facts.get(host.name, {})
+        return [ipaddress.ip_interface(a).ip for a in f.get("nic", {}).get("addresses", [])
+                + [a for listed in f.get("other_interfaces", {}).values() for a in listed]]
+
+    addresses = {host.name: addresses_of(host) for host in cluster.hosts}
+    for host in cluster.hosts:
+        f = facts.get(host.name, {})
+        for ifname, listed in f.get("other_interfaces", {}).items():
+            nets = [ipaddress.ip_interface(a).network for a in listed]
+            peers = [p.name for p in cluster.hosts if p.name != host.name
+                     and any(ip in net for ip in addresses[p.name] for net in nets)]
+            if peers:
+                add(Finding(host.name, "second path to peers",
+                            f"{ifname} ({', '.join(listed)}) reaches {', '.join(peers)} "
+                            f"around the impaired {host.ifname}", False, False,
+                            f"lossbed's ranks use {host.ifname} (GLOO_SOCKET_IFNAME, "
+                            "NCCL_SOCKET_IFNAME); a job that binds "
+                            f"{ifname} is not impaired, and coverage makes its run no result"))
+        devices = f.get("hardware_rdma", [])
+        if devices and not (cluster.shares_this_machine and host is not cluster.hosts[0]):
+            add(Finding(host.name, "RDMA bypass",
+                        f"{', '.join(devices)}: NCCL's IB/RoCE transport talks to them "
+                        "directly, and no qdisc sees it", False, False,
+                        "lossbed's ranks run NCCL with NCCL_IB_DISABLE=1 over sockets on the "
+                        "impaired interface; --transport verbs-* on these devices needs "
+                        "LOSSBED_DROP_MASK=SEED:RATE for its loss"))
+    if cluster.shares_this_machine:  # ranks here inherit the controller's environment
+        for name, value, does in bypass.contradictions(
+                os.environ if environ is None else environ, cluster):
+            add(Finding("controller", name, f"{name}={value} {does}", False, True,
+                        f"unset {name}: lossbed sets it for every rank"))
 
 
 def _backend_is(facts: dict, name: str) -> bool:

@@ -18,6 +18,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from testbed.impair import coverage
+
 COMMANDS = ("ip", "tc", "nft", "ethtool")
 # kernel modules by the feature they give; a feature is there when its module is built in,
 # loaded, or installed for the running kernel
@@ -171,6 +173,23 @@ def rdma_devices() -> list[str]:
     return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
 
+def other_interfaces(host) -> dict[str, list[str]]:
+    """Every addressed, non-loopback interface but the impaired one: name -> its IPv4
+    networks as address/prefix (a second way to the peers is a way around the impairment)."""
+    import socket
+
+    found: dict[str, list[str]] = {}
+    with host.netlink() as ipr:
+        names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()
+                 if not link["flags"] & 0x8}  # IFF_LOOPBACK
+        for a in ipr.get_addr(family=socket.AF_INET):
+            name = names.get(a["index"])
+            if name and name != host.ifname:
+                found.setdefault(name, []).append(
+                    f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}")
+    return found
+
+
 def examine(host, payload: dict, backends: dict, carried: dict) -> dict:
     """Every fact about this host; payload: python (the ranks' interpreter), project (its
     PYTHONPATH), and python_facts (false: skip the interpreter, e.g. already examined on
@@ -187,6 +206,9 @@ def examine(host, payload: dict, backends: dict, carried: dict) -> dict:
         "backends": backends,
         "nic": nic(host, carried),
         "rdma_devices": rdma_devices(),
+        # what could carry a job around the impaired interface (judged by doctor)
+        "hardware_rdma": coverage.rdma_devices(),
+        "other_interfaces": other_interfaces(host),
         "gpu_driver": gpu_driver(),
     }
     if payload.get("python_facts", True):

@@ -120,3 +120,14 @@ def test_a_users_variable_naming_another_interface_is_refused_before_launch(clus
     assert done.returncode == 2 and summary is None  # nothing ran, nothing was written
     assert "GLOO_SOCKET_IFNAME" in done.stderr and "mgmt0" in done.stderr
     assert time.monotonic() - started < 30
+
+
+def test_doctor_names_the_management_network_as_a_second_path(cluster):
+    from testbed import doctor
+
+    report = doctor.examine(cluster, doctor.Request(), with_python=False)
+    second = [f for f in report.findings if f.check == "second path to peers"]
+    assert sorted(f.host for f in second) == ["h1", "h2", "h3"]
+    assert all(f.state.startswith("mgmt0 (10.202.") and not f.needed for f in second)
+    # a warning, not a refusal: lossbed's own ranks stay on eth0
+    assert not [f for f in report.blocking if f.check == "second path to peers"]
