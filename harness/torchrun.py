@@ -152,6 +152,9 @@ def commands(cluster, spec: RunSpec, checked: Checked, job_id: str, key: str | N
                **bypass.pinned_env(cluster, host), "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(getattr(host, "project", launch.PROJECT_ROOT)),
                **launch.transport_env(checked.profile)}
+        for name in launch.FORWARDED:  # the controller's choices (the drop mask, ...)
+            if os.environ.get(name):
+                env[name] = os.environ[name]
         if key:
             env[auth.KEY_ENV] = key
         if gate:
@@ -336,6 +339,7 @@ def _pump(stream, job: _Job, sink) -> None:
 def _impair(cluster, the_plan, choice, applied: dict, echo) -> None:
     engine.apply(cluster, the_plan, choice)
     applied["start"] = verify.read(cluster)
+    applied["backend"] = the_plan.backend
     echo(f"[run] profile {the_plan.profile.name} applied ({the_plan.backend})")
 
 
@@ -391,6 +395,11 @@ def summarise(cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_
         "hosts": [h.host.name for h in hosts], "ranks": len(ranks), "exit_code": code,
         "joined": job.joined.is_set(), "applied": "start" in applied,
         "coverage": applied["coverage"].to_dict() if "coverage" in applied else None,
+        "loss_applied_by": ([f"kernel: the {applied['backend']} backend on the hosts' "
+                             f"{', '.join(sorted({h.host.ifname for h in hosts}))}"]
+                            if "backend" in applied else [])
+        + ([f"drop mask {os.environ['LOSSBED_DROP_MASK']} (SEED:RATE) at the receivers"]
+           if os.environ.get("LOSSBED_DROP_MASK") else []),
         "measured_loss": measured, "measured_loss_interval": interval,
         "missing_fraction": missing / (received + missing) if received + missing else None,
         "steps": steps, "steps_per_s": steps / train_s if steps and train_s else None,

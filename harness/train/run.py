@@ -27,7 +27,7 @@ from harness.metrics.counts import summed
 from harness.metrics.hdr import Histogram
 from harness.train.config import TrainConfig
 from testbed import doctor, profiles, stats
-from testbed.errors import LossbedError
+from testbed.errors import LossbedError, UsageError
 from testbed.host import lease
 from testbed.impair import bypass, coverage, engine, verify
 
@@ -138,9 +138,10 @@ class _Boundaries:
     loss TCP took over 300 s for it, and its packets were no part of the experiment."""
 
     def __init__(self, cluster, runs: list[Run], plans: dict,
-                 min_coverage: float = coverage.DEFAULT_MIN_COVERAGE):
+                 min_coverage: float = coverage.DEFAULT_MIN_COVERAGE,
+                 rdma_by_drop_mask: bool = False):
         self.cluster, self.runs, self.plans = cluster, runs, plans
-        self.min_coverage = min_coverage
+        self.min_coverage, self.rdma_by_drop_mask = min_coverage, rdma_by_drop_mask
         self.applied = None      # the (profile, sets) applied now
         self.start = None        # the counters at the start of the current run
         # per run: (report, profile, coverage) of its window
@@ -168,7 +169,8 @@ class _Boundaries:
                 profile = self.plans[self.applied][0].profile
                 self.windows[index] = (verify.report(self.cluster, end, self.start), profile,
                                        verify.measure_coverage(self.cluster, end, self.start,
-                                                               self.min_coverage))
+                                                               self.min_coverage,
+                                                               self.rdma_by_drop_mask))
                 engine.clear(self.cluster)
                 self.applied = None
             elif phase == "ready":
@@ -209,10 +211,11 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
             else:
                 profile, exempt[key] = impair_the_control_path(profile)
             plans[key] = engine.make_plan(cluster, profile)
+    drop_mask = verbs_loss(cluster, runs, plans)
     # absolute: ranks on remote hosts write under it from their own working folder
     work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    boundaries = _Boundaries(cluster, runs, plans, min_coverage)
+    boundaries = _Boundaries(cluster, runs, plans, min_coverage, drop_mask is not None)
     started = time.monotonic()
     # Remote hosts: renew the impairment's lease while the run lasts; if this controller
     # dies, the hosts revert by themselves.
@@ -253,9 +256,44 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
         rec["exempt"] = exempt[r.network]
         rec["coverage"] = covered.to_dict()
         rec["invalid"] = uncovered(profile, covered)
+        rec["loss_applied_by"] = loss_applied_by(profile, backend, drop_mask, cluster)
         rec["run_s"] = boundaries.run_s(i)
         records.append(rec)
     return records
+
+
+def verbs_loss(cluster, runs: list[Run], plans: dict) -> str | None:
+    """The receivers' drop mask (LOSSBED_DROP_MASK) the runs use, or None; refused before
+    launch: a verbs run under a lossy profile on hardware RDMA devices without one (the
+    NIC's traffic passes no qdisc, nft rule or BPF program: the kernel's loss would miss
+    it, and the run would say 10% and lose nothing)."""
+    from harness.transport.semantics import Semantics
+
+    drop_mask = os.environ.get("LOSSBED_DROP_MASK") or None
+    lossy_verbs = sorted({r.cfg.transport for r in runs if Semantics.parse(r.cfg.transport).verbs
+                          and not plans[r.network][0].profile.impairs_nothing()})
+    if not lossy_verbs or drop_mask:
+        return drop_mask
+    hardware = [h.name for h in cluster.hosts if verify.read_traffic(h)["rdma"]]
+    if hardware:
+        raise UsageError(
+            "LOSSBED_DROP_MASK", f"--transport {lossy_verbs[0]} runs on the hardware RDMA "
+            f"devices of {', '.join(hardware)}, whose traffic no qdisc, nft rule or BPF "
+            "program sees: the profile's loss would not reach it",
+            "Set LOSSBED_DROP_MASK=SEED:RATE (e.g. 7:0.1 for 10%): the receivers drop by "
+            "lossbed's seeded mask, and each record says so (loss_applied_by)")
+    return None
+
+
+def loss_applied_by(profile, backend: str, drop_mask: str | None, cluster) -> list[str]:
+    """What dropped the run's packets: the kernel's impairment (which backend, where), and
+    the receivers' drop mask where one is set."""
+    by = [] if profile.impairs_nothing() else [
+        f"kernel: the {backend} backend on the hosts' "
+        f"{', '.join(sorted({h.ifname for h in cluster.hosts}))}"]
+    if drop_mask:
+        by.append(f"drop mask {drop_mask} (SEED:RATE) at the receivers")
+    return by
 
 
 def uncovered(profile, covered: coverage.Coverage) -> str | None:

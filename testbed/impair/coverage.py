@@ -201,10 +201,13 @@ def _fix(elsewhere: dict[str, int]) -> str:
 
 
 def measure(plan, before: dict[str, dict], after: dict[str, dict], path_counters: dict,
-            min_coverage: float = DEFAULT_MIN_COVERAGE, one_machine: bool = False) -> Coverage:
+            min_coverage: float = DEFAULT_MIN_COVERAGE, one_machine: bool = False,
+            rdma_by_drop_mask: bool = False) -> Coverage:
     """Coverage over a window. before/after: host -> read_traffic(); path_counters: host ->
     its impaired paths' LinkCounters over the same window (LinkCounters.since).
-    one_machine: the hosts share one machine's RDMA devices (namespace hosts), counted once."""
+    one_machine: the hosts share one machine's RDMA devices (namespace hosts), counted once.
+    rdma_by_drop_mask: the receivers drop RDMA traffic by lossbed's seeded mask (no qdisc
+    sees it): the RDMA ports' bytes count as impaired, by the mask."""
     direction = "egress" if plan.profile.direction == "egress" else "ingress"
     side = "rx" if direction == "ingress" else "tx"
     hosts = []
@@ -244,9 +247,13 @@ def measure(plan, before: dict[str, dict], after: dict[str, dict], path_counters
                 if earlier is None:
                     continue
                 n = c[f"{side}_bytes"] - earlier[f"{side}_bytes"]
+                packets = c[f"{side}_packets"] - earlier[f"{side}_packets"]
                 total_bytes += n
-                total_packets += c[f"{side}_packets"] - earlier[f"{side}_packets"]
-                if n > 0:
+                total_packets += packets
+                if rdma_by_drop_mask:
+                    seen_bytes += n
+                    seen_packets += packets
+                elif n > 0:
                     elsewhere[f"rdma {port} on {hp.host} (kernel bypass)"] = n
         hosts.append(HostCoverage(hp.host, direction, seen_bytes, seen_packets,
                                   total_bytes, total_packets, elsewhere))

@@ -170,14 +170,17 @@ def report(cluster, reading: Reading, since: Reading | None = None) -> Report:
 
 
 def measure_coverage(cluster, reading: Reading, since: Reading,
-                     min_coverage: float = coverage.DEFAULT_MIN_COVERAGE) -> coverage.Coverage:
-    """How much of the hosts' traffic between two readings crossed the impairment."""
+                     min_coverage: float = coverage.DEFAULT_MIN_COVERAGE,
+                     rdma_by_drop_mask: bool = False) -> coverage.Coverage:
+    """How much of the hosts' traffic between two readings crossed the impairment (the
+    RDMA ports' as well, where lossbed's drop mask impairs it: rdma_by_drop_mask)."""
     the_plan, _ = engine.applied_plan(cluster)
     paths = {hp.host: [now.since(then) for now, then in
                        zip(reading.counters[i], since.counters[i], strict=True)]
              for i, hp in enumerate(the_plan.hosts)}
     return coverage.measure(the_plan, since.traffic, reading.traffic, paths, min_coverage,
-                            one_machine=cluster.shares_this_machine)
+                            one_machine=cluster.shares_this_machine,
+                            rdma_by_drop_mask=rdma_by_drop_mask)
 
 
 def verify(cluster) -> Report:

@@ -9,6 +9,10 @@ Steps, each in a process of its own under its own timeout, within one budget (8 
   hook    the DDP hook's CUDA staging path and the DDP wrap (tests/unit, CUDA cases included)
   train   every variant, tiny and small, --device cuda, 2 hosts sharing the GPU, 10% loss
   nccl    `reliable` over NCCL with a GPU per rank (2 GPUs or more)
+  coverage `reliable` over NCCL on the 2 namespace hosts sharing the GPU, at 0% and 10% loss:
+          NCCL's traffic crosses the impaired veths (coverage >= 0.9: its socket transport on
+          eth0, a host id per namespace host, no P2P/SHM between them) and its steps slow
+          down under loss
   wire    the data plane against the wire on this host's cores (bench_wire, MTU 9000 and
           1500, 4 hosts)
 Prints one table and, last, one JSON line (also written to DIR/tier.json). Exit 0: every step
@@ -29,7 +33,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = ("core", "doctor", "hook", "train", "nccl", "wire")
+STEPS = ("core", "doctor", "hook", "train", "nccl", "coverage", "wire")
 VARIANTS = ("reliable", "unbiased", "unbiased_drift", "rps")
 PRESETS = ("tiny", "small")
 
@@ -139,6 +143,34 @@ class Tier:
             detail = f"ppl {rec['ppl']:.1f}, {rec['tokens_per_s']:.0f} tok/s"
         self.record("nccl", "passed" if code == 0 else "failed", seconds, detail)
 
+    def coverage(self) -> None:
+        """NCCL under a kernel impairment is impaired like everything else, or this fails."""
+        records, seconds, failed = {}, 0.0, ""
+        for loss in ("0", "0.1"):
+            record = self.out / f"coverage-{loss}.json"
+            code, output, took = _run(
+                lossbed("train", "--cluster", self.cluster, "--variant", "reliable", "--device",
+                        "cuda", "--preset", "tiny", "--steps", "30", "--profile",
+                        "random-loss" if loss != "0" else "clean",
+                        *(("--loss", loss) if loss != "0" else ()), "--json", str(record)),
+                min(180, self.left()), env={"LOSSBED_BACKEND": "nccl"})
+            seconds += took
+            if code != 0 or not record.exists():
+                failed = output.strip().splitlines()[-1] if output.strip() else f"exit {code}"
+                break
+            records[loss] = json.loads(record.read_text().splitlines()[-1])
+        if failed:
+            self.record("coverage", "failed", seconds, failed)
+            return
+        lossy, clean = records["0.1"], records["0"]
+        covered = lossy["coverage"]["fraction"] or 0.0
+        slower = lossy["step_ms"]["p50"] / clean["step_ms"]["p50"]
+        ok = covered >= 0.9 and lossy["measured_loss"] > 0.05 and slower > 1.0
+        self.record("coverage", "passed" if ok else "failed", seconds,
+                    f"coverage {covered:.1%}, measured loss {lossy['measured_loss']:.1%}, "
+                    f"step p50 x{slower:.2f} at 10% (NCCL over the veths)",
+                    coverage=covered, step_p50_ratio=slower)
+
     def wire(self) -> None:
         result = self.out / "wire.json"
         code, output, seconds = _run(
@@ -211,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu_host = tier.doctor() if "doctor" in steps else None
             gpus_shown = tier.rows[-1].get("gpus", "0") if gpu_host is not None else "0"
             gpus = int(gpus_shown.split()[0]) if gpus_shown.split()[0].isdigit() else 0
-            for step in ("hook", "train", "nccl"):
+            for step in ("hook", "train", "nccl", "coverage"):
                 if step not in steps:
                     continue
                 if gpu_host is False:

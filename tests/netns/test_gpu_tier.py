@@ -29,13 +29,13 @@ def _tier(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_without_a_gpu_the_tier_says_so_and_exits_3(tmp_path):
     before = set(netns_cluster.leftover_clusters())
-    result = _tier("--only", "core,doctor,hook,train,nccl", "--out", str(tmp_path))
+    result = _tier("--only", "core,doctor,hook,train,nccl,coverage", "--out", str(tmp_path))
     assert result.returncode == 3, result.stdout + result.stderr[-2000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     rows = {r["step"]: r for r in summary["rows"]}
     assert rows["core"]["result"] == "passed"
     assert rows["doctor"]["result"] == "failed" and "GPUs: 0" in rows["doctor"]["detail"]
-    for step in ("hook", "train", "nccl"):
+    for step in ("hook", "train", "nccl", "coverage"):
         assert rows[step]["result"] == "not run" and "not a GPU host" in rows[step]["detail"]
     assert "step" in result.stdout and "not run" in result.stdout  # the table
     assert json.loads((tmp_path / "tier.json").read_text()) == summary

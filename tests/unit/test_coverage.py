@@ -118,3 +118,12 @@ def test_no_traffic_is_no_result_and_a_threshold_is_a_threshold():
     paths = {"h1": [seen("h1", "h2", 1000)], "h2": [seen("h2", "h1", 1000)]}
     assert measure(after, paths).enough  # 10/11 = 0.909 of the bytes
     assert not measure(after, paths, min_coverage=0.95).enough
+
+
+def test_rdma_traffic_the_drop_mask_impairs_counts_as_impaired():
+    port = {"rx_bytes": 9_000_000, "tx_bytes": 0, "rx_packets": 2000, "tx_packets": 0}
+    after = {h.name: traffic(eth0=link(1000, 1_014_000), rdma={"mlx5_0/1": port})
+             for h in HOSTS}
+    paths = {"h1": [seen("h1", "h2", 1000)], "h2": [seen("h2", "h1", 1000)]}
+    got = measure(after, paths, rdma_by_drop_mask=True)
+    assert got.fraction == 1.0 and got.elsewhere() == {}

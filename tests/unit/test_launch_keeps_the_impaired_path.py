@@ -81,3 +81,45 @@ def test_settings_that_agree_with_lossbeds_are_kept():
     assert bypass.contradictions(agreeing, cluster) == []
     # a real host's own host id is its business
     assert bypass.contradictions({"NCCL_HOSTID": "x"}, _cluster(False)) == []
+
+
+class _RdmaHost(SimpleNamespace):
+    def agent_call(self, op, payload):
+        assert op == "traffic"
+        return {"interfaces": {}, "rdma": {"mlx5_0/1": {}} if self.hardware else {}}
+
+
+def _verbs_runs(transport="verbs-uc", profile="random-loss"):
+    from harness.train import run
+    from harness.train.config import TrainConfig
+
+    runs = [run.Run(TrainConfig(variant="unbiased", transport=transport), profile, loss=0.1)]
+    plans = {runs[0].network: (SimpleNamespace(profile=runs[0].load_profile()),)}
+    return runs, plans
+
+
+def test_verbs_on_a_hardware_rdma_device_is_refused_without_the_drop_mask(monkeypatch):
+    from harness.train import run
+
+    monkeypatch.delenv("LOSSBED_DROP_MASK", raising=False)
+    cluster = SimpleNamespace(hosts=[_RdmaHost(name="h1", hardware=True, ifname="eth0")])
+    with pytest.raises(UsageError) as err:
+        run.verbs_loss(cluster, *_verbs_runs())
+    assert err.value.field == "LOSSBED_DROP_MASK" and "h1" in str(err.value)
+    # with the mask, the run goes on, and says which loss it had
+    monkeypatch.setenv("LOSSBED_DROP_MASK", "7:0.1")
+    assert run.verbs_loss(cluster, *_verbs_runs()) == "7:0.1"
+    profile = _verbs_runs()[1].popitem()[1][0].profile
+    assert run.loss_applied_by(profile, "bpf", "7:0.1", cluster) == [
+        "kernel: the bpf backend on the hosts' eth0",
+        "drop mask 7:0.1 (SEED:RATE) at the receivers"]
+
+
+def test_soft_roce_and_udp_take_the_kernels_loss(monkeypatch):
+    from harness.train import run
+
+    monkeypatch.delenv("LOSSBED_DROP_MASK", raising=False)
+    soft = SimpleNamespace(hosts=[_RdmaHost(name="h1", hardware=False, ifname="eth0")])
+    assert run.verbs_loss(soft, *_verbs_runs()) is None  # rxe sends through eth0
+    hard = SimpleNamespace(hosts=[_RdmaHost(name="h1", hardware=True, ifname="eth0")])
+    assert run.verbs_loss(hard, *_verbs_runs(transport="udp")) is None
