@@ -16,7 +16,7 @@ def test_the_profile_is_applied_when_the_run_is_ready_and_cleared_when_it_has_tr
     monkeypatch.setattr(run.engine, "clear", lambda cluster: events.append(("clear",)))
     monkeypatch.setattr(run.verify, "read", lambda cluster: {"read": len(events)})
     monkeypatch.setattr(run.verify, "report", lambda cluster, end, start: (start, end))
-    monkeypatch.setattr(run.verify, "measure_coverage", lambda cluster, end, start, least: None)
+    monkeypatch.setattr(run.verify, "measure_coverage", lambda cluster, end, start, *how: None)
 
     class Plan:
         profile = "lossy"
@@ -40,7 +40,7 @@ def test_a_runs_wall_time_is_the_gap_between_its_start_boundary_and_the_next(mon
     monkeypatch.setattr(run.engine, "clear", lambda cluster: None)
     monkeypatch.setattr(run.verify, "read", lambda cluster: {})
     monkeypatch.setattr(run.verify, "report", lambda cluster, end, start: None)
-    monkeypatch.setattr(run.verify, "measure_coverage", lambda cluster, end, start, least: None)
+    monkeypatch.setattr(run.verify, "measure_coverage", lambda cluster, end, start, *how: None)
     clock = iter([100.0, 130.5, 172.0])
     monkeypatch.setattr(run.time, "monotonic", lambda: next(clock))
 
