@@ -143,7 +143,7 @@ def _cmd_bench(args) -> int:
                      seeds=args.seeds, variants=args.variants or list(DEFAULT_VARIANTS),
                      mtu=args.mtu, realisations=args.realisations,
                      speed_steps=args.speed_steps, isolated=args.unsealed,
-                     stability=args.stability,
+                     stability=args.stability, band_pct=args.band_pct,
                      **_regime_options(args), **_training_options(args))
     spec.validate()  # bad input is refused before anything is built
     # absolute: ranks on remote hosts write under it from their own working folder
@@ -358,6 +358,10 @@ def add_commands(sub) -> None:
                    help="one run more: seed 0's lossless reference with its initial weights "
                         "moved by 1e-6, to check that the regime is not chaotic (summary: "
                         "stability; reproduce always runs it)")
+    p.add_argument("--band-pct", type=float, default=BenchSpec.band_pct,
+                   help="each lossy row's Δppl is judged against ±this many percent: holds "
+                        "when its whole 95%% interval is inside, does not hold when outside "
+                        f"(default: {BenchSpec.band_pct:g}, arXiv 2507.07114's bound)")
     _add_training_options(p, BenchSpec, sizes_note="; train's is larger: a bench runs tens "
                           "of runs")
     _add_regime_options(p)

@@ -6,12 +6,17 @@ Per (loss, variant) found in both:
                  time where either bench has fewer than the 100 steps a p99 needs)
     perplexity   NEW Δppl above BASE's by more than the larger of: the threshold in points
                  of Δppl (default 1.0), both 95% half-widths, and the lossless noise floor
+    verdict      the row's claim, both judged against NEW's band (harness/metrics/verdict.py):
+                 it held in BASE and does not hold in NEW
 Exit status 1 when anything regressed (the nightly hardware CI fails on it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from harness.bench.summary import withheld_by_the_runs
+from harness.metrics import verdict
 
 
 @dataclass
@@ -28,6 +33,7 @@ class Finding:
 def compare(base: dict, new: dict, threshold_pct: float = 10.0,
             ppl_points: float = 1.0) -> list[Finding]:
     base_rows = {(r["loss"], r["variant"]): r for r in base["rows"]}
+    band = new.get("band_pct") or verdict.BAND_PCT
     findings = []
     floor = max(base.get("noise_floor_pct") or 0.0, new.get("noise_floor_pct") or 0.0)
     for r in new["rows"]:
@@ -51,7 +57,19 @@ def compare(base: dict, new: dict, threshold_pct: float = 10.0,
             findings.append(Finding(*key, "Δppl %", b["ppl_delta_pct"], r["ppl_delta_pct"],
                                     f"+{allowed:.2f} points",
                                     r["ppl_delta_pct"] - b["ppl_delta_pct"] > allowed))
+            # the claim itself, both judged against NEW's band: one that held and now does
+            # not hold regressed (an inconclusive either side is no evidence of it)
+            was, now = (_judged(row, band) for row in (b, r))
+            findings.append(Finding(*key, f"verdict ±{band:g}%", b["ppl_delta_pct"],
+                                    r["ppl_delta_pct"], f"{was} -> {now}",
+                                    was == verdict.HOLDS and now == verdict.FAILS))
     return findings
+
+
+def _judged(row: dict, band_pct: float) -> str:
+    return verdict.delta_ppl(row["ppl_delta_pct"], row.get("ppl_delta_ci95"),
+                             len(row.get("ppl_deltas") or []) or row.get("seeds", 0),
+                             band_pct, withheld=withheld_by_the_runs(row)).verdict
 
 
 def format_findings(findings: list[Finding]) -> str:

@@ -14,8 +14,9 @@ import subprocess
 from pathlib import Path
 
 from harness.bench.plots import plots
-from harness.bench.summary import finding
+from harness.bench.summary import verdict_cell
 from harness.bench.table import table
+from harness.metrics.verdict import BAND_PCT
 
 RESULT_FIELDS = ("variant", "regime", "tokens_seen", "role", "profile", "loss", "loss_seed",
                  "seed", "steps", "hosts",
@@ -100,7 +101,7 @@ def _answer_rows(summary: dict) -> str:
         speed = r.get("throughput_vs_reliable")
         p99 = r.get("p99_vs_reliable")
         measured, covered = r.get("measured_loss"), r.get("coverage")
-        values = [f"{r['loss']:.0%}", r["variant"], delta, finding(r),
+        values = [f"{r['loss']:.0%}", r["variant"], delta, verdict_cell(r),
                   "-" if speed is None else f"{speed:.2f}×", "-" if p99 is None else f"{p99:.2f}×",
                   "-" if measured is None else f"{measured:.2%}",
                   "-" if covered is None else f"{covered:.1%}", str(r["seeds"])]
@@ -119,7 +120,8 @@ def html_report(out: Path, summary: dict, images: list[str], printed: str) -> st
                        f"{html.escape(name)}</figcaption></figure>")
     prov = summary.get("provenance") or {}
     versions = ", ".join(f"{k} {v}" for k, v in (prov.get("versions") or {}).items())
-    head = ("<tr><th>loss</th><th>variant</th><th>Δppl vs lossless (95%)</th><th>finding</th>"
+    head = ("<tr><th>loss</th><th>variant</th><th>Δppl vs lossless (95%)</th>"
+            f"<th>verdict vs ±{summary.get('band_pct', BAND_PCT):g}%</th>"
             "<th>tokens/s vs reliable</th><th>step p99 vs reliable</th>"
             "<th>measured loss</th><th>coverage</th><th>seeds</th></tr>")
     return f"""<!DOCTYPE html>

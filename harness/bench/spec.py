@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from harness import launch
 from harness.bench import stability
 from harness.collectives.lossy import LOSSY_STAGES
+from harness.metrics.verdict import BAND_PCT
 from harness.model import presets
 from harness.train.config import VARIANTS, TrainConfig
 from harness.transport.semantics import Semantics
@@ -133,8 +134,14 @@ class BenchSpec:
     # chaos check every Δppl verdict of reproduce waits for (harness/bench/stability.py)
     stability: bool = False
     mtu: int = 1500
+    # the band every lossy row's Δppl is judged against (harness/metrics/verdict.py), percent
+    band_pct: float = BAND_PCT
 
     def validate(self) -> None:
+        if not (math.isfinite(self.band_pct) and 0 < self.band_pct < 100):
+            raise UsageError("--band-pct", f"{self.band_pct:g} is not a band in percent",
+                             f"e.g. --band-pct {BAND_PCT} (the paper's: Δppl within "
+                             f"±{BAND_PCT}%)")
         bad = [x for x in self.losses if not 0 <= x < 1]
         if bad:
             raise UsageError("--loss", f"{bad[0]} is not a fraction in [0, 1)",

@@ -19,8 +19,9 @@ here (300 steps, seed 0): SGD at 0.1 with momentum 0.9 moved by +2.58%, unstable
 
 from __future__ import annotations
 
+from harness.metrics.verdict import BAND_PCT as PPL_BAND_PCT
+
 NOISE = 1e-6
-PPL_BAND_PCT = 0.8  # 2507.07114: at most 0.8% perplexity at 10% loss
 TOLERANCE_PCT = PPL_BAND_PCT / 4
 TWIN_SEED = 0
 

@@ -10,12 +10,14 @@ import statistics
 
 from harness.bench import stability
 from harness.bench.spec import base_variant
+from harness.metrics import verdict
 from harness.metrics.hdr import Histogram
 from testbed.stats import mean_interval, t95
 
-# The half-width of a paired Δppl (points) the bench is asked to reach (#17): the budget
-# section says how many seeds, and minutes, each variant needs for it
-TARGET_CI95 = 1.0
+# The half-width of a paired Δppl (points) the bench is sized for, from the band it is judged
+# against (half of it): the budget section says how many seeds, and minutes, each variant
+# needs for it
+TARGET_CI95 = verdict.target_half_width(verdict.BAND_PCT)
 CURVE_SEEDS = (2, 3, 4, 5, 6, 8, 12, 16, 32)
 
 
@@ -87,7 +89,8 @@ def budget(records: list[dict], rows: list[dict], wall_s: float | None,
 
 
 def summarise(records: list[dict], spec_dict: dict, backend: str,
-              wall_s: float | None = None, regime: str | None = None) -> dict:
+              wall_s: float | None = None, regime: str | None = None,
+              band_pct: float = verdict.BAND_PCT) -> dict:
     """Per (loss, variant): the paired Δppl over seeds with its 95% interval, the spread over
     loss realisations at seed 0, speed against reliable at the same loss, which model the
     perplexity is of; and the checks. Records carry `role` (see training_bench); a record
@@ -178,6 +181,9 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
                                       if row["step_p99_ms"] and base_steps["p99"] else None)
             row["max_vs_reliable"] = (row["step_max_ms"] / base_steps["max"]
                                       if row["step_max_ms"] and base_steps["max"] else None)
+        judged = judge(row, band_pct)
+        row["verdict"] = judged.verdict if judged else None
+        row["verdict_withheld"] = judged.disturbed if judged else None
         rows.append(row)
     # reliable under loss must train exactly the lossless model: its speed runs against the
     # lossless ones of the same length and seed; None when none was made ("not run")
@@ -205,21 +211,40 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
             "stability": stable,
             "backend": backend, "noise_floor_pct": noise_floor,
             "lossless_ppl": lossless, "rows": rows,
-            "budget": budget(records, rows, wall_s),
+            "band_pct": band_pct, "test": verdict.test_text(band_pct),
+            "budget": budget(records, rows, wall_s, verdict.target_half_width(band_pct)),
             "invalid_runs": invalid,
             "checks": {"reliable_exact_under_loss": exact,
                        "reliable_unpaired": unpaired,
                        "references_missing_packets": incomplete}}
 
 
-def finding(row: dict) -> str:
-    """What a row's Δppl can be said to show: a number whose 95% interval is as wide as it
-    is not a finding."""
-    mean, half = row.get("ppl_delta_pct"), row.get("ppl_delta_ci95")
-    if row.get("reference") is None or mean is None:
+def withheld_by_the_runs(row: dict) -> str | None:
+    """Why a row's runs did not measure what a Δppl claim is about, or None (neither rule
+    reads the Δppl: how the runs went, fixed before them; harness/reproduce/rules.py)."""
+    if row.get("disturbed"):
+        return (f"disturbed: in the runs of seeds {row['disturbed']} the collectives "
+                "missed far more than the network lost")
+    if row.get("reference_missed_packets"):
+        return (f"references late: the lossless references of seeds "
+                f"{row['reference_missed_packets']} missed packets: not the lossless model")
+    return None
+
+
+def judge(row: dict, band_pct: float) -> verdict.Check | None:
+    """A row's Δppl against ±band_pct (verdict.delta_ppl), or None where the row has no
+    Δppl to judge (a reference, a speed run)."""
+    if row.get("reference") is None or row.get("ppl_delta_pct") is None:
+        return None
+    return verdict.delta_ppl(row["ppl_delta_pct"], row.get("ppl_delta_ci95"),
+                             len(row.get("ppl_deltas") or []), band_pct,
+                             withheld=withheld_by_the_runs(row))
+
+
+def verdict_cell(row: dict) -> str:
+    """A row's verdict as the table and the report show it."""
+    if row.get("verdict") is None:
         return "-"
-    if half is None:
-        return "one seed"
-    if half >= abs(mean):
-        return "inconclusive"
-    return "worse" if mean > 0 else "better"
+    if row.get("ppl_delta_ci95") is None and not row.get("verdict_withheld"):
+        return "one seed"  # no interval: more seeds, not a verdict
+    return row["verdict"] + (" (withheld)" if row.get("verdict_withheld") else "")

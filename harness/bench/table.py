@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.bench import stability
-from harness.bench.summary import CURVE_SEEDS, MOST_SEEDS, finding
+from harness.bench.summary import CURVE_SEEDS, MOST_SEEDS, verdict_cell
 
 
 def budget_lines(plan: dict) -> list[str]:
@@ -34,7 +34,7 @@ def budget_lines(plan: dict) -> list[str]:
 def table(summary: dict) -> str:
     width = max([15] + [len(r["variant"]) for r in summary["rows"]])
     head = (f"{'loss':>5} {'variant':<{width}} {'model':<9} {'tok/s vs rel':>12} "
-            f"{'p99 vs rel':>10} {'Δppl %':>8} {'±95%':>6} {'real.sd':>7} {'finding':<12} "
+            f"{'p99 vs rel':>10} {'Δppl %':>8} {'±95%':>6} {'real.sd':>7} {'verdict':<13} "
             f"{'ppl':>8} {'worst':>8} {'drift':>6} {'meas.loss':>9} {'cover':>6}")
     lines = []
     if summary.get("regime"):  # every Δppl below is true of this regime
@@ -51,8 +51,11 @@ def table(summary: dict) -> str:
             f"{f(r.get('throughput_vs_reliable'), '.2f'):>12}"
             f" {f(r.get('p99_vs_reliable'), '.2f'):>10} {f(r['ppl_delta_pct'], '+.2f'):>8}"
             f" {f(r['ppl_delta_ci95'], '.2f'):>6} {f(r.get('realisation_sd'), '.2f'):>7}"
-            f" {finding(r):<12} {f(r['ppl'], '.3f'):>8} {f(r.get('ppl_rank_worst'), '.3f'):>8}"
+            f" {verdict_cell(r):<13} {f(r['ppl'], '.3f'):>8} {f(r.get('ppl_rank_worst'), '.3f'):>8}"
             f" {r['drift']:>6.3f} {r['measured_loss']:>9.2%} {f(r.get('coverage'), '.1%'):>6}")
+    if summary.get("test"):
+        lines.append(f"verdict: {summary['test']}: holds (inside), does not hold (outside), "
+                     "inconclusive (across an edge)")
     lines.append("model: rank0 = rank 0's own (all equal), rank_mean = the ranks' own models "
                  "(mean; worst beside), owners = each shard as its owner holds it. Δppl: "
                  "against the same seed's lossless run of reliable (rps: of rps); real.sd: "

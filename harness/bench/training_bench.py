@@ -55,7 +55,7 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
     wall_s = time.monotonic() - started
     echo(f"[bench] {total} runs done in {wall_s / 60:.1f} min")
     summary = summarise(records, spec_dict=asdict(spec), backend=records[-1]["backend"],
-                               wall_s=wall_s, regime=spec.regime_text)
+                        wall_s=wall_s, regime=spec.regime_text, band_pct=spec.band_pct)
     report.write_outputs(out, records, summary)
     if summary["checks"]["reliable_exact_under_loss"] is False:
         raise LossbedError("reliable training under loss did not produce the lossless model: "

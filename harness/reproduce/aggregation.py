@@ -46,8 +46,8 @@ import numpy as np
 from harness.collectives.layout import Layout
 from harness.collectives.lossy import LossyCollective
 from harness.collectives.rebuild import ESTIMATORS, rebuild
+from harness.metrics.verdict import Check, claim, combine
 from harness.reproduce import loopback
-from harness.reproduce.verdict import Check, claim, combine
 from harness.transport import header as hdr
 from harness.transport.dropmask import DropMask
 from testbed.stats import mean_interval

@@ -33,9 +33,9 @@ import torch
 
 from harness.collectives.layout import Layout
 from harness.collectives.lossy import LossyCollective
+from harness.metrics.verdict import Check, claim
 from harness.reproduce import loopback
 from harness.reproduce.aggregation import inverse_count
-from harness.reproduce.verdict import Check, claim
 from testbed.stats import mean_interval, slope_interval
 
 PAPER = "arXiv 2507.07114"

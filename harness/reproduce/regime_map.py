@@ -28,9 +28,9 @@ from pathlib import Path
 from harness.bench.spec import FINETUNE_LR, BenchSpec
 from harness.bench.stability import text as stability_text
 from harness.bench.training_bench import run_bench
+from harness.metrics.verdict import claim
 from harness.reproduce.rules import PPL_BAND_PCT
 from harness.reproduce.training import check
-from harness.reproduce.verdict import claim
 
 LOSS = 0.1
 STAGES = ("unbiased_drift", "unbiased_drift/reduce", "unbiased_drift/broadcast")

@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness.reproduce.verdict import FAILS, HOLDS, INCONCLUSIVE
+from harness.metrics.verdict import FAILS, HOLDS, INCONCLUSIVE
 
 # 4: the training rows (4 and 5) and 6: the regime map, which need a cluster
 ROWS = ("1", "2", "3", "4", "6")

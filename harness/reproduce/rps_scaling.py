@@ -27,8 +27,8 @@ import math
 import numpy as np
 
 from harness.collectives.rps import RPS
+from harness.metrics.verdict import Check, claim
 from harness.reproduce import loopback
-from harness.reproduce.verdict import Check, claim
 from testbed.stats import mean_interval
 
 PAPER = "arXiv 1810.07766"

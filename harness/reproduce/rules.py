@@ -24,6 +24,7 @@ Each rule has a test with planted rows on both sides of it (tests/unit/test_repr
 from __future__ import annotations
 
 from harness.bench import stability
+from harness.bench.summary import withheld_by_the_runs
 
 PPL_BAND_PCT = stability.PPL_BAND_PCT
 
@@ -39,10 +40,4 @@ def withheld(row: dict, regime: dict | None) -> str | None:
         return (f"regime unstable: a 1e-6 change of the initial weights moved lossless "
                 f"perplexity by {regime['delta_pct']:+.2f}% (tolerance "
                 f"±{regime['tolerance_pct']:g}%)")
-    if row.get("disturbed"):
-        return (f"disturbed: in the runs of seeds {row['disturbed']} the collectives "
-                "missed far more than the network lost")
-    if row.get("reference_missed_packets"):
-        return (f"references late: the lossless references of seeds "
-                f"{row['reference_missed_packets']} missed packets: not the lossless model")
-    return None
+    return withheld_by_the_runs(row)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from harness.bench.spec import BenchSpec
 from harness.bench.training_bench import run_bench
+from harness.metrics.verdict import Check, claim, delta_ppl
 from harness.reproduce.rules import PPL_BAND_PCT, withheld
-from harness.reproduce.verdict import Check, claim
 
 PAPER = "arXiv 2507.07114"
 # Not SGD at 0.1 with momentum 0.9 (these rows' regime until #27): chaotic for this model,
@@ -71,12 +71,9 @@ def run(make_cluster, quick: bool, out: Path, echo=print,
 def check(row: dict, what: str, stability: dict | None) -> Check:
     """A bench row against the band, unless a rule (rules.py) withholds its verdict.
     `stability`: the bench's stability check (its summary's)."""
-    half = row.get("ppl_delta_ci95")
-    reason = withheld(row, stability)
-    return Check(f"Δppl % of {row['variant']} at {row['loss']:.0%} ({what})"
-                 + (f" [{reason}]" if reason else ""),
-                 row["ppl_delta_pct"], half if half is not None else float("inf"), 0.0,
-                 PPL_BAND_PCT, row["seeds"], disturbed=reason)
+    return delta_ppl(row["ppl_delta_pct"], row.get("ppl_delta_ci95"), row["seeds"],
+                     PPL_BAND_PCT, f"Δppl % of {row['variant']} at {row['loss']:.0%} ({what})",
+                     withheld(row, stability))
 
 
 def rows(summaries: dict[str, dict]) -> list[dict]:

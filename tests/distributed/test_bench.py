@@ -64,7 +64,7 @@ def test_bench_writes_every_field_the_table_and_plots_and_leaves_nothing(tmp_pat
     assert "ppl_vs_loss.png" not in (out / "summary.md").read_text()
     assert "tok/s vs rel" in result.stdout and "noise floor" in result.stdout
     assert "[bench 14/14]" in result.stderr  # progress with run numbers
-    assert "realisation" in result.stderr and "finding" in result.stdout
+    assert "realisation" in result.stderr and "verdict: equivalence" in result.stdout
     assert netns_cluster.leftover_clusters() == before
 
 

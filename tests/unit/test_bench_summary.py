@@ -124,13 +124,55 @@ def test_rps_is_compared_with_its_own_lossless_run():
     assert rows["rps"]["reference"] == "rps"
 
 
-def test_a_delta_whose_interval_is_wider_than_it_is_inconclusive():
-    assert bench_summary.finding({"reference": "reliable", "ppl_delta_pct": 0.5,
-                           "ppl_delta_ci95": 0.9}) == "inconclusive"
-    assert bench_summary.finding({"reference": "reliable", "ppl_delta_pct": 1.5,
-                           "ppl_delta_ci95": 0.9}) == "worse"
-    assert bench_summary.finding({"reference": "reliable", "ppl_delta_pct": 1.5,
-                           "ppl_delta_ci95": None}) == "one seed"
+def _judged(mean, half, seeds=4, band=0.8, **row):
+    return bench_summary.judge({"reference": "reliable", "ppl_delta_pct": mean,
+                                "ppl_delta_ci95": half, "ppl_deltas": [mean] * seeds,
+                                **row}, band).verdict
+
+
+@pytest.mark.parametrize(("mean", "half", "verdict"), [
+    (0.0, 0.5, "holds"),            # inside: -0.5..+0.5 within ±0.8
+    (0.33, 0.12, "holds"),          # the regime map's fine-tune cell: 0.21..0.45
+    (-0.5, 0.3, "holds"),           # inside, a better model: -0.8..-0.2
+    (0.5, 0.29, "holds"),           # just inside the upper edge (0.79)
+    (0.5, 0.31, "inconclusive"),    # across the upper edge (0.81)
+    (-0.6, 0.3, "inconclusive"),    # across the lower edge
+    (0.0, 0.9, "inconclusive"),     # wider than the band: across both edges
+    (1.5, 0.6, "does not hold"),    # outside above: 0.9..2.1
+    (-2.0, 1.0, "does not hold"),   # outside below: -3.0..-1.0
+    (1.0, 0.15, "does not hold"),   # outside, though near 0 by the old test's standard
+])
+def test_a_delta_is_judged_against_the_band_not_against_zero(mean, half, verdict):
+    assert _judged(mean, half) == verdict
+
+
+def test_the_band_is_the_one_asked_for_and_an_interval_excluding_zero_is_no_verdict():
+    # +0.33 +- 0.12 excludes 0 (the old "worse"): against the paper's band it holds
+    assert _judged(0.33, 0.12) == "holds"
+    assert _judged(0.33, 0.12, band=0.2) == "does not hold"  # 0.21..0.45
+    assert _judged(1.5, 0.6, band=3.0) == "holds"
+
+
+def test_one_seed_and_runs_that_did_not_measure_the_claim_get_no_verdict():
+    assert _judged(0.1, None, seeds=1) == "inconclusive"
+    assert bench_summary.verdict_cell({"verdict": "inconclusive", "ppl_delta_ci95": None}) \
+        == "one seed"
+    assert _judged(0.0, 0.1, disturbed=[1]) == "inconclusive"  # a rank fell behind
+    assert _judged(0.0, 0.1, reference_missed_packets=[0]) == "inconclusive"
+
+
+def test_the_summary_states_its_band_and_test_and_sizes_itself_from_the_band():
+    records = [_record("reliable", 0.0, s, "a") for s in (0, 1, 2)]
+    for r in records:
+        r["ppl"] = 10.0
+    lossy = [dict(_record("unbiased_drift", 0.1, s, "x"), role="lossy", ppl=p)
+             for s, p in ((0, 10.01), (1, 10.02), (2, 10.0))]
+    summary = bench_summary.summarise(records + lossy, {}, "bpf", band_pct=0.8)
+    assert summary["band_pct"] == 0.8 and "±0.8%" in summary["test"]
+    assert "two one-sided tests" in summary["test"]
+    row = next(r for r in summary["rows"] if r["loss"] == 0.1)
+    assert row["verdict"] == "holds", row
+    assert bench_summary.TARGET_CI95 == 0.4  # half the paper's band
 
 
 def test_a_run_whose_collective_missed_far_more_than_the_network_lost_is_disturbed():
@@ -222,8 +264,10 @@ def _timed_bench(drift_ppls: list[float]) -> list[dict]:
 
 
 def test_the_budget_prices_a_seed_from_its_runs_and_projects_the_seeds_a_target_needs():
-    # Δppl per seed +1, +2, +3 (sd 1.0): ±1.0 needs k with t95(k)/√k <= 1, i.e. 7 seeds
-    summary = bench_summary.summarise(_timed_bench([101.0, 102.0, 103.0]), {}, "bpf", wall_s=570.0)
+    # Δppl per seed +1, +2, +3 (sd 1.0): judged against ±2.0 the bench is sized for ±1.0
+    # (half the band), which needs k with t95(k)/√k <= 1, i.e. 7 seeds
+    summary = bench_summary.summarise(_timed_bench([101.0, 102.0, 103.0]), {}, "bpf",
+                                      wall_s=570.0, band_pct=2.0)
     plan = summary["budget"]
     assert plan["seed_min"] == 2.5              # 60 s + 90 s per seed
     assert plan["realisation_min"] == 1.5       # does not grow with seeds

@@ -79,3 +79,16 @@ def test_with_too_few_steps_for_a_p99_the_tail_is_compared_by_its_maximum():
 def test_compare_of_a_missing_file_says_so(tmp_path, capsys):
     assert cli.main(["compare", str(tmp_path / "nope.json"), str(tmp_path)]) == 2
     assert "no bench summary at" in capsys.readouterr().err
+
+
+def test_a_claim_that_held_and_no_longer_holds_is_a_regression():
+    held = copy.deepcopy(SUMMARY)
+    held["rows"][0].update(ppl_delta_pct=0.2, ppl_delta_ci95=0.3, ppl_deltas=[0.2] * 4)
+    lost = copy.deepcopy(held)
+    lost["rows"][0].update(ppl_delta_pct=1.1, ppl_delta_ci95=0.2)  # 0.9..1.3: outside ±0.8
+    verdicts = [f for f in compare(held, lost) if f.metric.startswith("verdict")]
+    assert [(f.variant, f.limit, f.regressed) for f in verdicts] == [
+        ("unbiased", "holds -> does not hold", True), ("reliable", "holds -> holds", False)]
+    # judged against NEW's band: a wider band keeps the claim
+    lost["band_pct"] = 2.0
+    assert not any(f.regressed for f in compare(held, lost) if f.metric.startswith("verdict"))

@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
+from harness.metrics.verdict import FAILS, HOLDS, INCONCLUSIVE, Check, combine
 from harness.reproduce import aggregation, drift, rps_scaling, training
-from harness.reproduce.verdict import FAILS, HOLDS, INCONCLUSIVE, Check, combine
 
 
 @pytest.mark.parametrize("measured, half, verdict", [

@@ -11,6 +11,11 @@ that would matter (the effect the claim is about). The verdict is an equivalence
 
 So a precise measurement of an irrelevant deviation still holds, and a noisy measurement
 near the prediction is not called a success.
+
+Every Δppl lossbed judges (the bench's table, summary.json and report.html, `compare`,
+`reproduce`) is judged by `delta_ppl` below: the paired Δppl over seeds, its 95% t-interval,
+against ±band around 0 (2507.07114's ±0.8% by default). Its level: a whole 95% interval
+inside the band is the two one-sided tests of equivalence at 2.5% each.
 """
 
 from __future__ import annotations
@@ -19,6 +24,21 @@ import math
 from dataclasses import asdict, dataclass
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+# 2507.07114: at most 0.8% perplexity change at 10% loss (the bench's --band-pct default)
+BAND_PCT = 0.8
+TEST = ("equivalence: the 95% t-interval of the paired Δppl over seeds inside ±{band:g}% "
+        "(two one-sided tests at 2.5% each)")
+
+
+def test_text(band_pct: float) -> str:
+    """What a Δppl verdict tests, in words, for the band it used."""
+    return TEST.format(band=band_pct)
+
+
+def target_half_width(band_pct: float) -> float:
+    """The 95% half-width a bench is sized for: half the band, so that a Δppl of 0 decides
+    (holds) with room for an effect of up to half the band."""
+    return band_pct / 2
 
 
 @dataclass(frozen=True)
@@ -48,6 +68,17 @@ class Check:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "verdict": self.verdict}
+
+
+def delta_ppl(mean: float | None, half_width: float | None, seeds: int, band_pct: float,
+              what: str = "Δppl %", withheld: str | None = None) -> Check:
+    """A Δppl (percent, against its lossless reference) over `seeds` paired seeds with its
+    95% half-width (None: one seed, no interval) against ±band_pct; `withheld`: why the runs
+    did not measure what the claim is about (no verdict either way)."""
+    return Check(what + (f" [{withheld}]" if withheld else ""),
+                 math.nan if mean is None else mean,
+                 math.inf if half_width is None else half_width, 0.0, band_pct, seeds,
+                 disturbed=withheld)
 
 
 def combine(checks: list[Check]) -> str:
