@@ -47,13 +47,15 @@ def seeds_for(sd: float, target: float, most: int = MOST_SEEDS) -> int | None:
 
 
 def budget(records: list[dict], rows: list[dict], wall_s: float | None,
-           target: float = TARGET_CI95) -> dict | None:
+           target: float = TARGET_CI95, band_pct: float = verdict.BAND_PCT) -> dict | None:
     """What more seeds would buy, priced from this bench's own runs: a seed costs the wall
     time of its runs (references, lossy and speed runs; set-up and evaluation included),
     the realisation runs and the launch's start-up do not grow with seeds. Per lossy row,
     the half-width at k seeds projected from the seed-to-seed sd of its Δppl (itself rough
-    with few seeds), and the seeds and minutes it needs for ±target. None when the runs
-    were not timed (records without run_s)."""
+    with few seeds), the seeds and minutes it needs for ±target, and for an inconclusive
+    row the seeds that would decide it if its mean and sd stayed as they are (the interval
+    then clears the band's nearer edge). None when the runs were not timed (records
+    without run_s)."""
     if not records or any(r.get("run_s") is None for r in records):
         return None
     seeds = sorted({r["seed"] for r in records})
@@ -76,10 +78,14 @@ def budget(records: list[dict], rows: list[dict], wall_s: float | None,
             continue
         sd = statistics.stdev(deltas)
         need = seeds_for(sd, target)
+        margin = abs(band_pct - abs(row["ppl_delta_pct"]))  # the mean's distance to an edge
+        decide = (seeds_for(sd, margin) if row.get("verdict") == verdict.INCONCLUSIVE
+                  and not row.get("verdict_withheld") and margin > 0 else None)
         projected.append({
             "loss": row["loss"], "variant": row["variant"], "seeds_now": len(deltas),
             "seed_sd": sd, "seeds_for_target": need,
             "minutes_for_target": minutes(need) if need else None,
+            "seeds_to_decide": decide, "minutes_to_decide": minutes(decide) if decide else None,
             "curve": [{"seeds": k, "ci95": t95(k) * sd / math.sqrt(k), "minutes": minutes(k)}
                       for k in CURVE_SEEDS]})
     return {"target_ci95": target, "seed_min": seed_s / 60,
@@ -184,6 +190,8 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
         judged = judge(row, band_pct)
         row["verdict"] = judged.verdict if judged else None
         row["verdict_withheld"] = judged.disturbed if judged else None
+        # the noise of a paired Δ: what its interval is made of (sd of the per-seed Δppl)
+        row["delta_sd"] = statistics.stdev(deltas) if len(deltas) > 1 else None
         rows.append(row)
     # reliable under loss must train exactly the lossless model: its speed runs against the
     # lossless ones of the same length and seed; None when none was made ("not run")
@@ -212,7 +220,8 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
             "backend": backend, "noise_floor_pct": noise_floor,
             "lossless_ppl": lossless, "rows": rows,
             "band_pct": band_pct, "test": verdict.test_text(band_pct),
-            "budget": budget(records, rows, wall_s, verdict.target_half_width(band_pct)),
+            "budget": budget(records, rows, wall_s, verdict.target_half_width(band_pct),
+                             band_pct),
             "invalid_runs": invalid,
             "checks": {"reliable_exact_under_loss": exact,
                        "reliable_unpaired": unpaired,

@@ -26,8 +26,12 @@ def budget_lines(plan: dict) -> list[str]:
     for r in plan["rows"]:
         need = (f"{r['seeds_for_target']} seeds (~{r['minutes_for_target']:.0f} min)"
                 if r["seeds_for_target"] else f"more than {MOST_SEEDS} seeds")
+        decide = ""
+        if r.get("seeds_to_decide"):
+            decide = (f"; inconclusive now, about {r['seeds_to_decide']} seeds "
+                      f"(~{r['minutes_to_decide']:.0f} min) would decide it at this mean and sd")
         lines.append(f"  {r['variant']} at {r['loss']:.0%}: sd {r['seed_sd']:.2f} over "
-                     f"{r['seeds_now']} seeds; ±{plan['target_ci95']:.1f} needs {need}")
+                     f"{r['seeds_now']} seeds; ±{plan['target_ci95']:.1f} needs {need}{decide}")
     return lines
 
 
@@ -96,6 +100,10 @@ def table(summary: dict) -> str:
         lines.append("! reliable under loss without a lossless run of its seed and length: "
                      + ", ".join(f"seed {u['seed']} at {u['loss']:.0%} ({u['steps']} steps)"
                                  for u in unpaired))
+    paired = [f"{r['variant']} at {r['loss']:.0%} {r['delta_sd']:.2f}"
+              for r in summary["rows"] if r.get("delta_sd") is not None]
+    if paired:  # what each row's interval is made of
+        lines.append("noise of a paired Δppl (sd over seeds, points): " + ", ".join(paired))
     lines.append(f"noise floor (lossless reliable, seed-to-seed sd): "
                  f"{f'{floor:.2f}%' if floor is not None else 'n/a (one seed)'}; backend "
                  f"{summary['backend']}; reliable under loss == lossless model: "

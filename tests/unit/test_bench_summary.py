@@ -339,3 +339,18 @@ def test_a_bench_without_a_twin_says_its_stability_was_not_checked():
     summary = bench_summary.summarise(records, {}, "bpf")
     assert summary["stability"] is None
     assert "regime stability: not checked" in bench_table.table(summary)
+
+
+def test_an_inconclusive_row_says_how_many_seeds_would_decide_it():
+    # Δppl +0.2, +0.5, +0.8: mean 0.5, sd 0.3, 95% interval -0.25..+1.25 across +0.8. At this
+    # mean and sd the interval clears the edge (0.3 away) once t95(k)·0.3/√k <= 0.3: k = 7
+    summary = bench_summary.summarise(_timed_bench([100.2, 100.5, 100.8]), {}, "bpf",
+                                      wall_s=570.0)
+    row = summary["rows"][-1]
+    assert row["verdict"] == "inconclusive" and abs(row["delta_sd"] - 0.3) < 1e-9
+    (plan,) = summary["budget"]["rows"]
+    assert plan["seeds_to_decide"] == 7
+    assert stats.t95(7) / 7 ** 0.5 <= 1.0 < stats.t95(6) / 6 ** 0.5
+    text = bench_table.table(summary)
+    assert "about 7 seeds" in text and "would decide it" in text
+    assert "noise of a paired Δppl (sd over seeds, points): unbiased_drift at 10% 0.30" in text
