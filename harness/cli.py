@@ -237,12 +237,24 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_compare(args) -> int:
+    import math
+
+    if not (math.isfinite(args.threshold_pct) and args.threshold_pct > 0):
+        raise UsageError("--threshold-pct", f"{args.threshold_pct} is not a positive percent",
+                         "e.g. --threshold-pct 10: a change beyond 10% regressed")
+    if not (math.isfinite(args.ppl_points) and args.ppl_points >= 0):
+        raise UsageError("--ppl-points", f"{args.ppl_points} is not a number of points",
+                         "e.g. --ppl-points 1.0: a Δppl rise beyond 1 point regressed")
     from harness.bench.compare import compare, format_findings
     from harness.bench.training_bench import load_summary
 
     findings = compare(load_summary(args.base), load_summary(args.new),
                        threshold_pct=args.threshold_pct, ppl_points=args.ppl_points)
     print(format_findings(findings))
+    if not findings:  # the nightly must not pass on two benches that share no row
+        raise UsageError("BASE/NEW", "the two benches have no (loss, variant) row in common: "
+                         "nothing was compared", "Compare benches of the same losses and "
+                         "variants")
     return 1 if any(f.regressed for f in findings) else 0
 
 

@@ -87,8 +87,10 @@ class DefaultsShown(argparse.HelpFormatter):
 
 
 def show_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Every command's --help with its defaults (DefaultsShown)."""
+    """Every command's --help with its defaults (DefaultsShown), and no option taken for
+    another by its first letters (`doctor --loss 0.1` is not `--loss-backend 0.1`)."""
     parser.formatter_class = DefaultsShown
+    parser.allow_abbrev = False
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
@@ -290,6 +292,33 @@ def _cmd_inventory(args) -> int:
     return 0
 
 
+def version() -> str:
+    """lossbed's version, with the commit of the checkout it runs from where there is one."""
+    from importlib import metadata
+
+    try:
+        release = metadata.version("lossbed")
+    except metadata.PackageNotFoundError:
+        release = "unknown (not installed)"
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"lossbed {release}" + (f" (commit {commit})" if commit else "")
+
+
+class _Version(argparse.Action):
+    """--version, worked out only when asked for (it asks git for the commit)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version())
+        parser.exit()
+
+
 def build_parser(more=()) -> argparse.ArgumentParser:
     """The parser of testbed's commands, and of those each of `more` (functions of the
     subparsers) adds."""
@@ -297,6 +326,8 @@ def build_parser(more=()) -> argparse.ArgumentParser:
         prog="lossbed", description="Kernel-level network emulation for training under loss."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="lossbed's version and the commit of its checkout, and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("up", help="build a local cluster of namespace hosts")

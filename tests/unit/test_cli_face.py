@@ -113,3 +113,15 @@ def test_a_loss_pct_that_looks_like_a_fraction_is_warned_about(caplog):
     with caplog.at_level(logging.WARNING):
         profiles.load("random-loss", ["loss_pct=10"])
     assert caplog.text == ""
+
+
+def test_version_names_the_release_and_an_option_is_never_taken_for_a_longer_one(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert re.match(r"lossbed \d+\.\d+\.\d+( \(commit [0-9a-f]+\))?$", out.strip()), out
+    # `doctor --loss 0.1` was read as --loss-backend 0.1 (argparse's prefix matching)
+    with pytest.raises(SystemExit) as done:
+        cli.build_parser().parse_args(["doctor", "--loss", "0.1"])
+    assert done.value.code == 2 and "unrecognized arguments: --loss" in capsys.readouterr().err

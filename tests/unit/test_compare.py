@@ -92,3 +92,19 @@ def test_a_claim_that_held_and_no_longer_holds_is_a_regression():
     # judged against NEW's band: a wider band keeps the claim
     lost["band_pct"] = 2.0
     assert not any(f.regressed for f in compare(held, lost) if f.metric.startswith("verdict"))
+
+
+def test_benches_with_nothing_in_common_or_bad_limits_are_refused(tmp_path, capsys):
+    base, other = tmp_path / "base.json", tmp_path / "other.json"
+    base.write_text(json.dumps(SUMMARY))
+    elsewhere = copy.deepcopy(SUMMARY)
+    for row in elsewhere["rows"]:
+        row["loss"] = 0.3
+    other.write_text(json.dumps(elsewhere))
+    # the nightly must not pass on a comparison that compared nothing
+    assert cli.main(["compare", str(base), str(other)]) == 2
+    assert "no (loss, variant) row in common" in capsys.readouterr().err
+    for option, value in (("--threshold-pct", "-5"), ("--threshold-pct", "nan"),
+                          ("--ppl-points", "nan"), ("--ppl-points", "-1")):
+        assert cli.main(["compare", str(base), str(base), option, value]) == 2, option
+        assert option in capsys.readouterr().err
