@@ -56,13 +56,21 @@ def test_under_loss_uc_loses_whole_messages_and_ud_single_packets(rdma_vms):
     """2% packet loss on RoCE's UDP: a 1 KiB UD message is one packet, a 64 KiB UC message
     is 64; UC loses a message when any of its packets is lost, and nothing partial is ever
     delivered (every completed message is intact)."""
+    from testbed.impair import verify
+
     the_plan, choice = engine.make_plan(rdma_vms, profiles.load("random-loss", ["loss_pct=2"]))
     engine.apply(rdma_vms, the_plan, choice)
     try:
+        start = verify.read(rdma_vms)
         ud = verbs_transfer(rdma_vms, "ud", 1024, 2000, rate_mps=2000)
         uc = verbs_transfer(rdma_vms, "uc", 65536, 300, rate_mps=100)
+        covered = verify.measure_coverage(rdma_vms, verify.read(rdma_vms), start)
     finally:
         engine.clear(rdma_vms)
+    # Soft-RoCE sends through eth0, where netem (through its IFB, not counted twice) sees
+    # it: the queue pairs' traffic met the impairment, and rxe is no kernel bypass
+    assert covered.enough and covered.fraction > 0.9, covered.to_dict()
+    assert not [w for w in covered.elsewhere() if w.startswith("rdma ")], covered.elsewhere()
     ud_loss = ud["lost"] / ud["sent"]
     uc_loss = uc["lost"] / uc["sent"]
     # UD: about the packet loss (2%; 4 sd of 2,000 trials is 1.3 points, so below 3.5%).
