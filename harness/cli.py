@@ -144,6 +144,7 @@ def _cmd_bench(args) -> int:
                      mtu=args.mtu, realisations=args.realisations,
                      speed_steps=args.speed_steps, isolated=args.unsealed,
                      stability=args.stability, band_pct=args.band_pct,
+                     min_coverage=args.min_coverage,
                      **_regime_options(args), **_training_options(args))
     spec.validate()  # bad input is refused before anything is built
     # absolute: ranks on remote hosts write under it from their own working folder

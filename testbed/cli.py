@@ -18,7 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
-from testbed import clusters
+from testbed import clusters, version
 from testbed.clusters import netns as netns_cluster
 from testbed.errors import LossbedError, UsageError
 
@@ -292,33 +292,6 @@ def _cmd_inventory(args) -> int:
     return 0
 
 
-def version() -> str:
-    """lossbed's version, with the commit of the checkout it runs from where there is one."""
-    from importlib import metadata
-
-    try:
-        release = metadata.version("lossbed")
-    except metadata.PackageNotFoundError:
-        release = "unknown (not installed)"
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return f"lossbed {release}" + (f" (commit {commit})" if commit else "")
-
-
-class _Version(argparse.Action):
-    """--version, worked out only when asked for (it asks git for the commit)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(version())
-        parser.exit()
-
-
 def build_parser(more=()) -> argparse.ArgumentParser:
     """The parser of testbed's commands, and of those each of `more` (functions of the
     subparsers) adds."""
@@ -326,7 +299,7 @@ def build_parser(more=()) -> argparse.ArgumentParser:
         prog="lossbed", description="Kernel-level network emulation for training under loss."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--version", action=_Version, nargs=0,
+    parser.add_argument("--version", action=version.Version, nargs=0,
                         help="lossbed's version and the commit of its checkout, and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

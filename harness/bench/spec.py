@@ -38,6 +38,7 @@ from harness.train.config import VARIANTS, TrainConfig
 from harness.transport.semantics import Semantics
 from testbed import profiles
 from testbed.errors import UsageError
+from testbed.impair.coverage import DEFAULT_MIN_COVERAGE
 
 DEFAULT_STEPS = 300
 # Chosen from a bench of 8 seeds (2026-12-01, 27 min on 2 cores; README): a seed costs
@@ -136,8 +137,14 @@ class BenchSpec:
     mtu: int = 1500
     # the band every lossy row's Δppl is judged against (harness/metrics/verdict.py), percent
     band_pct: float = BAND_PCT
+    # the least share of the hosts' bytes a run's traffic must have put through the
+    # impairment to count (testbed/impair/coverage.py); a run below it is left out, named
+    min_coverage: float = DEFAULT_MIN_COVERAGE
 
     def validate(self) -> None:
+        if not 0 <= self.min_coverage <= 1:
+            raise UsageError("--min-coverage", f"{self.min_coverage:g} is not a fraction in "
+                             "[0, 1]", "e.g. --min-coverage 0.9")
         if not (math.isfinite(self.band_pct) and 0 < self.band_pct < 100):
             raise UsageError("--band-pct", f"{self.band_pct:g} is not a band in percent",
                              f"e.g. --band-pct {BAND_PCT} (the paper's: Δppl within "

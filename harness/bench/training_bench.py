@@ -46,7 +46,7 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
         roles[case.role] = roles.get(case.role, 0) + 1
     echo(f"[bench] {total} runs: " + ", ".join(f"{n} {role}" for role, n in roles.items()))
     records = run.train_runs(cluster, [c.train_run() for c in cases],
-                             out / "runs", echo=progress)
+                             out / "runs", echo=progress, min_coverage=spec.min_coverage)
     for rec, case in zip(records, cases, strict=True):
         rec.update(loss=case.loss, role=case.role, loss_seed=case.loss_seed,
                    variant=case.variant, regime=spec.regime,

@@ -11,7 +11,8 @@ REPO = Path(__file__).resolve().parents[2]
 # the rooms, lowest first: a module may import its own room and the rooms below it
 LAYERS = [
     {"testbed", "testbed.errors", "testbed.progress", "testbed.stats", "testbed.ports",
-     "testbed.yamlfile", "testbed.system_packages", "testbed.python_packages"},
+     "testbed.yamlfile", "testbed.system_packages", "testbed.python_packages",
+     "testbed.version"},
     {"testbed.profiles"},
     {"testbed.impair"},
     {"testbed.host"},
@@ -97,7 +98,7 @@ def test_the_rooms_are_folders_a_newcomer_finds():
                  if p.name != "__pycache__" and not p.name.startswith("."))
     assert top == ["__init__.py", "cli.py", "clusters", "doctor.py", "errors.py", "host",
                    "impair", "ports.py", "profiles", "progress.py", "python_packages.py",
-                   "stats.py", "system_packages.py", "yamlfile.py"]
+                   "stats.py", "system_packages.py", "version.py", "yamlfile.py"]
 
 
 def test_testbed_never_imports_harness():

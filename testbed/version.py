@@ -1,0 +1,31 @@
+"""lossbed's version, with the commit of the checkout it runs from (`lossbed --version`)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+
+def text() -> str:
+    """lossbed's release, with the commit of its checkout where there is one."""
+    try:
+        release = metadata.version("lossbed")
+    except metadata.PackageNotFoundError:
+        release = "unknown (not installed)"
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"lossbed {release}" + (f" (commit {commit})" if commit else "")
+
+
+class Version(argparse.Action):
+    """--version, worked out only when asked for (it asks git for the commit)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(text())
+        parser.exit()
