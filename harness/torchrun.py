@@ -198,8 +198,7 @@ def run(cluster, spec: RunSpec, echo=print, checked: Checked | None = None) -> i
     """Run the job; its exit code (130 on Ctrl-C). The report is in spec.out. checked:
     spec.validate()'s, where the caller has it already."""
     checked = checked or spec.validate()
-    if cluster.shares_this_machine:  # its ranks inherit this environment
-        bypass.refuse_contradictions(os.environ, cluster)
+    bypass.refuse_contradictions(os.environ, cluster)
     the_plan, choice = engine.make_plan(cluster, checked.profile)
     out = spec.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -277,7 +276,7 @@ def not_a_result(spec: RunSpec, profile, applied: dict, code: int) -> str | None
     covered = applied.get("coverage")
     if covered is None:
         return "the impairment's counters could not be read at the end of the job"
-    return None if covered.enough else covered.shortfall()
+    return covered.no_result(profile)
 
 
 def _stop(procs) -> None:
@@ -395,11 +394,8 @@ def summarise(cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_
         "hosts": [h.host.name for h in hosts], "ranks": len(ranks), "exit_code": code,
         "joined": job.joined.is_set(), "applied": "start" in applied,
         "coverage": applied["coverage"].to_dict() if "coverage" in applied else None,
-        "loss_applied_by": ([f"kernel: the {applied['backend']} backend on the hosts' "
-                             f"{', '.join(sorted({h.host.ifname for h in hosts}))}"]
-                            if "backend" in applied else [])
-        + ([f"drop mask {os.environ['LOSSBED_DROP_MASK']} (SEED:RATE) at the receivers"]
-           if os.environ.get("LOSSBED_DROP_MASK") else []),
+        "loss_applied_by": verify.loss_applied_by(applied.get("backend"), cluster,
+                                                  os.environ.get("LOSSBED_DROP_MASK")),
         "measured_loss": measured, "measured_loss_interval": interval,
         "missing_fraction": missing / (received + missing) if received + missing else None,
         "steps": steps, "steps_per_s": steps / train_s if steps and train_s else None,

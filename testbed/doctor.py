@@ -220,11 +220,10 @@ def _judge_bypasses(add, cluster, facts: dict[str, dict], request: Request,
                         "lossbed's ranks run NCCL with NCCL_IB_DISABLE=1 over sockets on the "
                         "impaired interface; --transport verbs-* on these devices needs "
                         "LOSSBED_DROP_MASK=SEED:RATE for its loss"))
-    if cluster.shares_this_machine:  # ranks here inherit the controller's environment
-        for name, value, does in bypass.contradictions(
-                os.environ if environ is None else environ, cluster):
-            add(Finding("controller", name, f"{name}={value} {does}", False, True,
-                        f"unset {name}: lossbed sets it for every rank"))
+    for name, value, does in bypass.inherited_contradictions(
+            os.environ if environ is None else environ, cluster):
+        add(Finding("controller", name, f"{name}={value} {does}", False, True,
+                    f"unset {name}: lossbed sets it for every rank"))
 
 
 def _backend_is(facts: dict, name: str) -> bool:

@@ -8,19 +8,24 @@ from importlib import metadata
 from pathlib import Path
 
 
+def commit() -> str | None:
+    """The short commit of the checkout lossbed runs from, or None (not a git checkout)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def text() -> str:
     """lossbed's release, with the commit of its checkout where there is one."""
     try:
         release = metadata.version("lossbed")
     except metadata.PackageNotFoundError:
         release = "unknown (not installed)"
-    root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return f"lossbed {release}" + (f" (commit {commit})" if commit else "")
+    found = commit()
+    return f"lossbed {release}" + (f" (commit {found})" if found else "")
 
 
 class Version(argparse.Action):

@@ -143,8 +143,7 @@ def run(cluster, spec: BenchSpec, progress=print,
                        backend=report.backend, hosts=len(cluster.hosts), mtu=cluster.mtu,
                        sealed=not spec.unsealed, align_every=spec.align_every,
                        raw_udp_pps=raw_pps, coverage=covered.fraction,
-                       invalid=(None if profile.impairs_nothing() or covered.enough
-                                else covered.shortfall()),
+                       invalid=covered.no_result(profile),
                        raw_rate_fraction=(row["packets_per_s"] / raw_pps
                                           if row.get("packets_per_s") and raw_pps else None))
             rows.append(row)

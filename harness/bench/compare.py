@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.bench.summary import withheld_by_the_runs
+from harness.bench.summary import judge
 from harness.metrics import verdict
 
 
@@ -59,17 +59,11 @@ def compare(base: dict, new: dict, threshold_pct: float = 10.0,
                                     r["ppl_delta_pct"] - b["ppl_delta_pct"] > allowed))
             # the claim itself, both judged against NEW's band: one that held and now does
             # not hold regressed (an inconclusive either side is no evidence of it)
-            was, now = (_judged(row, band) for row in (b, r))
+            was, now = (judge(row, band).verdict for row in (b, r))
             findings.append(Finding(*key, f"verdict ±{band:g}%", b["ppl_delta_pct"],
                                     r["ppl_delta_pct"], f"{was} -> {now}",
                                     was == verdict.HOLDS and now == verdict.FAILS))
     return findings
-
-
-def _judged(row: dict, band_pct: float) -> str:
-    return verdict.delta_ppl(row["ppl_delta_pct"], row.get("ppl_delta_ci95"),
-                             len(row.get("ppl_deltas") or []) or row.get("seeds", 0),
-                             band_pct, withheld=withheld_by_the_runs(row)).verdict
 
 
 def format_findings(findings: list[Finding]) -> str:

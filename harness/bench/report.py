@@ -10,13 +10,13 @@ import base64
 import html
 import json
 import platform
-import subprocess
 from pathlib import Path
 
 from harness.bench.plots import plots
 from harness.bench.summary import verdict_cell
 from harness.bench.table import table
 from harness.metrics.verdict import BAND_PCT
+from testbed import version
 
 RESULT_FIELDS = ("variant", "regime", "tokens_seen", "role", "profile", "loss", "loss_seed",
                  "seed", "steps", "hosts",
@@ -75,19 +75,13 @@ def provenance(records: list[dict]) -> dict:
     """Where the numbers come from: the code's commit, the versions, the hosts."""
     from importlib import metadata
 
-    root = Path(__file__).resolve().parents[2]
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
     versions = {"python": platform.python_version()}
     for package in ("torch", "transformers", "lossbed"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             pass
-    return {"commit": commit or None, "versions": versions, "machine": platform.node(),
+    return {"commit": version.commit(), "versions": versions, "machine": platform.node(),
             "kernel": platform.release(),
             "hosts": max((r.get("hosts") or 0 for r in records), default=0)}
 

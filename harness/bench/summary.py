@@ -76,7 +76,7 @@ def budget(records: list[dict], rows: list[dict], wall_s: float | None,
         deltas = row.get("ppl_deltas") or []
         if row.get("reference") is None or len(deltas) < 2:
             continue
-        sd = statistics.stdev(deltas)
+        sd = row["delta_sd"]
         need = seeds_for(sd, target)
         margin = abs(band_pct - abs(row["ppl_delta_pct"]))  # the mean's distance to an edge
         decide = (seeds_for(sd, margin) if row.get("verdict") == verdict.INCONCLUSIVE
@@ -242,8 +242,8 @@ def withheld_by_the_runs(row: dict) -> str | None:
 
 def judge(row: dict, band_pct: float) -> verdict.Check | None:
     """A row's Δppl against ±band_pct (verdict.delta_ppl), or None where the row has no
-    Δppl to judge (a reference, a speed run)."""
-    if row.get("reference") is None or row.get("ppl_delta_pct") is None:
+    Δppl to judge (a reference, a speed run: their rows carry none)."""
+    if row.get("ppl_delta_pct") is None:
         return None
     return verdict.delta_ppl(row["ppl_delta_pct"], row.get("ppl_delta_ci95"),
                              len(row.get("ppl_deltas") or []), band_pct,

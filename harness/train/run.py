@@ -197,9 +197,7 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
     themselves."""
     for r in runs:
         check(r.cfg, cluster)
-    # (a local rank inherits this environment: what would route it around the impairment)
-    if cluster.shares_this_machine:
-        bypass.refuse_contradictions(os.environ, cluster)
+    bypass.refuse_contradictions(os.environ, cluster)
     doctor.require(cluster, doctor_request([r.cfg for r in runs], cluster))
     plans, exempt = {}, {}
     for r in runs:  # every profile refused before anything is applied
@@ -255,8 +253,9 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
                      [m[i] for m in metrics], work / f"run{i}", wall / len(runs))
         rec["exempt"] = exempt[r.network]
         rec["coverage"] = covered.to_dict()
-        rec["invalid"] = uncovered(profile, covered)
-        rec["loss_applied_by"] = loss_applied_by(profile, backend, drop_mask, cluster)
+        rec["invalid"] = covered.no_result(profile)
+        rec["loss_applied_by"] = verify.loss_applied_by(
+            None if profile.impairs_nothing() else backend, cluster, drop_mask)
         rec["run_s"] = boundaries.run_s(i)
         records.append(rec)
     return records
@@ -283,26 +282,6 @@ def verbs_loss(cluster, runs: list[Run], plans: dict) -> str | None:
             "Set LOSSBED_DROP_MASK=SEED:RATE (e.g. 7:0.1 for 10%): the receivers drop by "
             "lossbed's seeded mask, and each record says so (loss_applied_by)")
     return None
-
-
-def loss_applied_by(profile, backend: str, drop_mask: str | None, cluster) -> list[str]:
-    """What dropped the run's packets: the kernel's impairment (which backend, where), and
-    the receivers' drop mask where one is set."""
-    by = [] if profile.impairs_nothing() else [
-        f"kernel: the {backend} backend on the hosts' "
-        f"{', '.join(sorted({h.ifname for h in cluster.hosts}))}"]
-    if drop_mask:
-        by.append(f"drop mask {drop_mask} (SEED:RATE) at the receivers")
-    return by
-
-
-def uncovered(profile, covered: coverage.Coverage) -> str | None:
-    """Why a run is no result, or None: its profile impairs, and too little of the hosts'
-    traffic crossed the impairment. A clean profile's run impairs nothing to be missed: its
-    coverage is recorded, not judged."""
-    if profile.impairs_nothing() or covered.enough:
-        return None
-    return covered.shortfall()
 
 
 def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) -> dict:

@@ -69,10 +69,17 @@ def contradictions(environ: Mapping[str, str], cluster) -> list[tuple[str, str, 
     return found
 
 
+def inherited_contradictions(environ: Mapping[str, str], cluster) -> list[tuple[str, str, str]]:
+    """contradictions() of the controller's environment where ranks inherit it: on namespace
+    hosts (this machine); a remote or VM rank starts with lossbed's settings alone."""
+    return contradictions(environ, cluster) if cluster.shares_this_machine else []
+
+
 def refuse_contradictions(environ: Mapping[str, str], cluster) -> None:
-    """Refuse, before anything is applied or launched, a user's setting that would route the
-    job around the impairment (the first, by name, with the fix)."""
-    found = contradictions(environ, cluster)
+    """Refuse, before anything is applied or launched, a setting of the controller's that
+    its ranks would inherit and that would route the job around the impairment (the first,
+    by name, with the fix)."""
+    found = inherited_contradictions(environ, cluster)
     if found:
         name, value, does = found[0]
         others = "".join(f"; also {n}={v}" for n, v, _ in found[1:])

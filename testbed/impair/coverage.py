@@ -164,6 +164,14 @@ class Coverage:
                 f"impairment (at least {self.min_coverage:.0%} needed): "
                 + "; ".join(parts) + ". " + _fix(self.elsewhere()))
 
+    def no_result(self, profile) -> str | None:
+        """Why a run under `profile` is no result, or None: the profile impairs, and too
+        little of the hosts' traffic crossed the impairment. A clean profile impairs nothing
+        to be missed: its coverage is recorded, not judged."""
+        if profile.impairs_nothing() or self.enough:
+            return None
+        return self.shortfall()
+
     def to_dict(self) -> dict:
         return {"fraction": self.fraction, "packet_fraction": self.packet_fraction,
                 "min_coverage": self.min_coverage, "enough": self.enough,

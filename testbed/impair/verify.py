@@ -183,6 +183,17 @@ def measure_coverage(cluster, reading: Reading, since: Reading,
                             rdma_by_drop_mask=rdma_by_drop_mask)
 
 
+def loss_applied_by(backend: str | None, cluster, drop_mask: str | None) -> list[str]:
+    """What dropped a run's packets: the kernel's impairment (its backend, where; None: no
+    profile that impairs was applied), and the receivers' drop mask where one is set."""
+    by = [] if backend is None else [
+        f"kernel: the {backend} backend on the hosts' "
+        f"{', '.join(sorted({h.ifname for h in cluster.hosts}))}"]
+    if drop_mask:
+        by.append(f"drop mask {drop_mask} (SEED:RATE) at the receivers")
+    return by
+
+
 def verify(cluster) -> Report:
     return report(cluster, read(cluster))
 

@@ -109,8 +109,9 @@ def test_verbs_on_a_hardware_rdma_device_is_refused_without_the_drop_mask(monkey
     # with the mask, the run goes on, and says which loss it had
     monkeypatch.setenv("LOSSBED_DROP_MASK", "7:0.1")
     assert run.verbs_loss(cluster, *_verbs_runs()) == "7:0.1"
-    profile = _verbs_runs()[1].popitem()[1][0].profile
-    assert run.loss_applied_by(profile, "bpf", "7:0.1", cluster) == [
+    from testbed.impair import verify
+
+    assert verify.loss_applied_by("bpf", cluster, "7:0.1") == [
         "kernel: the bpf backend on the hosts' eth0",
         "drop mask 7:0.1 (SEED:RATE) at the receivers"]
 
