@@ -98,13 +98,17 @@ def clear(host, payload: dict) -> list[str]:
     return cleared
 
 
-def counters(host, payload: dict) -> list[dict]:
+def reading(host, payload: dict) -> dict:
+    """Everything `verify` reads on a host at one moment, in one call (on a remote host each
+    call is an SSH round trip): the impaired paths' counters, what the exclusions let
+    through, the UDP counters and every interface's traffic."""
     from testbed.impair.plan import HostPlan
 
     module = backends()[payload["backend"]]
-    found = module.read_counters(host, HostPlan.from_dict(payload["plan"]),
-                                 payload.get("handles") or {})
-    return [c.to_dict() for c in found]
+    plan, handles = HostPlan.from_dict(payload["plan"]), payload.get("handles") or {}
+    return {"paths": [c.to_dict() for c in module.read_counters(host, plan, handles)],
+            "exempt": [c.to_dict() for c in module.read_exempt(host, plan, handles)],
+            "udp_snmp": udp_snmp(host, {}), "traffic": traffic(host, {})}
 
 
 def udp_snmp(host, payload: dict) -> dict:
@@ -132,7 +136,7 @@ def checkup(host, payload: dict) -> dict:
     return examination.examine(host, payload, probe(host, {}), carried)
 
 
-OPERATIONS = {"probe": probe, "apply": apply, "clear": clear, "counters": counters,
+OPERATIONS = {"probe": probe, "apply": apply, "clear": clear, "reading": reading,
               "udp_snmp": udp_snmp, "traffic": traffic, "check": check, "renew": renew,
               "checkup": checkup}
 

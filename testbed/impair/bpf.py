@@ -1,7 +1,8 @@
 """The bpf backend: a tc clsact classifier, assembled in Python (bpf_program.py), drops
 packets by Bernoulli or Gilbert-Elliott loss with per-path state and counters in a BPF map.
 
-Per host: one array map (one slot per path), one program per direction, attached as
+Per host: one array map (one slot per path, then one per direction counting what the
+match's exclusions let through), one program per direction, attached as
 cls_bpf filters named "lossbed" on the interface's clsact ingress/egress hooks. The map
 lives as long as the filters do; its id is recorded so `verify` can read it later.
 """
@@ -17,7 +18,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from testbed.errors import LossbedError
 from testbed.impair import bpf_program, bpf_syscall
-from testbed.impair.counters import LinkCounters
+from testbed.impair.counters import ExemptCounters, LinkCounters
 from testbed.impair.plan import HostPlan
 
 log = logging.getLogger(__name__)
@@ -55,16 +56,20 @@ def probe(host) -> str | None:
 
 
 def apply(host, plan: HostPlan) -> dict:
-    """Attach the programs; return what `verify` and `clear` need (the map's id and name)."""
+    """Attach the programs; return what `verify` and `clear` need (the map's id and name,
+    the exempt traffic's slots)."""
     map_name = "lb_" + secrets.token_hex(6)
+    exempt_slots = exempt_slot_of(plan)
     map_fd = bpf_syscall.create_array_map(map_name, bpf_program.VALUE_SIZE,
-                                          max(len(plan.rules), 1))
+                                          len(plan.rules) + len(exempt_slots))
     prog_fds = []
     try:
         for slot, rule in enumerate(plan.rules):
             params = bpf_program.slot_params(
                 rule.impairment.loss, path_seed(rule.impairment.seed, rule.path(plan.host)))
             bpf_syscall.update(map_fd, slot, params.initial_value())
+        for slot in exempt_slots.values():
+            bpf_syscall.update(map_fd, slot, bpf_program.slot_params(None, 1).initial_value())
         map_id = bpf_syscall.map_info(map_fd)["id"]
         with host.netlink() as ipr:
             index = ipr.link_lookup(ifname=plan.ifname)[0]
@@ -79,7 +84,8 @@ def apply(host, plan: HostPlan) -> dict:
                              if r.direction == direction]
                     if not slots:
                         continue
-                    code = bpf_program.build(direction, plan.match, slots, map_fd)
+                    code = bpf_program.build(direction, plan.match, slots, map_fd,
+                                             exempt_slots[direction])
                     fd = bpf_syscall.load_sched_cls(f"lossbed_{direction[:2]}", code)
                     prog_fds.append(fd)
                     ipr.tc("add-filter", "bpf", index, parent=PARENTS[direction],
@@ -91,7 +97,13 @@ def apply(host, plan: HostPlan) -> dict:
     finally:
         for fd in [*prog_fds, map_fd]:
             os.close(fd)  # the attached filters hold the program, the program the map
-    return {"map_id": map_id, "map_name": map_name}
+    return {"map_id": map_id, "map_name": map_name, "exempt_slots": exempt_slots}
+
+
+def exempt_slot_of(plan: HostPlan) -> dict[str, int]:
+    """direction -> the map slot counting what the exclusions let through, after the paths'."""
+    directions = [d for d in ("ingress", "egress") if any(r.direction == d for r in plan.rules)]
+    return {d: len(plan.rules) + i for i, d in enumerate(directions)}
 
 
 def _our_filters(ipr, index: int) -> list:
@@ -139,7 +151,8 @@ def clear(host, ifname: str) -> bool:
         return _remove(ipr, found[0])
 
 
-def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
+def _read_slots(host, plan: HostPlan, handles: dict, slots: list[int]) -> list[dict]:
+    """The decoded values of the map's `slots`, after checking the map is still lossbed's."""
     with host.netlink() as ipr:
         found = ipr.link_lookup(ifname=plan.ifname)
         attached = bool(found) and bool(_our_filters(ipr, found[0]))
@@ -158,18 +171,27 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
         if info["name"] != handles["map_name"]:
             raise LossbedError(f"map id {handles['map_id']} now belongs to another map "
                                f"({info['name']}): the profile of host {plan.host} is gone")
-        out = []
-        for slot, rule in enumerate(plan.rules):
-            v = bpf_program.decode_value(bpf_syscall.lookup(fd, slot, bpf_program.VALUE_SIZE))
-            out.append(LinkCounters(
-                host=plan.host, direction=rule.direction, peer=rule.peer,
-                path=rule.path(plan.host), seen_packets=v["seen_packets"],
-                dropped_packets=v["dropped_packets"],
-                sized_bytes=v["seen_bytes"], sized_packets=v["seen_packets"],
-                bursts=v["bursts"], max_burst=v["max_burst"],
-            ))
-        return out
+        return [bpf_program.decode_value(bpf_syscall.lookup(fd, slot, bpf_program.VALUE_SIZE))
+                for slot in slots]
     finally:
         os.close(fd)
+
+
+def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
+    values = _read_slots(host, plan, handles, list(range(len(plan.rules))))
+    return [LinkCounters(host=plan.host, direction=rule.direction, peer=rule.peer,
+                         path=rule.path(plan.host), seen_packets=v["seen_packets"],
+                         dropped_packets=v["dropped_packets"],
+                         sized_bytes=v["seen_bytes"], sized_packets=v["seen_packets"],
+                         bursts=v["bursts"], max_burst=v["max_burst"])
+            for rule, v in zip(plan.rules, values, strict=True)]
+
+
+def read_exempt(host, plan: HostPlan, handles: dict) -> list[ExemptCounters]:
+    # a plan applied before the exempt slots existed has none to read
+    slots = handles.get("exempt_slots") or {}
+    values = _read_slots(host, plan, handles, list(slots.values()))
+    return [ExemptCounters(plan.host, direction, v["seen_packets"], v["seen_bytes"])
+            for direction, v in zip(slots, values, strict=True)]
 
 

@@ -42,3 +42,23 @@ class LinkCounters:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class ExemptCounters:
+    """What a host's exclusions let through unimpaired (SSH, the rendezvous port: the
+    profile's match.exclude), at the impairment point, in one direction. Cumulative since
+    the impairment was applied, like LinkCounters."""
+
+    host: str
+    direction: str      # "ingress" or "egress"
+    packets: int
+    bytes: int          # IP-level
+
+    def since(self, earlier: ExemptCounters) -> ExemptCounters:
+        assert (earlier.host, earlier.direction) == (self.host, self.direction)
+        return ExemptCounters(self.host, self.direction, self.packets - earlier.packets,
+                              self.bytes - earlier.bytes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -12,8 +12,9 @@ host's traffic can leave or arrive, over the same window:
 counted where the impairment sits: arrivals for an ingress profile (the interfaces' rx, which
 the kernel counts before an ingress drop), departures for an egress one (tx, plus what the
 impairment dropped before the device counted it). What was not impaired is named by where it
-went: the impaired interface itself (exempt ports, traffic the profile's match missed,
-non-IP frames), another interface, an RDMA port.
+went: the impaired interface's exemptions (the profile's match.exclude: SSH, the rendezvous
+port; every backend counts them apart), the rest of the impaired interface (traffic the
+match missed, non-IP frames), another interface, an RDMA port.
 
 The interface counters come from the hosts' kernels (netlink's 64-bit link statistics, read
 inside each host's namespace), the RDMA ports' from /sys/class/infiniband. A run whose
@@ -107,6 +108,8 @@ class HostCoverage:
     total_packets: int
     # bytes that did not cross the impairment, by where they went
     elsewhere: dict[str, int] = field(default_factory=dict)
+    # of those, what the profile's exclusions let through (SSH, the rendezvous port)
+    exempt_bytes: int = 0
 
     @property
     def fraction(self) -> float | None:
@@ -125,6 +128,10 @@ class Coverage:
     @property
     def total_bytes(self) -> int:
         return sum(h.total_bytes for h in self.hosts)
+
+    @property
+    def exempt_bytes(self) -> int:
+        return sum(h.exempt_bytes for h in self.hosts)
 
     @property
     def fraction(self) -> float | None:
@@ -176,7 +183,7 @@ class Coverage:
         return {"fraction": self.fraction, "packet_fraction": self.packet_fraction,
                 "min_coverage": self.min_coverage, "enough": self.enough,
                 "impaired_bytes": self.impaired_bytes, "total_bytes": self.total_bytes,
-                "elsewhere": self.elsewhere(),
+                "exempt_bytes": self.exempt_bytes, "elsewhere": self.elsewhere(),
                 "hosts": [{**asdict(h), "fraction": h.fraction} for h in self.hosts]}
 
 
@@ -188,7 +195,8 @@ def _size(n: int) -> str:
 
 
 # the words the impaired interface's own unimpaired traffic is named by
-NOT_MATCHED = "not matched by the profile (exempt ports, traffic its match misses, non-IP)"
+EXEMPT = "let through by the profile's exclusions (SSH, the rendezvous port)"
+NOT_MATCHED = "not matched by the profile (traffic its match misses, non-IP)"
 
 
 def _fix(elsewhere: dict[str, int]) -> str:
@@ -198,6 +206,10 @@ def _fix(elsewhere: dict[str, int]) -> str:
                 "transport on the impaired interface (lossbed's launchers set NCCL_IB_DISABLE=1 "
                 "and NCCL_SOCKET_IFNAME; do not override them), or use the verbs transport "
                 "with its drop mask")
+    if EXEMPT in top:
+        return ("The job carried its data on a port the profile exempts: move its process "
+                "group off the exempt ports (SSH, the rendezvous port: the profile's "
+                "match.exclude), or take the port out of match.exclude")
     if NOT_MATCHED in top:
         return ("The profile's match left the job's traffic out: check its match (include "
                 "the job's ports, or leave include empty for all traffic) and that the job "
@@ -210,9 +222,10 @@ def _fix(elsewhere: dict[str, int]) -> str:
 
 def measure(plan, before: dict[str, dict], after: dict[str, dict], path_counters: dict,
             min_coverage: float = DEFAULT_MIN_COVERAGE, one_machine: bool = False,
-            rdma_by_drop_mask: bool = False) -> Coverage:
+            rdma_by_drop_mask: bool = False, exempt: dict | None = None) -> Coverage:
     """Coverage over a window. before/after: host -> read_traffic(); path_counters: host ->
-    its impaired paths' LinkCounters over the same window (LinkCounters.since).
+    its impaired paths' LinkCounters over the same window (LinkCounters.since); exempt:
+    host -> its ExemptCounters over the window (what the exclusions let through).
     one_machine: the hosts share one machine's RDMA devices (namespace hosts), counted once.
     rdma_by_drop_mask: the receivers drop RDMA traffic by lossbed's seeded mask (no qdisc
     sees it): the RDMA ports' bytes count as impaired, by the mask."""
@@ -226,6 +239,9 @@ def measure(plan, before: dict[str, dict], after: dict[str, dict], path_counters
         dropped_packets = sum(c.dropped_packets for c in counters)
         dropped_bytes = sum(round(c.dropped_packets * (c.mean_packet_bytes or 0))
                             for c in counters)
+        exempt_bytes = sum(e.bytes for e in (exempt or {}).get(hp.host, [])
+                           if e.direction == direction)
+        exempt_seen = 0
         now, then = after[hp.host], before[hp.host]
         total_bytes = total_packets = 0
         elsewhere = {}
@@ -245,8 +261,11 @@ def measure(plan, before: dict[str, dict], after: dict[str, dict], path_counters
             total_bytes += max(0, ip_bytes)
             if name == hp.ifname:
                 rest = ip_bytes - seen_bytes
-                if rest > 0:
-                    elsewhere[f"{name} on {hp.host}, {NOT_MATCHED}"] = rest
+                exempt_seen = max(0, min(rest, exempt_bytes))
+                if exempt_seen:
+                    elsewhere[f"{name} on {hp.host}, {EXEMPT}"] = exempt_seen
+                if rest - exempt_seen > 0:
+                    elsewhere[f"{name} on {hp.host}, {NOT_MATCHED}"] = rest - exempt_seen
             elif ip_bytes > 0:
                 elsewhere[f"{name} on {hp.host} (not impaired)"] = ip_bytes
         if not (one_machine and i > 0):
@@ -264,7 +283,7 @@ def measure(plan, before: dict[str, dict], after: dict[str, dict], path_counters
                 elif n > 0:
                     elsewhere[f"rdma {port} on {hp.host} (kernel bypass)"] = n
         hosts.append(HostCoverage(hp.host, direction, seen_bytes, seen_packets,
-                                  total_bytes, total_packets, elsewhere))
+                                  total_bytes, total_packets, elsewhere, exempt_seen))
     return Coverage(hosts, min_coverage)
 
 
@@ -275,4 +294,7 @@ def format_coverage(coverage: Coverage) -> str:
              f"the impairment (needed {coverage.min_coverage:.0%})"]
     for where, n in list(coverage.elsewhere().items())[:4]:
         lines.append(f"  not impaired: {where}: {_size(n)}")
+    if coverage.exempt_bytes:
+        lines.append(f"  of which the exclusions (SSH, the rendezvous port) carried "
+                     f"{_size(coverage.exempt_bytes)}")
     return "\n".join(lines)

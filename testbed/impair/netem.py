@@ -1,10 +1,12 @@
 """The netem backend: the kernel's network emulator, through pyroute2, on every host.
 
 One HTB tree per impaired device, one class and netem leaf per path, u32 filters choosing
-the class by the peer's address and the profile's match; unmatched and excluded traffic is
-sent directly (HTB class 1:0), unimpaired. Egress impairs the host's interface itself;
-ingress redirects arriving packets (ingress qdisc + u32 + mirred) to an IFB device that
-carries the same kind of tree, so loss happens before the receiver's stack sees a packet.
+the class by the peer's address and the profile's match; unmatched traffic is sent directly
+(HTB class 1:0), unimpaired, and excluded traffic through a class of its own (1:f), also
+unimpaired, whose counters show what the exclusions carried. Egress impairs the host's
+interface itself; ingress redirects arriving packets (ingress qdisc + u32 + mirred) to an IFB
+device that carries the same kind of tree, so loss happens before the receiver's stack sees
+a packet.
 
     eth0 ingress --mirred--> ifb-eth0 [htb 1: -> 1:10 netem (from h2), 1:11 netem (from h3)]
     eth0 root   [htb 1: -> 1:10 netem (to h2), ...]                      (egress)
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from pyroute2.netlink.exceptions import NetlinkError
 
 from testbed.impair import netem_nla, u32_match
-from testbed.impair.counters import LinkCounters
+from testbed.impair.counters import ExemptCounters, LinkCounters
 from testbed.impair.plan import HostPlan, LinkRule
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ INGRESS = 0xFFFF0000       # handle ffff:, parent of the ingress qdisc's filters
 TC_H_ROOT = 0xFFFFFFFF
 TC_H_INGRESS = 0xFFFFFFF1
 FIRST_CLASS = 0x10
+EXEMPT_CLASS = ROOT | 0x0F  # below the paths' classes
 PRIO_EXCLUDE, PRIO_PATH, PRIO_REDIRECT = 1, 10, 1
 ETH_P_IP, ETH_P_ALL = 0x0800, 0x0003
 ETH_HEADER_BYTES = 14
@@ -94,11 +97,11 @@ def netem_messages(plan: HostPlan, index: int = 0) -> list[netem_nla.NetemTcmsg]
 
 
 def filters(plan: HostPlan, device: Device) -> list[dict]:
-    """u32 filters of one device: exclusions to the direct class, then one set per path."""
+    """u32 filters of one device: exclusions to the exempt class, then one set per path."""
     out = []
     for flow in plan.match.exclude:
         for keys in u32_match.flow_alternatives(flow):
-            out.append({"prio": PRIO_EXCLUDE, "target": ROOT, "keys": keys})
+            out.append({"prio": PRIO_EXCLUDE, "target": EXEMPT_CLASS, "keys": keys})
     for slot, rule in enumerate(device.rules):
         peer = u32_match.address_key(rule.peer_address, device.peer_offset)
         alternatives = [[]]
@@ -164,6 +167,8 @@ def _tree(ipr, plan: HostPlan, device: Device, dev_index: int) -> None:
     ipr.tc("add", "htb", dev_index, ROOT, parent=TC_H_ROOT, default=0)
     device_plan = HostPlan(plan.host, plan.address, plan.ifname, plan.match,
                            tuple(device.rules), plan.mtu)
+    ipr.tc("add-class", "htb", dev_index, EXEMPT_CLASS, parent=ROOT,
+           rate=CLASS_RATE_BYTES_S, ceil=CLASS_RATE_BYTES_S)
     for slot, msg in enumerate(netem_messages(device_plan, dev_index)):
         ipr.tc("add-class", "htb", dev_index, class_id(slot), parent=ROOT,
                rate=CLASS_RATE_BYTES_S, ceil=CLASS_RATE_BYTES_S)
@@ -196,13 +201,33 @@ def clear(host, ifname: str) -> bool:
         return _remove(ipr, ifname)
 
 
+def _device_name(plan: HostPlan, device: Device) -> str:
+    return ifb_name(plan.ifname) if device.direction == "ingress" else plan.ifname
+
+
+def read_exempt(host, plan: HostPlan, handles: dict) -> list[ExemptCounters]:
+    """The exempt class's counters per impaired device (none on a tree from before it)."""
+    out = []
+    with host.netlink() as ipr:
+        for device in devices(plan):
+            index = ipr.link_lookup(ifname=_device_name(plan, device))[0]
+            for c in ipr.get_classes(index=index):
+                if c["handle"] != EXEMPT_CLASS:
+                    continue
+                stats = c.get_attr("TCA_STATS2")
+                basic = stats.get_attr("TCA_STATS_BASIC") if stats is not None else None
+                packets, size = (basic["packets"], basic["bytes"]) if basic else (0, 0)
+                out.append(ExemptCounters(plan.host, device.direction, packets,
+                                          size - ETH_HEADER_BYTES * packets))
+    return out
+
+
 def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
     """netem's own counters: a path's leaf saw sent + dropped packets, dropped what it lost."""
     out = []
     with host.netlink() as ipr:
         for device in devices(plan):
-            ifname = ifb_name(plan.ifname) if device.direction == "ingress" else plan.ifname
-            index = ipr.link_lookup(ifname=ifname)[0]
+            index = ipr.link_lookup(ifname=_device_name(plan, device))[0]
             leaves = {q["handle"]: q for q in ipr.get_qdiscs(index=index)
                       if q.get_attr("TCA_KIND") == "netem"}
             for slot, rule in enumerate(device.rules):

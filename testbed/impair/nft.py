@@ -7,10 +7,10 @@ all. pyroute2's nftables support cannot build numgen/counter expressions, so thi
 drives the `nft` tool (the kernel's own netlink API underneath).
 
     table netdev lossbed {
-      counter seen_in_h2 {}  counter drop_in_h2 {}
+      counter seen_in_h2 {}  counter drop_in_h2 {}  counter exempt_in {}
       chain ingress { type filter hook ingress device "eth0" priority -500; policy accept;
         meta protocol != ip accept
-        meta l4proto tcp th sport { 22, 29500 } accept     # exclusions
+        meta l4proto tcp th sport { 22, 29500 } counter name "exempt_in" accept  # exclusions
         ip saddr 10.201.0.2 jump in_h2 }
       chain in_h2 { meta l4proto udp th dport 5000-5100 goto impair_in_h2 }  # the match
       chain impair_in_h2 { counter name "seen_in_h2"
@@ -25,7 +25,7 @@ import logging
 import shutil
 
 from testbed.errors import EnvironmentProblem, LossbedError
-from testbed.impair.counters import LinkCounters
+from testbed.impair.counters import ExemptCounters, LinkCounters
 from testbed.impair.plan import HostPlan, LinkRule
 from testbed.profiles.model import Flow
 
@@ -41,8 +41,12 @@ ETH_HEADER_BYTES = 14
 HOOK_PRIORITY = -500  # before anything else on the hook
 
 
+def _short(direction: str) -> str:
+    return "in" if direction == "ingress" else "out"
+
+
 def _tag(rule: LinkRule) -> str:
-    return f"{'in' if rule.direction == 'ingress' else 'out'}_{rule.peer}"
+    return f"{_short(rule.direction)}_{rule.peer}"
 
 
 def _flow_clauses(flow: Flow) -> list[str]:
@@ -60,17 +64,17 @@ def render(plan: HostPlan) -> str:
     for rule in plan.rules:
         lines.append(f"  counter seen_{_tag(rule)} {{ }}")
         lines.append(f"  counter drop_{_tag(rule)} {{ }}")
-    for direction in ("ingress", "egress"):
+    for direction in _directions(plan):
+        lines.append(f"  counter exempt_{_short(direction)} {{ }}")
+    for direction in _directions(plan):
         rules = [r for r in plan.rules if r.direction == direction]
-        if not rules:
-            continue
         lines.append(f"  chain {direction} {{")
         lines.append(f'    type filter hook {direction} device "{plan.ifname}" '
                      f"priority {HOOK_PRIORITY}; policy accept;")
         lines.append("    meta protocol != ip accept")
         for flow in plan.match.exclude:
             for clause in _flow_clauses(flow):
-                lines.append(f"    {clause} accept")
+                lines.append(f'    {clause} counter name "exempt_{_short(direction)}" accept')
         peer_field = "saddr" if direction == "ingress" else "daddr"
         for rule in rules:
             lines.append(f"    ip {peer_field} {rule.peer_address} jump {_tag(rule)}")
@@ -95,6 +99,10 @@ def render(plan: HostPlan) -> str:
             lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _directions(plan: HostPlan) -> list[str]:
+    return [d for d in ("ingress", "egress") if any(r.direction == d for r in plan.rules)]
 
 
 def probe(host) -> str | None:
@@ -132,7 +140,8 @@ def clear(host, ifname: str) -> bool:
     raise EnvironmentProblem(f"could not delete table {FAMILY} {TABLE}: {error}")
 
 
-def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
+def _counter_values(host, plan: HostPlan) -> dict[str, tuple[int, int]]:
+    """The table's named counters: name -> (packets, bytes)."""
     result = host.run(["nft", "-j", "list", "counters", "table", FAMILY, TABLE])
     if result.returncode != 0:
         raise LossbedError(f"no lossbed nft table on host {plan.host}: is a profile applied? "
@@ -142,6 +151,22 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
         counter = item.get("counter")
         if counter:
             values[counter["name"]] = (counter["packets"], counter["bytes"])
+    return values
+
+
+def read_exempt(host, plan: HostPlan, handles: dict) -> list[ExemptCounters]:
+    values = _counter_values(host, plan)
+    out = []
+    for direction in _directions(plan):
+        packets, size = values.get(f"exempt_{_short(direction)}", (0, 0))
+        if direction == "egress":
+            size -= ETH_HEADER_BYTES * packets  # as for the paths' counters below
+        out.append(ExemptCounters(plan.host, direction, packets, size))
+    return out
+
+
+def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
+    values = _counter_values(host, plan)
     out = []
     for rule in plan.rules:
         tag = _tag(rule)

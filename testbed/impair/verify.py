@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from testbed import stats
 from testbed.impair import coverage, engine
-from testbed.impair.counters import LinkCounters
+from testbed.impair.counters import ExemptCounters, LinkCounters
 from testbed.profiles.model import GilbertElliott
 
 # A measured loss farther than this from the target, in standard deviations, is flagged.
@@ -117,6 +117,8 @@ class Reading:
     taken_at: float
     # host -> every interface's and RDMA port's counters (coverage.read_traffic)
     traffic: dict[str, dict] = field(default_factory=dict)
+    # per host of the plan: what the profile's exclusions let through, per direction
+    exempt: list[list[ExemptCounters]] = field(default_factory=list)
 
 
 def read_traffic(host) -> dict:
@@ -129,18 +131,19 @@ def read(cluster) -> Reading:
     the_plan, record = engine.applied_plan(cluster)
 
     def read_host(hp):
-        host = cluster.host(hp.host)
-        return [LinkCounters(**c) for c in host.agent_call("counters", {
+        return cluster.host(hp.host).agent_call("reading", {
             "backend": the_plan.backend, "plan": hp.to_dict(),
-            "handles": record["handles"].get(hp.host, {})})]
+            "handles": record["handles"].get(hp.host, {})})
 
     # hosts in parallel: on remote clusters each call is an SSH round trip and a Python start
-    with ThreadPoolExecutor(max_workers=min(16, len(cluster.hosts))) as pool:
-        per_host = list(pool.map(read_host, the_plan.hosts))
-        names = [h.name for h in cluster.hosts]
-        snmp = dict(zip(names, pool.map(read_udp_snmp, cluster.hosts), strict=True))
-        traffic = dict(zip(names, pool.map(read_traffic, cluster.hosts), strict=True))
-    return Reading(per_host, snmp, time.monotonic(), traffic)
+    with ThreadPoolExecutor(max_workers=min(16, len(the_plan.hosts))) as pool:
+        found = list(pool.map(read_host, the_plan.hosts))
+    names = [hp.host for hp in the_plan.hosts]
+    return Reading(counters=[[LinkCounters(**c) for c in f["paths"]] for f in found],
+                   snmp={name: f["udp_snmp"] for name, f in zip(names, found, strict=True)},
+                   taken_at=time.monotonic(),
+                   traffic={name: f["traffic"] for name, f in zip(names, found, strict=True)},
+                   exempt=[[ExemptCounters(**c) for c in f["exempt"]] for f in found])
 
 
 def report(cluster, reading: Reading, since: Reading | None = None) -> Report:
@@ -178,9 +181,12 @@ def measure_coverage(cluster, reading: Reading, since: Reading,
     paths = {hp.host: [now.since(then) for now, then in
                        zip(reading.counters[i], since.counters[i], strict=True)]
              for i, hp in enumerate(the_plan.hosts)}
+    exempt = {hp.host: [now.since(then) for now, then in
+                        zip(reading.exempt[i], since.exempt[i], strict=True)]
+              for i, hp in enumerate(the_plan.hosts)} if reading.exempt and since.exempt else {}
     return coverage.measure(the_plan, since.traffic, reading.traffic, paths, min_coverage,
                             one_machine=cluster.shares_this_machine,
-                            rdma_by_drop_mask=rdma_by_drop_mask)
+                            rdma_by_drop_mask=rdma_by_drop_mask, exempt=exempt)
 
 
 def loss_applied_by(backend: str | None, cluster, drop_mask: str | None) -> list[str]:

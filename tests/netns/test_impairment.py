@@ -145,6 +145,34 @@ def test_an_excluded_tcp_port_loses_nothing_while_everything_else_does(four_host
     assert udp.lost > 0.2 * udp.sent
 
 
+@pytest.mark.parametrize("backend", ["nft", "bpf"])
+def test_what_the_exclusions_let_through_is_counted_apart(four_hosts, backend):
+    """A TCP transfer on the rendezvous port (exempt by default) beside counted UDP: the
+    backend's exempt counter holds the transfer's bytes, and coverage names them apart from
+    what the match missed, on the host that received them."""
+    from testbed import ports
+    from testbed.impair import coverage
+
+    h1, h2 = four_hosts.hosts[:2]
+    apply(four_hosts, "random-loss", ["loss_pct=10"], backend)
+    try:
+        before = verify.read(four_hosts)
+        received = _tcp_transfer(h2, h1, ports.RENDEZVOUS, 2 << 20)
+        traffic.send_counted([(h2, h1)], per_path=2000)
+        after = verify.read(four_hosts)
+        got = verify.measure_coverage(four_hosts, after, before, min_coverage=0.01)
+    finally:
+        engine.clear(four_hosts)
+    assert received == 2 << 20
+    exempt_h1 = [e.since(b) for e, b in zip(after.exempt[0], before.exempt[0], strict=True)]
+    assert [e.direction for e in exempt_h1] == ["ingress"]
+    assert 2 << 20 <= exempt_h1[0].bytes < 1.1 * (2 << 20), exempt_h1
+    assert got.hosts[0].exempt_bytes == pytest.approx(exempt_h1[0].bytes, rel=0.01)
+    assert got.elsewhere()[f"{h1.ifname} on h1, {coverage.EXEMPT}"] >= 2 << 20
+    # the UDP was matched and impaired: the exempt transfer is most of what was not
+    assert got.fraction is not None and got.impaired_bytes > 0
+
+
 def _dropped(report) -> int:
     return sum(path.dropped_packets for path in report.paths)
 

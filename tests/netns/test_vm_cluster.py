@@ -156,9 +156,10 @@ def test_egress_delay_and_rate_are_real_on_vms(vms):
 RATE_SCRIPT = r"""
 import socket, sys, time
 role, addr = sys.argv[1], sys.argv[2]
+port = int(sys.argv[3]) if len(sys.argv) > 3 else 6000
 if role == "recv":
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((addr, 6000)); s.listen(1); c, _ = s.accept()
+    s.bind((addr, port)); s.listen(1); c, _ = s.accept()
     got, first = 0, None
     while True:
         b = c.recv(65536)
@@ -168,7 +169,7 @@ if role == "recv":
         got += len(b)
     print(got * 8 / (time.monotonic() - first) / 1e6)
 else:
-    s = socket.create_connection((addr, 6000)); s.sendall(b"x" * 3_000_000); s.close()
+    s = socket.create_connection((addr, port)); s.sendall(b"x" * 3_000_000); s.close()
 """
 
 
@@ -190,6 +191,36 @@ def test_netem_rate_limits_throughput_on_vms(vms):
     mbit = float(out["r"].stdout.decode().strip())
     # TCP over a 10 Mbit/s netem rate: a little under 10 (headers, slow start)
     assert 6.0 <= mbit <= 10.5, mbit
+
+
+def test_netem_counts_what_the_exclusions_let_through_in_a_class_of_its_own(vms):
+    """3 MB over TCP on the rendezvous port (exempt by default) under netem's 10% loss: the
+    exempt HTB class on the receiver's IFB counted them, and coverage names them apart."""
+    from testbed import ports
+    from testbed.impair import coverage, verify
+
+    h1, h2 = vms.hosts
+    apply(vms, "random-loss", ["loss_pct=10"])
+    out = {}
+    try:
+        before = verify.read(vms)
+        thread = threading.Thread(target=lambda: out.setdefault("r", h1.run(
+            ["python3", "-c", RATE_SCRIPT, "recv", h1.address, str(ports.RENDEZVOUS)],
+            timeout=120)))
+        thread.start()
+        time.sleep(3)
+        sent = h2.run(["python3", "-c", RATE_SCRIPT, "send", h1.address,
+                       str(ports.RENDEZVOUS)], timeout=120)
+        thread.join()
+        after = verify.read(vms)
+        got = verify.measure_coverage(vms, after, before, min_coverage=0.01)
+    finally:
+        engine.clear(vms)
+    assert sent.returncode == 0 and out["r"].returncode == 0, (sent.stderr, out["r"].stderr)
+    exempt = [e.since(b) for e, b in zip(after.exempt[0], before.exempt[0], strict=True)]
+    assert [e.direction for e in exempt] == ["ingress"]
+    assert 3_000_000 <= exempt[0].bytes < 3_300_000, exempt
+    assert got.elsewhere()[f"{h1.ifname} on h1, {coverage.EXEMPT}"] >= 3_000_000
 
 
 def test_same_random_profile_gives_the_same_loss_on_namespaces_and_on_vms(vms, make_cluster):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.impair import coverage
-from testbed.impair.counters import LinkCounters
+from testbed.impair.counters import ExemptCounters, LinkCounters
 from testbed.impair.plan import PlannedHost, build
 from testbed.profiles.model import Profile
 
@@ -82,6 +82,32 @@ def test_traffic_the_profile_did_not_match_is_named_on_the_impaired_interface():
     assert got.fraction == 0.0 and not got.enough
     assert all(coverage.NOT_MATCHED in where for where in got.elsewhere())
     assert "The profile's match left the job's traffic out" in got.shortfall()
+
+
+def test_what_the_exclusions_let_through_is_shown_apart_from_what_the_match_missed():
+    # 1000 packets of 1000 B arrived, 800 impaired, 150 exempt (SSH, the rendezvous port),
+    # 50 neither (missed by the match)
+    after = {h.name: traffic(eth0=link(1000, 1_014_000)) for h in HOSTS}
+    paths = {"h1": [seen("h1", "h2", 800)], "h2": [seen("h2", "h1", 800)]}
+    exempt = {h.name: [ExemptCounters(h.name, "ingress", 150, 150_000),
+                       ExemptCounters(h.name, "egress", 7, 7_000)]  # the other direction
+              for h in HOSTS}
+    got = measure(after, paths, exempt=exempt)
+    assert got.fraction == pytest.approx(0.8)
+    assert got.exempt_bytes == 2 * 150_000 and got.hosts[0].exempt_bytes == 150_000
+    assert got.elsewhere() == {
+        f"eth0 on h1, {coverage.EXEMPT}": 150_000, f"eth0 on h2, {coverage.EXEMPT}": 150_000,
+        f"eth0 on h1, {coverage.NOT_MATCHED}": 50_000,
+        f"eth0 on h2, {coverage.NOT_MATCHED}": 50_000}
+    assert got.to_dict()["exempt_bytes"] == 300_000
+    assert "carried its data on a port the profile exempts" in got.shortfall()
+    assert "the exclusions (SSH, the rendezvous port) carried 300.0 kB" in \
+        coverage.format_coverage(got)
+    # without exempt counters (a plan applied before they existed) it is all 'not matched'
+    old = measure(after, paths)
+    assert old.exempt_bytes == 0
+    assert list(old.elsewhere()) == [f"eth0 on h1, {coverage.NOT_MATCHED}",
+                                     f"eth0 on h2, {coverage.NOT_MATCHED}"]
 
 
 def test_rdma_ports_are_a_bypass_counted_once_per_machine():

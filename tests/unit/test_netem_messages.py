@@ -220,7 +220,7 @@ def test_u32_filters_pick_the_path_and_the_match():
     dev = netem.devices(hp)[0]
     fs = netem.filters(hp, dev)
     excl = [f for f in fs if f["prio"] == netem.PRIO_EXCLUDE]
-    assert all(f["target"] == netem.ROOT for f in excl)  # excluded: direct, unimpaired
+    assert all(f["target"] == netem.EXEMPT_CLASS for f in excl)  # excluded: counted apart
     paths = [f for f in fs if f["prio"] == netem.PRIO_PATH]
     # source address of h2 at offset 12, udp, port 5000-5001 as one /15 prefix, either end
     assert {"keys": ["0x0ac90002/0xffffffff+12", "0x00110000/0x00ff0000+8",

@@ -104,7 +104,9 @@ def test_nft_ruleset_text():
                                          "match.include=[{protocol: udp, ports: [5000-5100]}]"])
     text = nft.render(plan.build(prof, HOSTS[:2], "nft").hosts[0])
     assert 'type filter hook ingress device "eth0" priority -500' in text
-    assert "meta l4proto tcp th sport { 22, 29499, 29500 } accept" in text
+    assert ('meta l4proto tcp th sport { 22, 29499, 29500 } counter name "exempt_in" accept'
+            in text)  # what the exclusions let through is counted apart
+    assert "counter exempt_in { }" in text and "exempt_out" not in text
     assert "ip saddr 10.201.0.2 jump in_h2" in text
     assert "meta l4proto udp th dport { 5000-5100 } goto impair_in_h2" in text
     assert "numgen random mod 1000000000 < 100000000" in text
