@@ -21,7 +21,7 @@ STAMP := $(VENV)/.lossbed-installed
 LOSS ?= 0.1
 PROFILE ?= random-loss
 HOSTS ?= 4
-STEPS ?= 300
+STEPS ?= 150
 SEEDS ?= 4
 BENCH_ARGS = --loss $(LOSS) --profile $(PROFILE) --hosts $(HOSTS) --steps $(STEPS) --seeds $(SEEDS) \
 	$(BENCH_EXTRA)

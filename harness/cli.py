@@ -139,12 +139,10 @@ def _cmd_bench(args) -> int:
     from harness.bench.table import table
     from harness.bench.training_bench import run_bench
 
-    spec = BenchSpec(losses=args.loss, profile=args.profile, hosts=args.hosts, steps=args.steps,
-                     seeds=args.seeds, variants=args.variants or list(DEFAULT_VARIANTS),
-                     mtu=args.mtu, realisations=args.realisations,
-                     speed_steps=args.speed_steps, isolated=args.unsealed,
-                     stability=args.stability, band_pct=args.band_pct,
-                     min_coverage=args.min_coverage,
+    same = ("hosts", "steps", "seeds", "mtu", "realisations", "speed_steps", "speed_seeds",
+            "stability", "band_pct", "min_coverage", "sgd_lr", "profile")
+    spec = BenchSpec(losses=args.loss, variants=args.variants or list(DEFAULT_VARIANTS),
+                     isolated=args.unsealed, **{k: getattr(args, k) for k in same},
                      **_regime_options(args), **_training_options(args))
     spec.validate()  # bad input is refused before anything is built
     # absolute: ranks on remote hosts write under it from their own working folder
@@ -177,7 +175,7 @@ def _cmd_reproduce(args) -> int:
     if unknown:
         raise UsageError("--rows", f"no row {', '.join(unknown)}",
                          f"Use some of {' '.join(report.ROWS)} (4: the training rows 4 and 5; "
-                         "6: the regime map)")
+                         "6: the regime map; 7: RPS training at n = 2, 4, 8)")
     out = Path(args.out or f"results/reproduce-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     # rows 1-3 start many loopback transports in this process: their start-up lines are
     # noise here (the bench's ranks log in their own processes)
@@ -258,7 +256,7 @@ def _cmd_compare(args) -> int:
     return 1 if any(f.regressed for f in findings) else 0
 
 
-def _add_training_options(p, defaults, sizes_note: str = "") -> None:
+def _add_training_options(p, defaults, sizes_note: str = "", optimizer_note: str = "") -> None:
     """The model, data and optimisation options `train` and `bench` share."""
     p.add_argument("--preset", default=defaults.preset,
                    help="tiny, small, or a local HF model folder")
@@ -270,7 +268,7 @@ def _add_training_options(p, defaults, sizes_note: str = "") -> None:
                    help="tokens per sequence" + sizes_note)
     p.add_argument("--lr", type=float, default=defaults.lr, help="the peak learning rate")
     p.add_argument("--optimizer", default=defaults.optimizer, choices=["adamw", "sgd"],
-                   help="sgd: momentum 0.9, as RPS's paper trains")
+                   help="sgd: momentum 0.9, as RPS's paper trains" + optimizer_note)
     p.add_argument("--schedule", default=defaults.schedule, choices=["cosine", "constant"],
                    help="cosine: warm-up, then decay to 10%%")
     p.add_argument("--tokenizer", default=defaults.tokenizer,
@@ -278,19 +276,19 @@ def _add_training_options(p, defaults, sizes_note: str = "") -> None:
                         "local HF tokenizer folder")
 
 
-def _add_regime_options(p) -> None:
-    """Where the runs start from (bench and reproduce)."""
-    from harness.bench.spec import DEFAULT_STEPS, FINETUNE_LR, REGIMES
+def _add_regime_options(p, default: str) -> None:
+    """Where the runs start from (bench: finetune by default; reproduce: scratch)."""
+    from harness.bench.spec import FINETUNE_LR, PRETRAIN_STEPS, REGIMES
 
-    p.add_argument("--regime", choices=REGIMES, default="scratch",
+    p.add_argument("--regime", choices=REGIMES, default=default,
                    help="scratch: every run from its seed's initialisation at --lr; "
                         "finetune: from its seed's lossless checkpoint (--pretrain-steps at "
                         "--lr, trained once and cached in .cache/checkpoints/) at "
                         "--finetune-lr")
     p.add_argument("--finetune-lr", type=float, default=FINETUNE_LR,
                    help=f"finetune: the runs' peak rate (default {FINETUNE_LR:g})")
-    p.add_argument("--pretrain-steps", type=int, default=DEFAULT_STEPS,
-                   help=f"finetune: the checkpoints' steps (default {DEFAULT_STEPS})")
+    p.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS,
+                   help=f"finetune: the checkpoints' steps (default {PRETRAIN_STEPS})")
 
 
 def _regime_options(args) -> dict:
@@ -305,7 +303,7 @@ def _training_options(args) -> dict:
 
 def add_commands(sub) -> None:
     """Register the experiment commands on testbed's subparsers."""
-    from harness.bench.spec import BenchSpec
+    from harness.bench.spec import SGD_LR, VARIANT_FORM, BenchSpec
     from harness.train.config import VARIANTS, TrainConfig
 
     p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
@@ -361,22 +359,31 @@ def add_commands(sub) -> None:
     p.add_argument("--variants", nargs="+",
                    help="default: reliable unbiased_drift rps; the ablations zero_fill and "
                         "unbiased on request (or all five: make bench-full); each "
-                        "NAME[/reduce|/broadcast][/resync=K][@TRANSPORT]")
+                        + VARIANT_FORM)
     p.add_argument("--realisations", type=int, default=BenchSpec.realisations,
                    help="loss seeds at seed 0 for unbiased_drift and rps (1: no more)")
     p.add_argument("--speed-steps", type=int, default=BenchSpec.speed_steps,
                    help="steps of reliable under loss (its speed; its model is checked)")
-    p.add_argument("--stability", action="store_true",
-                   help="one run more: seed 0's lossless reference with its initial weights "
-                        "moved by 1e-6, to check that the regime is not chaotic (summary: "
-                        "stability; reproduce always runs it)")
+    p.add_argument("--speed-seeds", type=int, default=BenchSpec.speed_seeds,
+                   help="seeds of reliable's speed runs (the first ones)")
+    p.add_argument("--stability", action=argparse.BooleanOptionalAction,
+                   default=BenchSpec.stability,
+                   help="the chaos check: seeds 0 and 1's lossless references again, each "
+                        "with one step as a lossy one; a regime they move by more than a "
+                        "quarter of the band gets no verdict (summary: stability)")
     p.add_argument("--band-pct", type=float, default=BenchSpec.band_pct,
                    help="each lossy row's Δppl is judged against ±this many percent: holds "
                         "when its whole 95%% interval is inside, does not hold when outside "
                         f"(default: {BenchSpec.band_pct:g}, arXiv 2507.07114's bound)")
-    _add_training_options(p, BenchSpec, sizes_note="; train's is larger: a bench runs tens "
+    _add_training_options(p, BenchSpec, optimizer_note="; the variants' but rps's, which "
+                          "trains under SGD at --sgd-lr unless written rps/adamw",
+                          sizes_note="; train's is larger: a bench runs tens "
                           "of runs")
-    _add_regime_options(p)
+    _add_regime_options(p, BenchSpec.regime)
+    p.add_argument("--sgd-lr", type=float, default=None,
+                   help="the peak rate of every run under SGD (rps's, its reference's; all "
+                        "with --optimizer sgd) (default: "
+                        + ", ".join(f"{v:g} {k}" for k, v in SGD_LR.items()) + ")")
     p.add_argument("--out", help="results folder (default: results/bench-TIME)")
     p.add_argument("--cluster", help="reuse this cluster instead of building one")
     add_inventory(p)
@@ -436,8 +443,9 @@ def add_commands(sub) -> None:
                            "--quick's time)")
     p.add_argument("--rows", nargs="+", metavar="ROW",
                    help="only these rows: 1 aggregation, 2 drift, 3 RPS scaling, "
-                        "4 training (rows 4 and 5), 6 the regime map; default all")
-    _add_regime_options(p)
+                        "4 training (rows 4 and 5), 6 the regime map, 7 RPS training at "
+                        "n = 2, 4, 8; default all")
+    _add_regime_options(p, "scratch")
     p.add_argument("--out", help="results folder (default: results/reproduce-TIME)")
     p.set_defaults(func=_cmd_reproduce)
 

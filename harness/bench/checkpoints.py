@@ -72,6 +72,11 @@ def is_whole(path: Path) -> bool:
     return (path / MARKER).is_file() and (path / "config.json").is_file()
 
 
+def ppl(path: str | Path) -> float | None:
+    """The perplexity the checkpoint's own run ended with (its marker's)."""
+    return json.loads((Path(path) / MARKER).read_text()).get("ppl")
+
+
 def ensure(cluster, configs: dict[int, TrainConfig], echo=print) -> dict[int, str]:
     """Per seed, the folder of its checkpoint: reused from the cache where whole, trained
     (all missing ones in one launch of the ranks, without loss) where not."""

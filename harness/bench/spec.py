@@ -14,11 +14,13 @@ The runs of one bench, all in one launch of the ranks (the profile changes betwe
     realisation   seed 0 again, with other loss seeds, for the variants the question is
                   about (unbiased_drift, rps): the spread of Δppl over loss realisations at a
                   fixed seed, the noise floor a paired comparison has
-    speed         `reliable` under loss, for its throughput and tail only: speed_steps steps,
+    speed         `reliable` under loss, for its throughput and tail only: speed_steps steps
+                  on the first speed_seeds seeds,
                   and as many without loss (speed_reference) to check that under loss it
                   trains exactly the same model
-    twin          with --stability (reproduce sets it): seed 0's lossless reference again,
-                  its initial weights moved by 1e-6: is the regime chaotic? (stability.py)
+    twin          with stability (the default): the lossless reliable references of seeds
+                  0 and 1 again, with one step as a lossy one (10% of its gradient's blocks
+                  zeroed at the bench's loss rate): is the regime chaotic? (stability.py)
 
 Δppl (%) compares a run's headline perplexity (harness.eval.models) with its reference's;
 per variant and loss it is averaged over seeds, with a 95% interval (Student's t).
@@ -40,13 +42,22 @@ from testbed import profiles
 from testbed.errors import UsageError
 from testbed.impair.coverage import DEFAULT_MIN_COVERAGE
 
-DEFAULT_STEPS = 300
-# Chosen from a bench of 8 seeds (2026-12-01, 27 min on 2 cores; README): a seed costs
-# 3.0 min; rps's Δppl has a seed-to-seed sd of 0.75, so ±1.0 needs 5 seeds (18 min), more
-# than the 15 minutes the default may take; 4 seeds (±1.2 projected) and 2 loss
-# realisations at seed 0 (not 3: 1.3 min) fit. unbiased_drift's effect itself differs by
-# seed (sd 3.8): its ±1.0 would take 60 seeds, and 4 already tell it from ±0.8%.
+# The default question (#54), chosen from measurements (tests/benchmarks/
+# bench_regime_choice.py; docs/results.md has the table): fine-tune each seed's lossless
+# checkpoint (PRETRAIN_STEPS at AdamW 2e-3, cached) for DEFAULT_STEPS steps, AdamW at
+# FINETUNE_LR for the variants, SGD at SGD_LR["finetune"] for rps. Measured on 2 seeds:
+# fine-tuning moved the references' ppl by -3 to -4% (AdamW) and -17 to -20% (SGD), so a
+# verdict within ±0.8% is about a real change; one lossy step's twin moved nothing; Δppl
+# per seed was +0.16 to +0.23 (unbiased_drift) and +0.10 to +0.11 (rps), a paired sd of
+# 0.05 and 0.01, so DEFAULT_SEEDS = 4 gives intervals far inside the band. From scratch
+# (--regime scratch) 300 steps at AdamW 2e-3 could not decide unbiased_drift in 4 seeds
+# (sd 3.8: about 7 seeds, 60 for ±1).
+DEFAULT_STEPS = 150
+PRETRAIN_STEPS = 300
 DEFAULT_SEEDS = 4
+# The lossy variants' replicas are measured against the model they are bounded by every
+# DRIFT_EVERY steps (five times in the default's 150): drift over the run, not only at its end
+DRIFT_EVERY = 30
 # The default variants: the two the papers are about, and the reliable baseline; the
 # ablations (zero_fill, unbiased) cost runs the question does not need: --variants adds them
 DEFAULT_VARIANTS = ("reliable", "unbiased_drift", "rps")
@@ -56,20 +67,33 @@ REGIMES = ("scratch", "finetune")
 # for pretrain_steps at --lr, cached: harness/bench/checkpoints.py) and trains at this peak
 # rate, a twentieth of the scratch default, where one step moves the parameters little
 FINETUNE_LR = 1e-4
-VARIANT_FORM = ("NAME[/reduce|/broadcast][/resync=K][@TRANSPORT], e.g. unbiased_drift, "
-                "unbiased_drift/reduce, unbiased_drift/resync=5, unbiased@roce-uc")
+# Every SGD run's peak rate (momentum 0.9), by regime: the fine-tune's measured with the
+# default question (above: stable, -17 to -20% ppl in 150 steps); scratch's: see README
+SGD_LR = {"scratch": 0.03, "finetune": 0.1}
+VARIANT_FORM = ("NAME[/reduce|/broadcast][/resync=K][/adamw|/sgd][@TRANSPORT], e.g. "
+                "unbiased_drift, unbiased_drift/reduce, unbiased_drift/resync=5, rps/adamw, "
+                "unbiased@roce-uc")
+OPTIMIZERS = ("adamw", "sgd")
+# The optimizer a variant trains with unless its text names another: RPS's paper analyses
+# SGD (with momentum), where RPS without loss is reliable training (model averaging after
+# a linear step is gradient averaging); under AdamW it is another algorithm. The others
+# train as the bench's --optimizer says (AdamW by default).
+RPS_OPTIMIZER = "sgd"
 
 
 @dataclass(frozen=True)
 class Variant:
     """One --variants entry: a training variant, optionally with the loss on one stage
-    alone (the other over gloo, delivered in full), a reliable resync every K steps, and
-    the loss semantics of its transport. Its text is the run's `variant` in the records."""
+    alone (the other over gloo, delivered in full), a reliable resync every K steps, its
+    optimizer, and the loss semantics of its transport. Its text is the run's `variant` in
+    the records; the optimizer is written when it is not the variant's own (rps: sgd; the
+    others: adamw)."""
 
     name: str
     lossy_stage: str = "both"
     resync_every: int = 0
     transport: str = "udp"
+    optimizer: str | None = None   # None: not written (resolved: the bench's choice)
 
     @classmethod
     def parse(cls, text: str) -> Variant:
@@ -78,30 +102,57 @@ class Variant:
         if name not in VARIANTS:
             raise UsageError("--variants", f"unknown variant {name!r} in {text!r}",
                              f"Use some of: {', '.join(VARIANTS)}, as {VARIANT_FORM}")
-        stage, resync = "both", 0
+        stage, resync, optimizer = "both", 0, None
         for option in options:
             if option in LOSSY_STAGES and option != "both" and stage == "both":
                 stage = option
             elif option.startswith("resync=") and option[7:].isdigit() and not resync:
                 resync = int(option[7:])
+            elif option in OPTIMIZERS and optimizer is None:
+                optimizer = option
             else:
                 raise UsageError("--variants", f"{text!r}: {option!r} is not an option of a "
                                  "variant (or is given twice)", f"Write {VARIANT_FORM}")
         if transport:
             Semantics.parse(transport)
-        return cls(name, stage, resync, transport or "udp")
+        return cls(name, stage, resync, transport or "udp", optimizer)
+
+    @property
+    def own_optimizer(self) -> str:
+        return RPS_OPTIMIZER if self.name == "rps" else "adamw"
+
+    def resolved(self, default_optimizer: str = "adamw") -> Variant:
+        """With its optimizer decided: the one its text names, rps's own (SGD), or the
+        bench's --optimizer for the others."""
+        if self.optimizer is not None:
+            return self
+        chosen = RPS_OPTIMIZER if self.name == "rps" else default_optimizer
+        return replace(self, optimizer=chosen)
 
     @property
     def text(self) -> str:
         stage = f"/{self.lossy_stage}" if self.lossy_stage != "both" else ""
         resync = f"/resync={self.resync_every}" if self.resync_every else ""
+        optimizer = (f"/{self.optimizer}" if self.optimizer not in (None, self.own_optimizer)
+                     else "")
         transport = f"@{self.transport}" if self.transport != "udp" else ""
-        return self.name + stage + resync + transport
+        return self.name + stage + resync + optimizer + transport
 
 
 def base_variant(text: str) -> str:
     """The training variant a --variants entry (or a record's `variant`) runs."""
     return text.partition("@")[0].split("/")[0]
+
+
+def reference_variant(variant: str) -> str:
+    """Whose lossless run a variant (a record's resolved text) is compared with: reliable
+    training under the same optimizer, the run the claim is about (lossless RPS under SGD,
+    and every other variant at 0% loss, trains its model); RPS under AdamW, another
+    algorithm, with itself without loss (Δppl is then the loss's effect alone)."""
+    v = Variant.parse(variant).resolved()
+    if v.name == "rps" and v.optimizer != RPS_OPTIMIZER:
+        return Variant("rps", optimizer=v.optimizer).text
+    return Variant("reliable", optimizer=v.optimizer).text
 
 
 @dataclass
@@ -118,22 +169,31 @@ class BenchSpec:
     device: str = "cpu"
     batch: int = 8
     seq_len: int = 64
-    lr: float = 2e-3
-    optimizer: str = "adamw"
+    lr: float = 2e-3           # AdamW's peak rate (scratch, and the checkpoints' training)
+    optimizer: str = "adamw"   # the variants' but rps's (rps: SGD unless rps/adamw)
+    sgd_lr: float | None = None  # every SGD run's peak rate (None: SGD_LR of the regime)
     schedule: str = "cosine"
     tokenizer: str = "bpe"
-    realisations: int = 2      # loss seeds at seed 0 for REALISATION_VARIANTS (1: none more)
+    # loss seeds at seed 0 for REALISATION_VARIANTS (1: none more). The default spends the
+    # runs on seeds instead: each seed has a loss realisation of its own already
+    realisations: int = 1
     # scratch: every run from the seed's initialisation at --lr; finetune: from the seed's
     # cached lossless checkpoint (pretrain_steps at --lr) at finetune_lr
-    regime: str = "scratch"
+    regime: str = "finetune"
     finetune_lr: float = FINETUNE_LR
-    pretrain_steps: int = DEFAULT_STEPS
+    pretrain_steps: int = PRETRAIN_STEPS
     # filled in by run_bench in the finetune regime: seed -> the checkpoint's folder
     checkpoints: dict = field(default_factory=dict)
-    speed_steps: int = 40      # `reliable` under loss: a speed measurement
-    # run seed 0's lossless reference twice, the twin's initial weights moved by 1e-6: the
-    # chaos check every Δppl verdict of reproduce waits for (harness/bench/stability.py)
-    stability: bool = False
+    # `reliable` under loss, for its speed and tail only: speed_steps steps on the first
+    # speed_seeds seeds (the quality answer does not use them: its budget goes to seeds;
+    # 2 x 55 steady steps still back a p99)
+    speed_steps: int = 60
+    speed_seeds: int = 2
+    # the lossless references of seeds 0 and 1 again, each with one step as a lossy one:
+    # the chaos check every Δppl verdict waits for (harness/bench/stability.py)
+    stability: bool = True
+    # the lossy variants' drift during training, every drift_every steps (0: at the end only)
+    drift_every: int = DRIFT_EVERY
     mtu: int = 1500
     # the band every lossy row's Δppl is judged against (harness/metrics/verdict.py), percent
     band_pct: float = BAND_PCT
@@ -162,6 +222,12 @@ class BenchSpec:
             if parsed.resync_every and parsed.name != "unbiased_drift":
                 raise UsageError("--variants", f"{v!r}: resync applies to unbiased_drift "
                                  "only (its parameter broadcasts)", f"Write {VARIANT_FORM}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError("--optimizer", f"unknown optimizer {self.optimizer!r}",
+                             f"Use one of: {', '.join(OPTIMIZERS)}")
+        if self.sgd_lr is not None and not (self.sgd_lr > 0 and math.isfinite(self.sgd_lr)):
+            raise UsageError("--sgd-lr", f"{self.sgd_lr} is not a positive learning rate",
+                             f"e.g. --sgd-lr {SGD_LR['scratch']:g}")
         if self.regime not in REGIMES:
             raise UsageError("--regime", f"unknown regime {self.regime!r}",
                              f"Use one of: {', '.join(REGIMES)}")
@@ -176,8 +242,9 @@ class BenchSpec:
             if self.pretrain_steps < 1:
                 raise UsageError("--pretrain-steps", "must be 1 or more", "e.g. 300")
             self.pretrain_config(0).validate()
-        if self.seeds < 1 or self.steps < 1 or self.realisations < 1 or self.speed_steps < 1:
-            raise UsageError("--seeds/--steps/--realisations/--speed-steps",
+        if (self.seeds < 1 or self.steps < 1 or self.realisations < 1 or self.speed_steps < 1
+                or self.speed_seeds < 1):
+            raise UsageError("--seeds/--steps/--realisations/--speed-steps/--speed-seeds",
                              "must be 1 or more", "e.g. --seeds 3")
         if self.hosts < 2:
             raise UsageError("--hosts", f"{self.hosts} host cannot train distributed",
@@ -191,33 +258,51 @@ class BenchSpec:
 
     def config(self, variant: str, seed: int, steps: int | None = None,
                wait_for_all: bool = False, init_noise: float = 0.0) -> TrainConfig:
-        v = Variant.parse(variant)
+        v = Variant.parse(variant).resolved(self.optimizer)
         preset, lr = self.preset, self.lr
         if self.regime == "finetune":  # (before the checkpoints exist: the preset, to check)
             preset, lr = self.checkpoints.get(seed, self.preset), self.finetune_lr
+        if v.optimizer == "sgd":
+            lr = self.sgd_peak
         return TrainConfig(variant=v.name, transport=v.transport, preset=preset,
                            lossy_stage=v.lossy_stage, resync_every=v.resync_every,
                            wait_for_all=wait_for_all,
                            steps=steps or self.steps, seed=seed, batch=self.batch,
-                           seq_len=self.seq_len, lr=lr, optimizer=self.optimizer,
+                           seq_len=self.seq_len, lr=lr, optimizer=v.optimizer,
                            device=self.device, schedule=self.schedule,
-                           tokenizer=self.tokenizer, init_noise=init_noise, log_every=20)
+                           tokenizer=self.tokenizer, init_noise=init_noise, log_every=20,
+                           drift_every=self.drift_every if v.name != "reliable" else 0)
+
+    @property
+    def sgd_peak(self) -> float:
+        return self.sgd_lr if self.sgd_lr is not None else SGD_LR[self.regime]
 
     def pretrain_config(self, seed: int) -> TrainConfig:
-        """The lossless run whose model a finetune-regime run of `seed` starts from."""
+        """The lossless run whose model a finetune-regime run of `seed` starts from: AdamW
+        at --lr, whatever the runs' optimizers (one checkpoint serves them all)."""
         return TrainConfig(variant="reliable", preset=self.preset, steps=self.pretrain_steps,
                            seed=seed, batch=self.batch, seq_len=self.seq_len, lr=self.lr,
-                           optimizer=self.optimizer, device=self.device,
+                           optimizer="adamw", device=self.device,
                            schedule=self.schedule, tokenizer=self.tokenizer, log_every=20)
 
     @property
     def regime_text(self) -> str:
         """The regime, as every Δppl is to be read (optimizer, peak rate, steps)."""
+        optimizers = {Variant.parse(v).resolved(self.optimizer).optimizer for v in self.variants}
+        rates = []
+        if "adamw" in optimizers:
+            peak = self.finetune_lr if self.regime == "finetune" else self.lr
+            rates.append(f"adamw peak {peak:g}")
+        if "sgd" in optimizers:
+            rates.append(f"sgd (momentum 0.9) peak {self.sgd_peak:g}")
         if self.regime == "finetune":
             return (f"finetune: from a lossless checkpoint ({self.pretrain_steps} steps at "
-                    f"{self.optimizer} peak {self.lr:g}), {self.steps} steps at peak "
-                    f"{self.finetune_lr:g}")
-        return f"scratch: {self.steps} steps at {self.optimizer} peak {self.lr:g}"
+                    f"adamw peak {self.lr:g}), {self.steps} steps at " + ", ".join(rates))
+        return f"scratch: {self.steps} steps at " + ", ".join(rates)
+
+    def resolved_text(self, variant: str) -> str:
+        """A --variants entry as its runs' records name it (its optimizer decided)."""
+        return Variant.parse(variant).resolved(self.optimizer).text
 
     def cases(self) -> list[BenchRun]:
         """Every run of the bench, the references first (see the module's docstring)."""
@@ -225,19 +310,34 @@ class BenchSpec:
         lossy = [loss for loss in self.losses if loss > 0]
         others = [v for v in self.variants if base_variant(v) != "reliable"]
         runs = []
+        # reliable under the bench's optimizer (reliable's own row, the others'
+        # reference), then each lossy variant's (rps: reliable under SGD)
+        references = ([self.resolved_text("reliable")] if "reliable" in
+                      map(base_variant, self.variants) else [])
+        for v in others:
+            ref = reference_variant(self.resolved_text(v))
+            if ref not in references:
+                references.append(ref)
         for s in seeds:
-            runs.append(BenchRun(self.config("reliable", s), 0.0, "reference"))
-            if any(base_variant(v) == "rps" for v in others):
-                # waiting for every packet: a rank that falls behind would make its packets
-                # late, late is lost, and the reference would be a perturbed run
-                runs.append(BenchRun(self.config("rps", s, wait_for_all=True), 0.0,
+            for ref in references:
+                # a lossy collective's reference (rps/adamw) waits for every packet: a rank
+                # that falls behind would make its packets late, late is lost, and the
+                # reference would be a perturbed run
+                waits = base_variant(ref) != "reliable"
+                runs.append(BenchRun(self.config(ref, s, wait_for_all=waits), 0.0,
                                      "reference"))
         if self.stability:
-            runs.append(BenchRun(self.config("reliable", stability.TWIN_SEED,
-                                             init_noise=stability.NOISE), 0.0, "twin"))
+            lossy_rates = [x for x in self.losses if x > 0]
+            drop = max(lossy_rates) if lossy_rates else stability.DEFAULT_DROP
+            # of the first reference: the regime every other is judged in
+            main = references[0] if references else None
+            runs += [BenchRun(replace(self.config(main, s, wait_for_all=base_variant(main)
+                                                  != "reliable"), drop_once=drop), 0.0,
+                              "twin") for s in stability.TWIN_SEEDS
+                     if main and s < self.seeds]
         if lossy and "reliable" in self.variants:
             runs += [BenchRun(self.config("reliable", s, self.speed_steps), 0.0,
-                              "speed_reference") for s in seeds]
+                              "speed_reference") for s in seeds if s < self.speed_seeds]
         if 0.0 in self.losses:  # the variants themselves at 0%: a check, not a reference
             runs += [BenchRun(self.config(v, s), 0.0, "lossy") for v in others
                      if base_variant(v) != "rps" for s in seeds]
@@ -245,7 +345,7 @@ class BenchSpec:
             for s in seeds:
                 # the loss seed: one realisation per (seed, loss), replayable
                 runs += [BenchRun(self.config(v, s), loss, "lossy", s) for v in others]
-                if "reliable" in self.variants:
+                if "reliable" in self.variants and s < self.speed_seeds:
                     runs.append(BenchRun(self.config("reliable", s, self.speed_steps), loss,
                                          "speed", s))
             for extra in range(1, self.realisations):
@@ -278,4 +378,4 @@ class BenchRun:
     @property
     def variant(self) -> str:
         c = self.cfg
-        return Variant(c.variant, c.lossy_stage, c.resync_every, c.transport).text
+        return Variant(c.variant, c.lossy_stage, c.resync_every, c.transport, c.optimizer).text

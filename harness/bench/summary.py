@@ -9,10 +9,10 @@ import math
 import statistics
 
 from harness.bench import stability
-from harness.bench.spec import base_variant
+from harness.bench.spec import Variant, base_variant, reference_variant
 from harness.metrics import verdict
 from harness.metrics.hdr import Histogram
-from testbed.stats import mean_interval, t95
+from testbed.stats import mean_interval, slope_interval, t95
 
 # The half-width of a paired Δppl (points) the bench is sized for, from the band it is judged
 # against (half of it): the budget section says how many seeds, and minutes, each variant
@@ -29,12 +29,6 @@ def _step_ms(runs: list[dict]) -> dict:
     """Step-time percentiles (ms) over the steps of all these runs (their histograms
     merged)."""
     return Histogram.merged(r["step_hist"] for r in runs).summary_ms()
-
-
-def reference_variant(variant: str) -> str:
-    """Whose lossless run a variant is compared with: rps with rps (another algorithm),
-    the others with reliable (at 0% loss they train its model)."""
-    return "rps" if base_variant(variant) == "rps" else "reliable"
 
 
 def seeds_for(sd: float, target: float, most: int = MOST_SEEDS) -> int | None:
@@ -94,9 +88,35 @@ def budget(records: list[dict], rows: list[dict], wall_s: float | None,
             "rows": projected}
 
 
+def drift_growth(drift_steps: list) -> float | None:
+    """A run's drift growth exponent b (rms drift ~ step^b): the least-squares slope of
+    log distance on log step over its samples (None: fewer than three). 0: bounded, as
+    2507.07114's broadcasts promise; 0.5: replicas random-walking apart."""
+    import math
+
+    points = [(math.log(step), math.log(d)) for step, d in drift_steps if step > 0 and d > 0]
+    if len(points) < 3:
+        return None
+    return slope_interval([x for x, _ in points], [y for _, y in points])[0]
+
+
+def reference_gains(records: list[dict], start_ppl: dict | None) -> dict[str, float]:
+    """Per lossless reference (variant text): how far its runs moved perplexity from the
+    checkpoints they started from (finetune regime), mean over seeds, in percent. A 'holds'
+    within ±band means little if fine-tuning itself moves ppl by less than the band."""
+    if not start_ppl:
+        return {}
+    moved: dict[str, list[float]] = {}
+    for r in records:
+        start = start_ppl.get(r["seed"], start_ppl.get(str(r["seed"])))
+        if r["role"] == "reference" and start:
+            moved.setdefault(r["variant"], []).append((r["ppl"] / start - 1) * 100)
+    return {variant: statistics.fmean(v) for variant, v in moved.items()}
+
+
 def summarise(records: list[dict], spec_dict: dict, backend: str,
               wall_s: float | None = None, regime: str | None = None,
-              band_pct: float = verdict.BAND_PCT) -> dict:
+              band_pct: float = verdict.BAND_PCT, start_ppl: dict | None = None) -> dict:
     """Per (loss, variant): the paired Δppl over seeds with its 95% interval, the spread over
     loss realisations at seed 0, speed against reliable at the same loss, which model the
     perplexity is of; and the checks. Records carry `role` (see training_bench); a record
@@ -120,10 +140,14 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
         r["ppl_delta_pct"] = ((r["ppl"] / ref["ppl"] - 1) * 100
                               if quality and ref and ref is not r else
                               (0.0 if r["role"] == "reference" else None))
-    lossless = [r["ppl"] for r in records if r["role"] == "reference"
-                and r["variant"] == "reliable"]
+    # the seed-to-seed spread of the main reference (reliable under the bench's --optimizer)
+    main = Variant("reliable").resolved((spec_dict or {}).get("optimizer", "adamw")).text
+    lossless = [r["ppl"] for r in records if r["role"] == "reference" and r["variant"] == main]
     noise_floor = (statistics.stdev(lossless) / statistics.fmean(lossless) * 100
                    if len(lossless) > 1 else None)
+    # the chaos check: every twin against its own seed's reference (stability.py)
+    stable = stability.check([(refs.get((t["variant"], t["seed"])), t) for t in records
+                              if t["role"] == "twin"])
     groups = {}
     for r in records:
         if r["role"] in ("realisation", "speed_reference", "twin"):
@@ -131,7 +155,8 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
         groups.setdefault((r["loss"], r["variant"]), []).append(r)
     speed = {}  # reliable's runs that measure speed, per loss
     for r in records:
-        if r["variant"] == "reliable" and r["role"] in ("speed", "speed_reference"):
+        if base_variant(r["variant"]) == "reliable" and r["role"] in ("speed",
+                                                                      "speed_reference"):
             speed.setdefault(r["loss"], []).append(r)
     rows = []
     for (loss, variant), runs in sorted(groups.items()):
@@ -177,7 +202,16 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
                              if (r.get("coverage") or {}).get("fraction") is not None),
                             default=None),
             "drift": statistics.fmean(r["drift"] for r in runs),
+            # during training (drift_every): the largest replica distance over the steps of
+            # all runs, and the growth exponent per run with its 95% interval over seeds
+            "drift_max": max((r["drift_max"] for r in runs if r.get("drift_max") is not None),
+                             default=None),
         }
+        growths = [g for g in (drift_growth(r.get("drift_steps") or []) for r in runs)
+                   if g is not None]
+        growth, growth_half = mean_interval(growths) if growths else (None, None)
+        row["drift_growth"] = growth
+        row["drift_growth_ci95"] = growth_half if growth_half != math.inf else None
         base = speed.get(loss) or groups.get((loss, "reliable"), [])
         if base:
             base_steps = _step_ms(base)
@@ -187,6 +221,7 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
                                       if row["step_p99_ms"] and base_steps["p99"] else None)
             row["max_vs_reliable"] = (row["step_max_ms"] / base_steps["max"]
                                       if row["step_max_ms"] and base_steps["max"] else None)
+        row["chaotic"] = bool(stable) and not stable["stable"]
         judged = judge(row, band_pct)
         row["verdict"] = judged.verdict if judged else None
         row["verdict_withheld"] = judged.disturbed if judged else None
@@ -198,10 +233,11 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
     # A run under loss without a lossless one of its seed and length is not compared: it
     # is named (unpaired), and the check is False rather than left out
     short = {r["seed"]: r for r in records if r["role"] == "speed_reference"}
-    under_loss = [r for r in records if r["variant"] == "reliable" and r["loss"] > 0]
+    under_loss = [r for r in records if base_variant(r["variant"]) == "reliable"
+                   and r["loss"] > 0]
     compared, unpaired = [], []
     for r in under_loss:
-        ref = short.get(r["seed"]) or refs.get(("reliable", r["seed"]))
+        ref = short.get(r["seed"]) or refs.get((r["variant"], r["seed"]))
         if ref is not None and ref.get("steps") == r.get("steps"):
             compared.append((r, ref))
         else:
@@ -213,10 +249,9 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
                   for r in late_refs.values()]
     tokens = sorted({r["tokens_seen"] for r in records if r.get("tokens_seen")
                      and r["role"] not in ("speed", "speed_reference")})
-    twin = next((r for r in records if r["role"] == "twin"), None)
-    stable = stability.check(refs.get(("reliable", twin["seed"])) if twin else None, twin)
     return {"config": spec_dict, "regime": regime, "tokens_seen": tokens,
-            "stability": stable,
+            "stability": stable, "start_ppl": start_ppl,
+            "reference_gain_pct": reference_gains(records, start_ppl),
             "backend": backend, "noise_floor_pct": noise_floor,
             "lossless_ppl": lossless, "rows": rows,
             "band_pct": band_pct, "test": verdict.test_text(band_pct),
@@ -231,6 +266,9 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
 def withheld_by_the_runs(row: dict) -> str | None:
     """Why a row's runs did not measure what a Δppl claim is about, or None (neither rule
     reads the Δppl: how the runs went, fixed before them; harness/reproduce/rules.py)."""
+    if row.get("chaotic"):
+        return ("chaotic regime: one lossy step of a lossless run moved its perplexity by "
+                "more than a quarter of the band (stability)")
     if row.get("disturbed"):
         return (f"disturbed: in the runs of seeds {row['disturbed']} the collectives "
                 "missed far more than the network lost")

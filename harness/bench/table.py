@@ -62,8 +62,18 @@ def table(summary: dict) -> str:
                      "inconclusive (across an edge)")
     lines.append("model: rank0 = rank 0's own (all equal), rank_mean = the ranks' own models "
                  "(mean; worst beside), owners = each shard as its owner holds it. Δppl: "
-                 "against the same seed's lossless run of reliable (rps: of rps); real.sd: "
-                 "its spread over loss realisations at seed 0")
+                 "against the same seed's lossless run of reliable under the same optimizer "
+                 "(rps: reliable under SGD; rps/adamw: its own lossless run); real.sd: its "
+                 "spread over loss realisations at seed 0")
+    gains = summary.get("reference_gain_pct") or {}
+    if gains:  # what the lossless fine-tune itself did: the scale a ±band verdict is read at
+        band = summary.get("band_pct") or 0.0
+        lines.append("fine-tuning itself, lossless (the references against their checkpoints): "
+                     + ", ".join(f"{v} {g:+.2f}%" for v, g in gains.items()))
+        for v, g in gains.items():
+            if abs(g) < band:
+                lines.append(f"! {v}: fine-tuning moved ppl by less than the ±{band:g}% band: "
+                             "a 'holds' against it says little")
     speed_steps = sorted({r["speed_steps"] for r in summary["rows"] if r.get("speed_steps")})
     if speed_steps:
         lines.append(f"reliable under loss: speed runs of {', '.join(map(str, speed_steps))} "
@@ -104,6 +114,17 @@ def table(summary: dict) -> str:
               for r in summary["rows"] if r.get("delta_sd") is not None]
     if paired:  # what each row's interval is made of
         lines.append("noise of a paired Δppl (sd over seeds, points): " + ", ".join(paired))
+    drifts = [r for r in summary["rows"] if r.get("drift_max") is not None]
+    if drifts:  # how far the replicas were from their bound's model during training
+        lines.append("drift during training (the largest replica's distance from the owners' "
+                     "model, or the ranks' mean; growth exponent b over the steps, 0: "
+                     "bounded, 0.5: a random walk): " + ", ".join(
+                         f"{r['variant']} at {r['loss']:.0%} max {r['drift_max']:.4f}"
+                         + (f", b {r['drift_growth']:+.2f}" if r.get("drift_growth") is not None
+                            else "")
+                         + (f" ± {r['drift_growth_ci95']:.2f}"
+                            if r.get("drift_growth_ci95") is not None else "")
+                         for r in drifts))
     lines.append(f"noise floor (lossless reliable, seed-to-seed sd): "
                  f"{f'{floor:.2f}%' if floor is not None else 'n/a (one seed)'}; backend "
                  f"{summary['backend']}; reliable under loss == lossless model: "

@@ -21,11 +21,13 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
     where the loss does, and each run's loss is measured around that run alone."""
     spec.validate()
     out.mkdir(parents=True, exist_ok=True)
+    start_ppl = None
     if spec.regime == "finetune":
         from harness.bench import checkpoints
 
         spec.checkpoints = checkpoints.ensure(
             cluster, {s: spec.pretrain_config(s) for s in range(spec.seeds)}, echo=echo)
+        start_ppl = {s: checkpoints.ppl(folder) for s, folder in spec.checkpoints.items()}
     echo(f"[bench] regime {spec.regime_text}")
     cases = spec.cases()
     total = len(cases)
@@ -55,7 +57,8 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
     wall_s = time.monotonic() - started
     echo(f"[bench] {total} runs done in {wall_s / 60:.1f} min")
     summary = summarise(records, spec_dict=asdict(spec), backend=records[-1]["backend"],
-                        wall_s=wall_s, regime=spec.regime_text, band_pct=spec.band_pct)
+                        wall_s=wall_s, regime=spec.regime_text, band_pct=spec.band_pct,
+                        start_ppl=start_ppl)
     report.write_outputs(out, records, summary)
     if summary["checks"]["reliable_exact_under_loss"] is False:
         raise LossbedError("reliable training under loss did not produce the lossless model: "

@@ -38,6 +38,30 @@ def load_flat(model, values: torch.Tensor) -> None:
             offset += p.numel()
 
 
+def _owners(own: torch.Tensor, models: list[torch.Tensor], world: int,
+            per_packet: int) -> torch.Tensor:
+    """The owners' model: each shard as its owner holds it (unbiased_drift's reference)."""
+    layout = Layout(own.numel(), world, per_packet)
+    assembled = own.clone()
+    for owner in range(world):
+        start, end = layout.shard_bounds(owner)
+        assembled[start:end] = models[owner][start:end]
+    return assembled
+
+
+def replica_distance(r, variant: str, model, per_packet: int) -> float | None:
+    """During training (every rank calls it: it gathers over the process group): the
+    largest L2 distance of a rank's replica from the model the variant bounds it by, the
+    owners' (unbiased_drift) or the ranks' mean (the others). Rank 0 returns it."""
+    own = flat(model)
+    models = process_group.all_gather(own)
+    if r.rank != 0:
+        return None
+    target = (_owners(own, models, r.world, per_packet) if variant == "unbiased_drift"
+              else torch.stack(models).mean(dim=0))
+    return max(float((m - target).norm()) for m in models)
+
+
 def measure(r, variant: str, model, windows, token_bytes, eval_tokens: int | None,
             per_packet: int) -> dict | None:
     """Every rank calls this after training (it gathers over the process group); rank 0
@@ -56,12 +80,7 @@ def measure(r, variant: str, model, windows, token_bytes, eval_tokens: int | Non
     averaged = evaluate(model, windows, token_bytes, eval_tokens)
     owners = None
     if variant == "unbiased_drift":
-        layout = Layout(own.numel(), r.world, per_packet)
-        assembled = own.clone()
-        for owner in range(r.world):
-            start, end = layout.shard_bounds(owner)
-            assembled[start:end] = models[owner][start:end]
-        load_flat(model, assembled)
+        load_flat(model, _owners(own, models, r.world, per_packet))
         owners = evaluate(model, windows, token_bytes, eval_tokens)
     load_flat(model, own)
     ppls = [s.ppl for s in ranks]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from harness.metrics.verdict import FAILS, HOLDS, INCONCLUSIVE
 
-# 4: the training rows (4 and 5) and 6: the regime map, which need a cluster
-ROWS = ("1", "2", "3", "4", "6")
+# 4: the training rows (4 and 5), 6: the regime map and 7: RPS training at n = 2, 4, 8,
+# which need clusters
+ROWS = ("1", "2", "3", "4", "6", "7")
 
 
 def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
@@ -18,7 +19,14 @@ def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
     """The chosen rows, in order; the results so far are written after each row (a long
     --full run that stops still leaves what it measured). regime: the training rows'
     BenchSpec regime options (regime, finetune_lr, pretrain_steps); default scratch."""
-    from harness.reproduce import aggregation, drift, regime_map, rps_scaling, training
+    from harness.reproduce import (
+        aggregation,
+        drift,
+        regime_map,
+        rps_scaling,
+        rps_servers,
+        training,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     result = {"mode": "quick" if quick else "full", "commit": _commit(),
@@ -31,6 +39,8 @@ def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
               lambda: training.run(make_cluster, quick, out, echo=echo, regime=regime)),
         "6": ("the regime map", lambda: regime_map.run(make_cluster, quick, out, echo=echo,
                                                         commit=result["commit"])),
+        "7": ("RPS training at n = 2, 4, 8", lambda: rps_servers.run(
+            make_cluster, quick, out, echo=echo, regime=regime)),
     }
     for row in rows:
         name, work = steps[row]

@@ -7,14 +7,14 @@ perplexity, the packets the collectives missed, the references' packets), so no 
 choose the rule that judges it. The first that applies is the reason the row gives:
 
     regime unchecked   no stability twin was run: nothing says the regime is not chaotic
-    regime unstable    seed 0's lossless run and its twin (initial weights moved by 1e-6)
-                       differ by more than stability.TOLERANCE_PCT (a quarter of the band):
-                       chaos alone moves perplexity as far as the loss may
+    regime unstable    a lossless run and its twin (one step as a lossy one: stability.py)
+                       differ by more than stability.TOLERANCE_PCT (a quarter of the band)
+                       for some seed: chaos alone moves perplexity as far as the loss may
     disturbed          in some seed's run the collectives missed far more packets than the
                        network lost (harness.train.run: more than the kernel's measured loss
                        plus max(3 points, half of it)): a rank fell behind, and lateness was
                        counted as loss
-    references late    some seed's lossless reference (a lossy collective itself, for rps)
+    references late    some seed's lossless reference (a lossy collective itself: rps/adamw)
                        missed packets: it is not the lossless model, and its perturbation is
                        outside the interval
 
@@ -37,7 +37,7 @@ def withheld(row: dict, regime: dict | None) -> str | None:
     if regime is None:
         return "regime unchecked: no stability twin was run"
     if not regime["stable"]:
-        return (f"regime unstable: a 1e-6 change of the initial weights moved lossless "
-                f"perplexity by {regime['delta_pct']:+.2f}% (tolerance "
-                f"±{regime['tolerance_pct']:g}%)")
+        what = regime.get("perturbation") or "a 1e-6 change of the initial weights"
+        return (f"regime unstable: {what} moved lossless perplexity by "
+                f"{regime['delta_pct']:+.2f}% (tolerance ±{regime['tolerance_pct']:g}%)")
     return withheld_by_the_runs(row)

@@ -2,11 +2,13 @@
 
 Each is a bench (harness.bench: paired seeds, token-level perplexity, every rank's model
 scored, a 95% interval over seeds) in the bench's own regime, AdamW at peak 2e-3 from
-scratch, with the stability twin that every Δppl verdict waits for (rules.py):
+scratch (rps: SGD with momentum, its paper's), with the stability twins that every Δppl
+verdict waits for (rules.py):
 
-    row 4   unbiased_drift (against reliable) and rps (against its own lossless run) at
-            each loss rate, random loss; then burst loss at 10% (the same mean, in bursts:
-            beyond both papers, which assume independent loss)
+    row 4   unbiased_drift (against reliable) and rps (against reliable under the same SGD)
+            at each loss rate, random loss; then burst loss at 10% (the same mean, in
+            bursts: beyond both papers, which assume independent loss); 4e: unbiased_drift's
+            drift over the steps of its runs at 10%, bounded (no growth with steps)
     row 5   unbiased_drift, unbiased and zero_fill at 10%: per-rank and worst-rank
             perplexity and drift, what each part of the scheme buys
 
@@ -16,9 +18,11 @@ every other loss rate is reported against the same band, for the curve.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from harness.bench.spec import BenchSpec
+from harness.bench.summary import withheld_by_the_runs
 from harness.bench.training_bench import run_bench
 from harness.metrics.verdict import Check, claim, delta_ppl
 from harness.reproduce.rules import PPL_BAND_PCT, withheld
@@ -34,13 +38,18 @@ OPTIMIZER, LR = "adamw", 2e-3
 # the bench's default length). 8 seeds of 1200 steps would be about 10 hours here
 FULL_STEPS = 300
 FULL_SEEDS = 4
+# Drift during training: sampled every DRIFT_EVERY steps; its growth exponent must stay at
+# most half a random walk's (0.5) for "bounded"
+DRIFT_EVERY = 20
+DRIFT_GROWTH_TOLERANCE = 0.25
 
 
 def plans(quick: bool, regime: dict | None = None) -> dict[str, BenchSpec]:
     """The benches of rows 4 and 5 (quick: one short bench at 10%, the curve's middle), in
     the regime asked for (BenchSpec's regime options; default scratch)."""
     common = dict(optimizer=OPTIMIZER, lr=LR, realisations=1, speed_steps=10,
-                  stability=True, **(regime or {}))
+                  drift_every=DRIFT_EVERY,
+                  stability=True, **{"regime": "scratch", **(regime or {})})
     if quick:
         return {"curve": BenchSpec(losses=[0.1], variants=["reliable", "unbiased_drift",
                                                             "rps"],
@@ -76,6 +85,16 @@ def check(row: dict, what: str, stability: dict | None) -> Check:
                      withheld(row, stability))
 
 
+def drift_check(row: dict) -> Check:
+    """A bench row's drift growth exponent (over its seeds) against 'does not grow': b at
+    most DRIFT_GROWTH_TOLERANCE, a negative b (shrinking, as the rate decays) counted as 0."""
+    growth, half = row.get("drift_growth"), row.get("drift_growth_ci95")
+    return Check(f"drift growth exponent of {row['variant']} at {row['loss']:.0%}",
+                 math.nan if growth is None else max(growth, 0.0),
+                 math.inf if half is None else half, 0.0, DRIFT_GROWTH_TOLERANCE,
+                 row["seeds"], disturbed=withheld_by_the_runs(row))
+
+
 def rows(summaries: dict[str, dict]) -> list[dict]:
     """The claims of rows 4 and 5 from the benches' summaries."""
     out = []
@@ -91,6 +110,15 @@ def rows(summaries: dict[str, dict]) -> list[dict]:
                              f"Δppl within ±{PPL_BAND_PCT}% of its lossless reference "
                              "(2507.07114's bound)", [check(at_10[0], "random", stability)],
                              setting=setting))
+    drifting = next((r for r in curve if r["variant"] == "unbiased_drift"
+                     and abs(r["loss"] - 0.1) < 1e-9), None)
+    if drifting is not None:
+        out.append(claim("4e", PAPER, "unbiased_drift's replicas stay within a bounded "
+                         "distance of the owners' model over training (10% random loss)",
+                         f"drift growth exponent (rms drift ~ step^b over the run) at most "
+                         f"{DRIFT_GROWTH_TOLERANCE} (0: bounded; 0.5: a random walk); a "
+                         "shrinking drift is bounded", [drift_check(drifting)],
+                         setting=setting, drift_max=drifting.get("drift_max")))
     others = [r for r in curve if abs(r["loss"] - 0.1) > 1e-9]
     if others:
         out.append(claim("4c", "lossbed (the curve)", "Δppl at 1, 5, 20, 30% random loss",

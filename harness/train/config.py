@@ -61,6 +61,13 @@ class TrainConfig:
     # Add this much Gaussian noise (sd) to every initial weight, seeded apart from the
     # model's seed: the twin of a run for the chaos check (harness/bench/stability.py)
     init_noise: float = 0.0
+    # Zero this fraction of one step's aggregated gradient (in datagram-sized blocks, at the
+    # warm-up's last step): the twin of a run at the loss's own scale (one_lossy_step.py)
+    drop_once: float = 0.0
+    # Lossy variants: every drift_every steps, measure how far the replicas are from the
+    # model the variant bounds them by (the owners', or the ranks' mean), over the process
+    # group, outside the timed step (0: only at the end)
+    drift_every: int = 0
     warmup_steps: int | None = None  # None: 5% of the steps
     log_every: int = 10
 
@@ -115,6 +122,12 @@ class TrainConfig:
         if not (math.isfinite(self.init_noise) and self.init_noise >= 0):
             raise UsageError("init_noise", f"{self.init_noise} is not a noise level",
                              "Use 0 or a small positive sd, e.g. 1e-6")
+        if self.drift_every < 0:
+            raise UsageError("drift_every", f"{self.drift_every} is negative",
+                             "Use 0 (at the end only) or K (every K-th step)")
+        if not (math.isfinite(self.drop_once) and 0 <= self.drop_once < 1):
+            raise UsageError("drop_once", f"{self.drop_once} is not a fraction in [0, 1)",
+                             "Use 0 (off) or the loss rate, e.g. 0.1")
         if self.log_every < 1:
             raise UsageError("log_every", f"{self.log_every} is too small", "Use 1 or more")
         if not math.isfinite(self.lr):

@@ -324,6 +324,9 @@ def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) 
             "bits_per_byte", "eval_tokens", "tokenizer", "vocab_size", "corpus_sha",
             "split_sha", "heldout_windows", "heldout_dropped", "epochs")},
         "drift": result["drift"],
+        # during training (drift_every): [step, the largest replica's distance], its max
+        "drift_steps": ranks[0].get("drift_steps") or [],
+        "drift_max": max((d for _, d in ranks[0].get("drift_steps") or []), default=None),
         "packets_sent": sent, "packets_lost": missing,
         # RDMA transports: the devices' own counts (retransmissions, sequence errors, ...)
         "device_counters": dict(sum((Counter(m.get("device_counters", {})) for m in ranks),

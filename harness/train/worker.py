@@ -27,7 +27,7 @@ from harness.ddp.wrap import wrap_ddp
 from harness.eval import models
 from harness.metrics.hdr import Histogram
 from harness.model import presets
-from harness.train import schedule
+from harness.train import one_lossy_step, schedule
 from harness.train.config import TrainConfig
 
 
@@ -121,12 +121,13 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
     # the run's impairment starts with its training.
     ready()
     step_us, warmup_us, per_step = Histogram(), [], []
-    losses = []
+    losses, drift_steps, drift_s = [], [], 0.0
     transport = r.transport_for(cfg.transport)
     before = transport.counters.to_dict()
     started = time.perf_counter()
     # (a run of a handful of steps keeps a quarter of them apart)
     timing_warmup = min(TIMING_WARMUP_STEPS, cfg.steps // 4)
+    lossy_step = one_lossy_step.step_of(cfg.steps, cfg.warmup_steps) if cfg.drop_once else -1
     for step in range(cfg.steps):
         if step == timing_warmup:
             timing.collective_us = Histogram()  # the steady state from here on
@@ -138,6 +139,9 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
         logits = module(input_ids=inputs).logits
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         loss.backward()
+        if step == lossy_step:  # the chaos check's twin: one step as a lossy one
+            one_lossy_step.drop_blocks(module.parameters(), cfg.drop_once,
+                                       transport.per_packet, cfg.seed)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         value = float(loss.detach())
@@ -148,6 +152,12 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
             step_us.record(elapsed_us)
             per_step.append((step, elapsed_us, counted))
         losses.append(value)
+        if cfg.drift_every and cfg.variant != "reliable" and (step + 1) % cfg.drift_every == 0:
+            t_drift = time.perf_counter()
+            distance = models.replica_distance(r, cfg.variant, model, transport.per_packet)
+            if distance is not None:
+                drift_steps.append([step + 1, distance])
+            drift_s += time.perf_counter() - t_drift  # not training: off its time
         if not math.isfinite(value):
             raise FloatingPointError(f"rank {r.rank}: loss became {value} at step {step}")
         if r.rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1):
@@ -156,13 +166,14 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
             eta = elapsed / (step + 1) * (cfg.steps - step - 1)
             print(f"[{label}] step {step + 1}/{cfg.steps} loss {value:.3f} {rate:.0f} tok/s, "
                   f"about {eta:.0f} s left in this run", file=sys.stderr, flush=True)
-    train_s = time.perf_counter() - started
+    train_s = time.perf_counter() - started - drift_s
     collective = _lossy_collective(timing)
     if collective is not None:  # its last timed late markers, and its background sender
         collective.finish()
     after = transport.counters.to_dict()
     metrics = {
         "rank": r.rank, "losses": losses, "train_s": train_s,
+        "drift_steps": drift_steps,  # rank 0's: [step, largest replica distance]
         "step_us": step_us.to_dict(), "collective_us": timing.collective_us.to_dict(),
         "warmup_step_us": warmup_us,
         "slow_steps": _slow_steps(per_step, transport, timing),

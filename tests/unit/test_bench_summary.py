@@ -44,12 +44,14 @@ def test_every_speed_run_of_the_bench_plan_is_compared_with_its_speed_reference(
     which left the check None). A speed run without one is named and fails the check."""
     from harness.bench.spec import BenchSpec
 
-    spec = BenchSpec(seeds=3, steps=20, speed_steps=5)
+    spec = BenchSpec(seeds=4, steps=20, speed_steps=5, speed_seeds=3)
     records = [dict(_record(c.variant, c.loss, c.cfg.seed, f"sha{c.cfg.seed}-{c.cfg.steps}"),
                     role=c.role, steps=c.cfg.steps, loss_seed=c.loss_seed)
                for c in spec.cases()]
     speed = [r for r in records if r["role"] == "speed"]
-    assert len(speed) == 3
+    assert sorted(r["seed"] for r in speed) == [0, 1, 2]  # the first speed_seeds seeds
+    assert len([r for r in records if r["role"] == "speed_reference"]) == 3
+    assert BenchSpec().speed_seeds == 2 < BenchSpec().seeds  # the default's
     summary = bench_summary.summarise(records, {}, "bpf")
     assert summary["checks"]["reliable_exact_under_loss"] is True
     assert summary["checks"]["reliable_unpaired"] == []
@@ -87,12 +89,12 @@ def test_the_bench_plan_has_references_realisations_and_short_reliable_runs():
     by_role = {}
     for r in runs:
         by_role.setdefault(r.role, []).append(r)
+    # rps (under SGD) is judged against reliable training under the same SGD
     assert sorted((r.variant, r.cfg.seed) for r in by_role["reference"]) == [
-        ("reliable", 0), ("reliable", 1), ("rps", 0), ("rps", 1)]
-    # rps's lossless reference waits for every packet (late is not lost); its runs under
+        ("reliable", 0), ("reliable", 1), ("reliable/sgd", 0), ("reliable/sgd", 1)]
+    # no reference is a lossy collective here: none waits for every packet; the runs under
     # loss keep their deadlines
-    assert all(r.cfg.wait_for_all == (r.role == "reference") for r in runs
-               if r.variant == "rps")
+    assert not any(r.cfg.wait_for_all for r in runs)
     assert {r.variant for r in by_role["lossy"]} == {"zero_fill", "unbiased",
                                                      "unbiased_drift", "rps"}
     # reliable under loss: short, with as short a lossless twin per seed
@@ -110,18 +112,22 @@ def test_the_bench_plan_has_references_realisations_and_short_reliable_runs():
     assert len({(r.cfg.seed, r.loss_seed) for r in lossy if r.variant == "rps"}) == 4
 
 
-def test_rps_is_compared_with_its_own_lossless_run():
-    records = [dict(_record(v, 0.0, s, f"{v}{s}"), role="reference")
-               for v in ("reliable", "rps") for s in (0, 1)]
-    for r in records:
-        r["ppl"] = 10.0 if r["variant"] == "reliable" else 12.0
-    lossy = [dict(_record(v, 0.1, s, "x"), role="lossy", ppl=12.6 if v == "rps" else 10.5)
-             for v in ("rps", "unbiased_drift") for s in (0, 1)]
-    rows = {r["variant"]: r for r in bench_summary.summarise(records + lossy, {}, "bpf")["rows"]
-            if r["loss"] == 0.1}
+def test_rps_is_compared_with_reliable_under_sgd_and_adamw_rps_with_itself():
+    ppl = {"reliable": 10.0, "reliable/sgd": 12.0, "rps/adamw": 14.0}
+    records = [dict(_record(v, 0.0, s, f"{v}{s}"), role="reference", ppl=ppl[v])
+               for v in ppl for s in (0, 1)]
+    lossy_ppl = {"rps": 12.6, "unbiased_drift": 10.5, "rps/adamw": 14.7}
+    lossy = [dict(_record(v, 0.1, s, "x"), role="lossy", ppl=lossy_ppl[v])
+             for v in lossy_ppl for s in (0, 1)]
+    summary = bench_summary.summarise(records + lossy, {}, "bpf")
+    rows = {r["variant"]: r for r in summary["rows"] if r["loss"] == 0.1}
     assert rows["rps"]["ppl_delta_pct"] == pytest.approx(5.0)            # 12.6 vs 12
     assert rows["unbiased_drift"]["ppl_delta_pct"] == pytest.approx(5.0)  # 10.5 vs 10
-    assert rows["rps"]["reference"] == "rps"
+    assert rows["rps/adamw"]["ppl_delta_pct"] == pytest.approx(5.0)      # 14.7 vs 14
+    assert rows["rps"]["reference"] == "reliable/sgd"
+    assert rows["rps/adamw"]["reference"] == "rps/adamw"
+    # the seed-to-seed spread of the lossless model is the main reference's (AdamW) alone
+    assert summary["lossless_ppl"] == [10.0, 10.0]
 
 
 def _judged(mean, half, seeds=4, band=0.8, **row):
@@ -233,15 +239,16 @@ def test_a_lossless_reference_whose_collective_missed_packets_is_named():
     # shared cores): two references of one seed then differed by 16% in perplexity
     # (278.25 and 324.47, SGD), so a Δppl against one is partly that
     records = [dict(_record("reliable", 0.0, 0, "r0"), role="reference", packets_lost=0),
-               dict(_record("rps", 0.0, 0, "p0"), role="reference", packets_lost=42,
+               dict(_record("rps/adamw", 0.0, 0, "p0"), role="reference", packets_lost=42,
                     packets_sent=4737600),
-               dict(_record("rps", 0.1, 0, "p1"), role="lossy", packets_lost=473000)]
+               dict(_record("rps/adamw", 0.1, 0, "p1"), role="lossy", packets_lost=473000)]
     summary = bench_summary.summarise(records, {}, "bpf")
     assert summary["checks"]["references_missing_packets"] == [
-        {"variant": "rps", "seed": 0, "packets_lost": 42, "packets_sent": 4737600}]
-    assert "! lossless references that missed packets (late): rps seed 0 (42 of 4737600)" \
-        in bench_table.table(summary)
-    rps_row = next(r for r in summary["rows"] if r["variant"] == "rps" and r["loss"] == 0.1)
+        {"variant": "rps/adamw", "seed": 0, "packets_lost": 42, "packets_sent": 4737600}]
+    assert ("! lossless references that missed packets (late): rps/adamw seed 0 (42 of "
+            "4737600)") in bench_table.table(summary)
+    rps_row = next(r for r in summary["rows"]
+                   if r["variant"] == "rps/adamw" and r["loss"] == 0.1)
     assert rps_row["reference_missed_packets"] == [0]
     clean = bench_summary.summarise(records[:1] + [dict(records[1], packets_lost=0)], {}, "bpf")
     assert clean["checks"]["references_missing_packets"] == []
@@ -295,43 +302,60 @@ def test_a_wider_spread_needs_more_seeds_and_untimed_runs_have_no_budget():
     assert summary["budget"] is None and "budget:" not in bench_table.table(summary)
 
 
-def test_the_stability_twin_is_seed_0s_lossless_reference_with_its_weights_moved_by_1e_6():
+def test_the_stability_twins_are_lossless_references_with_one_step_as_a_lossy_one():
     from harness.bench.spec import BenchSpec
 
-    plain = BenchSpec(losses=[0.1], seeds=2, steps=50, variants=["reliable", "unbiased"])
+    plain = BenchSpec(losses=[0.1], seeds=2, steps=50, variants=["reliable", "unbiased"],
+                      stability=False)
     assert not [r for r in plain.cases() if r.role == "twin"]
-    spec = BenchSpec(losses=[0.1], seeds=2, steps=50, variants=["reliable", "unbiased"],
-                     stability=True)
+    spec = BenchSpec(losses=[0.05, 0.1], seeds=3, steps=50,
+                     variants=["reliable", "unbiased"])
+    assert spec.stability  # on by default: every verdict waits for it
     twins = [r for r in spec.cases() if r.role == "twin"]
-    reference = next(r for r in spec.cases() if r.role == "reference" and r.cfg.seed == 0)
-    assert len(twins) == 1
-    twin = twins[0]
-    assert (twin.variant, twin.cfg.seed, twin.loss, twin.profile) == ("reliable", 0, 0.0,
-                                                                      "clean")
-    assert twin.cfg.init_noise == 1e-6 and reference.cfg.init_noise == 0.0
-    # everything else as the reference: only the initial weights differ
-    assert {**twin.cfg.to_dict(), "init_noise": 0.0} == reference.cfg.to_dict()
+    assert [(t.variant, t.cfg.seed, t.loss, t.profile) for t in twins] == [
+        ("reliable", 0, 0.0, "clean"), ("reliable", 1, 0.0, "clean")]
+    for twin in twins:
+        reference = next(r for r in spec.cases() if r.role == "reference"
+                         and r.cfg.seed == twin.cfg.seed and r.variant == "reliable")
+        # the bench's largest loss rate, once; everything else as the reference
+        assert twin.cfg.drop_once == 0.1 and reference.cfg.drop_once == 0.0
+        assert {**twin.cfg.to_dict(), "drop_once": 0.0} == reference.cfg.to_dict()
+    # one seed: one twin
+    assert len([r for r in BenchSpec(seeds=1).cases() if r.role == "twin"]) == 1
 
 
-@pytest.mark.parametrize(("twin_ppl", "stable"), [(10.019, True), (9.981, True),
-                                                  (10.021, False), (11.3, False)])
-def test_the_stability_check_refuses_a_chaotic_regime_and_passes_a_stable_one(twin_ppl,
+@pytest.mark.parametrize(("twin_ppls", "stable"), [((10.019, 9.99), True),
+                                                   ((9.981, 10.0), True),
+                                                   ((10.0, 10.021), False),
+                                                   ((11.3, 10.0), False)])
+def test_the_stability_check_refuses_a_chaotic_regime_and_passes_a_stable_one(twin_ppls,
                                                                                stable):
-    # planted: seed 0's reference at ppl 10.0, its twin 0.19% (stable) or 0.21% and 13%
-    # (chaotic) away: the tolerance is a quarter of the ±0.8% band, fixed before any run
+    # planted: the references at ppl 10.0, their twins 0.19% (stable) or 0.21% and 13%
+    # (chaotic) away, on either seed: the tolerance is a quarter of the ±0.8% band, fixed
+    # before any run, and every twin must keep within it
     records = [dict(_record("reliable", 0.0, s, f"r{s}"), role="reference", ppl=10.0)
                for s in (0, 1)]
-    records.append(dict(_record("reliable", 0.0, 0, "twin"), role="twin", ppl=twin_ppl))
-    records += [dict(_record("unbiased", 0.1, s, "x"), role="lossy") for s in (0, 1)]
+    records += [dict(_record("reliable", 0.0, s, f"twin{s}"), role="twin", ppl=p,
+                     config={"drop_once": 0.1})
+                for s, p in zip((0, 1), twin_ppls, strict=True)]
+    records += [dict(_record("unbiased", 0.1, s, "x"), role="lossy", ppl=10.01)
+                for s in (0, 1)]
     summary = bench_summary.summarise(records, {}, "bpf")
     result = summary["stability"]
-    assert result["tolerance_pct"] == pytest.approx(0.2)
-    assert result["delta_pct"] == pytest.approx((twin_ppl / 10.0 - 1) * 100)
+    assert result["tolerance_pct"] == pytest.approx(0.2) and result["seeds"] == [0, 1]
+    assert result["deltas_pct"] == pytest.approx([(p / 10.0 - 1) * 100 for p in twin_ppls])
     assert result["stable"] is stable
-    # the twin is no row and no reference: the rows are as without it
+    assert result["perturbation"] == "one step with 10% of its gradient's datagram blocks zeroed"
+    # the twins are no row and no reference: the rows are as without them
     assert [(r["loss"], r["variant"], r["seeds"]) for r in summary["rows"]] == [
         (0.0, "reliable", 2), (0.1, "unbiased", 2)]
-    assert ("UNSTABLE" in bench_table.table(summary)) is not stable
+    assert ("CHAOTIC" in bench_table.table(summary)) is not stable
+    # a chaotic regime's rows get no verdict: withheld, with the reason
+    row = next(r for r in summary["rows"] if r["variant"] == "unbiased")
+    assert row["chaotic"] is not stable
+    assert bool(row["verdict_withheld"]) is not stable
+    if not stable:
+        assert "chaotic regime" in row["verdict_withheld"]
 
 
 def test_a_bench_without_a_twin_says_its_stability_was_not_checked():
@@ -354,3 +378,52 @@ def test_an_inconclusive_row_says_how_many_seeds_would_decide_it():
     text = bench_table.table(summary)
     assert "about 7 seeds" in text and "would decide it" in text
     assert "noise of a paired Δppl (sd over seeds, points): unbiased_drift at 10% 0.30" in text
+
+
+def test_the_lossless_fine_tune_gain_is_shown_beside_the_verdicts():
+    # finetune regime: the references started from checkpoints of ppl 100 (seed 0) and 110
+    # (seed 1); reliable's fine-tune moved them by -2% and -4%, reliable/sgd's by -0.5%
+    records = [dict(_record("reliable", 0.0, 0, "a"), role="reference", ppl=98.0),
+               dict(_record("reliable", 0.0, 1, "b"), role="reference", ppl=105.6),
+               dict(_record("reliable/sgd", 0.0, 0, "c"), role="reference", ppl=99.5),
+               dict(_record("reliable/sgd", 0.0, 1, "d"), role="reference", ppl=109.45)]
+    summary = bench_summary.summarise(records, {}, "bpf", start_ppl={0: 100.0, 1: 110.0})
+    assert summary["reference_gain_pct"] == {"reliable": pytest.approx(-3.0),
+                                             "reliable/sgd": pytest.approx(-0.5)}
+    text = bench_table.table(summary)
+    assert "fine-tuning itself, lossless" in text and "reliable -3.00%" in text
+    # a fine-tune that moves ppl less than the band: a 'holds' against it says little
+    assert "! reliable/sgd: fine-tuning moved ppl by less than the ±0.8% band" in text
+    assert "! reliable:" not in text
+    # from scratch there is no checkpoint: nothing is claimed
+    scratch = bench_summary.summarise(records, {}, "bpf")
+    assert scratch["reference_gain_pct"] == {} and "fine-tuning itself" not in \
+        bench_table.table(scratch)
+
+
+@pytest.mark.parametrize(("power", "bounded"), [(0.0, True), (-0.4, True), (0.5, False)])
+def test_drift_during_training_gives_each_row_its_largest_distance_and_growth(power, bounded):
+    # planted: the replicas' distance grows as step^power over 5 samples of each seed
+    def run(seed):
+        steps = [30, 60, 90, 120, 150]
+        drift = [[s, 0.01 * (1 + 0.01 * seed) * s ** power] for s in steps]
+        return dict(_record("unbiased_drift", 0.1, seed, "x"), role="lossy",
+                    drift_steps=drift, drift_max=max(d for _, d in drift))
+
+    records = [dict(_record("reliable", 0.0, s, f"r{s}"), role="reference") for s in (0, 1, 2)]
+    records += [run(s) for s in (0, 1, 2)]
+    summary = bench_summary.summarise(records, {}, "bpf")
+    row = next(r for r in summary["rows"] if r["variant"] == "unbiased_drift")
+    assert row["drift_growth"] == pytest.approx(power, abs=1e-9)
+    assert row["drift_max"] == pytest.approx(max(r["drift_max"] for r in records[3:]))
+    assert "drift during training" in bench_table.table(summary)
+    assert f"b {power:+.2f}" in bench_table.table(summary)
+    from harness.metrics.verdict import FAILS, HOLDS
+    from harness.reproduce.training import drift_check
+
+    assert drift_check(row).verdict == (HOLDS if bounded else FAILS)
+    # runs without samples (drift_every 0): no growth, no line
+    plain = bench_summary.summarise(records[:3] + [dict(_record("unbiased_drift", 0.1, 0, "y"),
+                                                        role="lossy")], {}, "bpf")
+    assert next(r for r in plain["rows"] if r["loss"] == 0.1)["drift_growth"] is None
+    assert "drift during training" not in bench_table.table(plain)

@@ -148,8 +148,10 @@ def test_the_formula_agrees_with_enumeration_and_with_a_direct_simulation():
 
 
 # what harness.bench.stability.check gives (a stable twin)
-STABLE = {"seed": 0, "noise": 1e-6, "ppl_reference": 107.120, "ppl_twin": 107.185,
-          "stable": True, "delta_pct": 0.06, "tolerance_pct": 0.2}
+STABLE = {"seeds": [0, 1], "perturbation": "one step with 10% of its gradient's datagram "
+          "blocks zeroed", "ppl_references": [107.120, 92.3], "ppl_twins": [107.185, 92.31],
+          "deltas_pct": [0.06, 0.01], "stable": True, "delta_pct": 0.06,
+          "tolerance_pct": 0.2}
 
 
 def _summary(rows, stability=STABLE):
@@ -232,7 +234,7 @@ def test_the_training_benches_are_valid_specs_in_a_stable_regime_with_its_twin()
         for spec in training.plans(quick).values():
             spec.validate()
             assert (spec.optimizer, spec.lr) == ("adamw", 2e-3) and spec.stability
-            assert [r.role for r in spec.cases()].count("twin") == 1
+            assert [r.role for r in spec.cases()].count("twin") == 2  # seeds 0 and 1
 
 
 # ---- the command --------------------------------------------------------------------------
@@ -432,3 +434,46 @@ def test_a_stopped_regime_map_resumes_from_the_benches_that_finished(tmp_path, m
     (tmp_path / "bench-map-scratch-2e-3" / regime_map.MARKER).unlink()
     regime_map.run(place, True, tmp_path, echo=lines.append, commit="def5678")
     assert len(benched) == 2 * len(regime_map.QUICK_REGIMES)
+
+
+# ---- row 7: RPS training at n = 2, 4, 8 ------------------------------------------------------
+
+
+def test_the_rps_server_benches_keep_the_global_batch_and_judge_rps_against_reliable_sgd():
+    from harness.reproduce import rps_servers
+
+    for quick in (True, False):
+        plans = rps_servers.plans(quick)
+        assert sorted(plans) == [2, 4, 8]
+        for n, spec in plans.items():
+            spec.validate()
+            assert spec.hosts == n and spec.batch * n == rps_servers.GLOBAL_BATCH
+            cases = spec.cases()
+            assert {c.variant for c in cases if c.role == "reference"} == {"reliable/sgd"}
+            assert {c.variant for c in cases if c.role == "twin"} == {"reliable/sgd"}
+            assert {(c.variant, c.cfg.optimizer) for c in cases if c.role == "lossy"} == {
+                ("rps", "sgd")}
+
+
+def _rps_summary(delta, half, deltas=(0.1, 0.2)):
+    return {"config": {"seq_len": 64, "seeds": len(deltas)}, "regime": "scratch",
+            "stability": STABLE,
+            "rows": [{"loss": 0.1, "variant": "rps", "seeds": len(deltas),
+                      "ppl_delta_pct": delta, "ppl_delta_ci95": half,
+                      "ppl_deltas": list(deltas), "ppl": 100.0}]}
+
+
+@pytest.mark.parametrize(("deltas", "per_n", "trend"), [
+    ((0.5, 0.3, 0.1), HOLDS, HOLDS),          # shrinking harm, all inside the band
+    ((0.1, 0.1, 0.1), HOLDS, HOLDS),          # no change with n
+    ((0.1, 0.3, 0.6), HOLDS, INCONCLUSIVE),   # growing by 0.5 ± 0.28: across 0.4
+    ((0.1, 1.0, 2.5), FAILS, FAILS),          # growing far beyond the tolerance
+])
+def test_row_7_judges_each_n_against_the_band_and_the_trend_with_n(deltas, per_n, trend):
+    from harness.reproduce import rps_servers
+
+    summaries = {n: _rps_summary(d, 0.2) for n, d in zip((2, 4, 8), deltas, strict=True)}
+    claims = {c["row"]: c for c in rps_servers.rows(summaries)}
+    assert claims["7a"]["verdict"] == per_n
+    assert claims["7b"]["verdict"] == trend
+    assert sorted(claims["7a"]["per_n"]) == [2, 4, 8]
