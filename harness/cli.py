@@ -157,7 +157,7 @@ def _cmd_bench(args) -> int:
             engine.refuse_for_this_kernel(profiles.load(spec.profile, loss=loss), spec.hosts)
         place = _bench_cluster("bench", spec)
     with place as cluster:
-        summary = run_bench(cluster, spec, out,
+        summary = run_bench(cluster, spec, out, regime_chosen=args.regime is not None,
                             echo=lambda line: print(line, file=sys.stderr, flush=True))
     print(table(summary))
     print(f"results in {out}/ (report.html, summary.md, summary.json, results.jsonl, *.png)")
@@ -281,10 +281,10 @@ def _add_regime_options(p, default: str) -> None:
     from harness.bench.spec import FINETUNE_LR, PRETRAIN_STEPS, REGIMES
 
     p.add_argument("--regime", choices=REGIMES, default=default,
-                   help="scratch: every run from its seed's initialisation at --lr; "
-                        "finetune: from its seed's lossless checkpoint (--pretrain-steps at "
-                        "--lr, trained once and cached in .cache/checkpoints/) at "
-                        "--finetune-lr")
+                   help="scratch: every run from its seed's initialisation at --lr; finetune "
+                        "(bench's default, but on VM or remote hosts): from its seed's lossless"
+                        " checkpoint (--pretrain-steps at --lr, cached in .cache/checkpoints/)"
+                        " at --finetune-lr")
     p.add_argument("--finetune-lr", type=float, default=FINETUNE_LR,
                    help=f"finetune: the runs' peak rate (default {FINETUNE_LR:g})")
     p.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS,
@@ -292,7 +292,7 @@ def _add_regime_options(p, default: str) -> None:
 
 
 def _regime_options(args) -> dict:
-    return dict(regime=args.regime, finetune_lr=args.finetune_lr,
+    return dict(regime=args.regime or "finetune", finetune_lr=args.finetune_lr,
                 pretrain_steps=args.pretrain_steps)
 
 
@@ -379,7 +379,7 @@ def add_commands(sub) -> None:
                           "trains under SGD at --sgd-lr unless written rps/adamw",
                           sizes_note="; train's is larger: a bench runs tens "
                           "of runs")
-    _add_regime_options(p, BenchSpec.regime)
+    _add_regime_options(p, None)
     p.add_argument("--sgd-lr", type=float, default=None,
                    help="the peak rate of every run under SGD (rps's, its reference's; all "
                         "with --optimizer sgd) (default: "

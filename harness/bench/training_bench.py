@@ -16,9 +16,17 @@ from harness.train import run
 from testbed.errors import LossbedError, UsageError
 
 
-def run_bench(cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
+def run_bench(cluster, spec: BenchSpec, out: Path, echo=print,
+              regime_chosen: bool = True) -> dict:
     """All runs in one launch of the ranks (one start-up): the profile changes between runs
-    where the loss does, and each run's loss is measured around that run alone."""
+    where the loss does, and each run's loss is measured around that run alone. Where the
+    regime was not chosen (regime_chosen False), VM and remote hosts run from scratch: the
+    checkpoints of the default fine-tune live on this machine's file system."""
+    if not regime_chosen and spec.regime == "finetune" and not cluster.shares_this_machine:
+        spec.regime = "scratch"
+        echo("[bench] regime scratch: these hosts do not share this machine's file system, "
+             "where the default fine-tune's checkpoints live (--regime finetune there: "
+             "train --save-model and --preset DIR by hand)")
     spec.validate()
     out.mkdir(parents=True, exist_ok=True)
     start_ppl = None

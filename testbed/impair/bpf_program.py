@@ -182,17 +182,9 @@ def build(direction: str, match: Match, slots: list[tuple[int, str]], map_fd: in
 
     # ---- count, decide, count ------------------------------------------------------------
     a.label("body")
-    a.store(4, FP, _KEY, R1)
-    a.ld_map_fd(R1, map_fd)
-    a.mov(R2, FP, reg=True)
-    a.alu("add", R2, _KEY)
-    a.call(HELPER_MAP_LOOKUP_ELEM)
-    a.jump_if(R0, "==", 0, "pass")
+    _slot_value(a, map_fd)
     a.mov(R6, R0, reg=True)
-    a.mov(R1, 1)
-    a.atomic_add64(R6, OFF["seen_packets"], R1)
-    a.load(8, R1, FP, _LEN)
-    a.atomic_add64(R6, OFF["seen_bytes"], R1)
+    _count_seen(a, R6)
     a.load(8, R1, R6, OFF["model"])
     a.jump_if(R1, "==", MODEL_CLEAN, "keep")
     a.jump_if(R1, "==", MODEL_BERNOULLI, "bernoulli")
@@ -262,16 +254,8 @@ def build(direction: str, match: Match, slots: list[tuple[int, str]], map_fd: in
         # what the exclusions let through, counted apart (coverage shows it by name)
         a.label("exempt")
         a.mov(R1, exempt_slot)
-        a.store(4, FP, _KEY, R1)
-        a.ld_map_fd(R1, map_fd)
-        a.mov(R2, FP, reg=True)
-        a.alu("add", R2, _KEY)
-        a.call(HELPER_MAP_LOOKUP_ELEM)
-        a.jump_if(R0, "==", 0, "pass")
-        a.mov(R1, 1)
-        a.atomic_add64(R0, OFF["seen_packets"], R1)
-        a.load(8, R1, FP, _LEN)
-        a.atomic_add64(R0, OFF["seen_bytes"], R1)
+        _slot_value(a, map_fd)
+        _count_seen(a, R0)
         a.jump("pass")
 
     a.label("keep")
@@ -281,6 +265,24 @@ def build(direction: str, match: Match, slots: list[tuple[int, str]], map_fd: in
     a.mov(R0, TC_ACT_UNSPEC)
     a.exit()
     return a.assemble()
+
+
+def _slot_value(a: Asm, map_fd: int) -> None:
+    """R0 = the map value of the slot in R1; on to "pass" if the map has none."""
+    a.store(4, FP, _KEY, R1)
+    a.ld_map_fd(R1, map_fd)
+    a.mov(R2, FP, reg=True)
+    a.alu("add", R2, _KEY)
+    a.call(HELPER_MAP_LOOKUP_ELEM)
+    a.jump_if(R0, "==", 0, "pass")
+
+
+def _count_seen(a: Asm, value) -> None:
+    """One packet of the stored length more in the slot `value` points at. Clobbers R1."""
+    a.mov(R1, 1)
+    a.atomic_add64(value, OFF["seen_packets"], R1)
+    a.load(8, R1, FP, _LEN)
+    a.atomic_add64(value, OFF["seen_bytes"], R1)
 
 
 def _flow(a: Asm, flow, name: str, on_match: str) -> None:

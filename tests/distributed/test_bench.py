@@ -24,30 +24,33 @@ FIELDS = {"variant", "profile", "loss", "seed", "steps", "hosts", "tokens_per_s"
 def test_bench_writes_every_field_the_table_and_plots_and_leaves_nothing(tmp_path):
     before = netns_cluster.leftover_clusters()
     out = tmp_path / "bench"
+    # from scratch (the default fine-tunes: test_the_finetune_regime... below)
     result = lossbed("bench", "--hosts", "2", "--steps", "4", "--seeds", "2", "--loss", "0.1",
-                     "--speed-steps", "4", "--realisations", "2", "--out", str(out),
-                     timeout=900)
+                     "--speed-steps", "4", "--realisations", "2", "--regime", "scratch",
+                     "--out", str(out), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    # per seed: the references (reliable and rps at 0), reliable's short lossless twin, the
-    # default lossy variants (unbiased_drift, rps) at 10% and reliable's speed run; one more
-    # loss realisation of unbiased_drift and rps at seed 0
+    # per seed: the references (reliable under AdamW, and under SGD for rps, at 0),
+    # reliable's short lossless twin, the default lossy variants (unbiased_drift, rps) at 10%
+    # and reliable's speed run; one more loss realisation of unbiased_drift and rps at seed
+    # 0; the chaos check's twins of seeds 0 and 1
     roles = {}
     for r in rows:
         roles[r["role"]] = roles.get(r["role"], 0) + 1
     assert roles == {"reference": 4, "speed_reference": 2, "lossy": 4, "speed": 2,
-                     "realisation": 2}
-    assert {(r["variant"], r["loss"]) for r in rows} >= {("reliable", 0.0), ("rps", 0.1),
-                                                          ("unbiased_drift", 0.1)}
+                     "realisation": 2, "twin": 2}
+    assert {(r["variant"], r["loss"]) for r in rows} >= {
+        ("reliable", 0.0), ("reliable/sgd", 0.0), ("rps", 0.1), ("unbiased_drift", 0.1)}
     for row in rows:
         assert FIELDS <= set(row), FIELDS - set(row)
         assert set(row["step_ms"]) >= {"p50", "p99", "p999"}
         assert set(row["collective_ms"]) >= {"p50", "p99", "p999"}
         assert row["tokenizer"].startswith("bpe") and row["bytes_per_token"] > 2
         assert len(row["ppl_ranks"]) == 2 and row["corpus_sha"] and row["split_sha"]
+        base = row["variant"].split("/")[0]
         assert row["headline"] == {"reliable": "rank0", "unbiased_drift": "owners"}.get(
-            row["variant"], "rank_mean")
-        assert (row["ppl_owners"] is not None) == (row["variant"] == "unbiased_drift")
+            base, "rank_mean")
+        assert (row["ppl_owners"] is not None) == (base == "unbiased_drift")
         # the bench's own cluster too: every datagram sealed unless --unsealed
         assert row["authenticated"] is True and row["wire_warning"] is None
     lossy_seeds = {(r["seed"], r["loss_seed"]) for r in rows if r["loss"] > 0
@@ -63,7 +66,8 @@ def test_bench_writes_every_field_the_table_and_plots_and_leaves_nothing(tmp_pat
     assert not (out / "ppl_vs_loss.png").exists()
     assert "ppl_vs_loss.png" not in (out / "summary.md").read_text()
     assert "tok/s vs rel" in result.stdout and "noise floor" in result.stdout
-    assert "[bench 14/14]" in result.stderr  # progress with run numbers
+    assert "[bench 16/16]" in result.stderr  # progress with run numbers
+    assert summary["stability"] is not None and len(summary["stability"]["seeds"]) == 2
     assert "realisation" in result.stderr and "verdict: equivalence" in result.stdout
     assert netns_cluster.leftover_clusters() == before
 
@@ -93,7 +97,7 @@ def test_the_finetune_regime_trains_its_checkpoint_once_and_reuses_it(tmp_path, 
         assert r["losses"][0] < 6.5, (r["variant"], r["role"], r["losses"][:3])
     summary = (tmp_path / "a" / "summary.md").read_text()
     assert "regime finetune: from a lossless checkpoint (40 steps at adamw peak 0.002), 3 " \
-        "steps at peak 0.0001" in summary
+        "steps at adamw peak 0.0001" in summary
     second = lossbed(*args, "--out", str(tmp_path / "b"), timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"[checkpoints] seed 0: reused {cache / folders[0]} (cached)" in second.stderr
@@ -110,7 +114,8 @@ def _ctrl_c_not_ignored():
 def test_ctrl_c_in_the_middle_leaves_no_namespace_rule_or_process(tmp_path):
     before = netns_cluster.leftover_clusters()
     child = subprocess.Popen([sys.executable, "-m", "harness.cli", "bench", "--hosts", "2",
-                              "--steps", "400", "--seeds", "1", "--out", str(tmp_path / "b")],
+                              "--steps", "400", "--seeds", "1", "--regime", "scratch",
+                              "--out", str(tmp_path / "b")],
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, preexec_fn=_ctrl_c_not_ignored)
     deadline = time.monotonic() + 120
