@@ -28,7 +28,7 @@ RESULT_FIELDS = ("variant", "regime", "tokens_seen", "role", "profile", "loss", 
                  "transport_counters", "ppl_delta_pct",
                  "measured_loss", "measured_loss_interval", "measured_packets", "rcvbuf_drops",
                  "measured_window", "coverage", "invalid", "loss_applied_by", "drift",
-                 "drift_steps", "drift_max", "backend",
+                 "drift_steps", "drift_max", "progress_steps", "backend",
                  "packets_sent", "packets_lost", "bytes_sent", "losses", "model_sha",
                  "authenticated", "wire_warning", "rank_max_rss_mb", "exempt", "run_s",
                  "wait_for_all", "step_hist")

@@ -58,6 +58,10 @@ DEFAULT_SEEDS = 4
 # The lossy variants' replicas are measured against the model they are bounded by every
 # DRIFT_EVERY steps (five times in the default's 150): drift over the run, not only at its end
 DRIFT_EVERY = 30
+# The lossless references' held-out perplexity every PROGRESS_EVERY steps (ten points in the
+# default's 150, each scored by all ranks together: ~0.2 s): the curve each lossy row's final
+# perplexity is placed on, in steps behind (harness/bench/progress.py)
+PROGRESS_EVERY = 15
 # The default variants: the two the papers are about, and the reliable baseline; the
 # ablations (zero_fill, unbiased) cost runs the question does not need: --variants adds them
 DEFAULT_VARIANTS = ("reliable", "unbiased_drift", "rps")
@@ -197,6 +201,8 @@ class BenchSpec:
     stability: bool = True
     # the lossy variants' drift during training, every drift_every steps (0: at the end only)
     drift_every: int = DRIFT_EVERY
+    # the references' held-out ppl every progress_every steps (0: none): iso-progress
+    progress_every: int = PROGRESS_EVERY
     mtu: int = 1500
     # the band every lossy row's Δppl is judged against (harness/metrics/verdict.py), percent
     band_pct: float = BAND_PCT
@@ -327,8 +333,10 @@ class BenchSpec:
                 # that falls behind would make its packets late, late is lost, and the
                 # reference would be a perturbed run
                 waits = base_variant(ref) != "reliable"
-                runs.append(BenchRun(self.config(ref, s, wait_for_all=waits), 0.0,
-                                     "reference"))
+                # reliable's curve of held-out ppl: where its lossy rows sit, in steps
+                cfg = replace(self.config(ref, s, wait_for_all=waits),
+                              progress_every=0 if waits else self.progress_every)
+                runs.append(BenchRun(cfg, 0.0, "reference"))
         if self.stability:
             lossy_rates = [x for x in self.losses if x > 0]
             drop = max(lossy_rates) if lossy_rates else stability.DEFAULT_DROP

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from harness.bench import stability
+from harness.bench import progress, stability
 from harness.bench.spec import Variant, base_variant, reference_variant
 from harness.metrics import verdict
 from harness.metrics.hdr import Histogram
@@ -221,6 +221,8 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
                                       if row["step_p99_ms"] and base_steps["p99"] else None)
             row["max_vs_reliable"] = (row["step_max_ms"] / base_steps["max"]
                                       if row["step_max_ms"] and base_steps["max"] else None)
+        if row["reference"]:  # iso-progress: its final ppl on its reference's curve
+            row.update(progress.row_progress(runs, refs, row["reference"]))
         row["chaotic"] = bool(stable) and not stable["stable"]
         judged = judge(row, band_pct)
         row["verdict"] = judged.verdict if judged else None

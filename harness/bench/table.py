@@ -35,12 +35,33 @@ def budget_lines(plan: dict) -> list[str]:
     return lines
 
 
+def progress_lines(rows: list[dict]) -> list[str]:
+    """Iso-progress: each lossy row's final ppl as steps behind its reference's curve."""
+    placed = [r for r in rows if "steps_behind" in r and (r["steps_behind"] is not None
+                                                          or r.get("steps_behind_beyond"))]
+    if not placed:
+        return []
+
+    def cell(r: dict) -> str:
+        steps = r.get("steps_behind_of") or "?"
+        if r["steps_behind"] is None:
+            return (f"{r['variant']} at {r['loss']:.0%}: seeds {r['steps_behind_beyond']} "
+                    f"behind the whole curve (more than {steps} steps)")
+        return f"{r['variant']} at {r['loss']:.0%} {r['steps_behind']:.1f} of {steps}"
+
+    return ["iso-progress (steps behind: where each seed's final ppl lies on its lossless "
+            "reference's held-out curve; 0 at or below its end): "
+            + ", ".join(cell(r) for r in placed)]
+
+
 def table(summary: dict) -> str:
     width = max([15] + [len(r["variant"]) for r in summary["rows"]])
     head = (f"{'loss':>5} {'variant':<{width}} {'model':<9} {'tok/s vs rel':>12} "
             f"{'p99 vs rel':>10} {'Δppl %':>8} {'±95%':>6} {'real.sd':>7} {'verdict':<13} "
             f"{'ppl':>8} {'worst':>8} {'drift':>6} {'meas.loss':>9} {'cover':>6}")
     lines = []
+    if summary.get("question"):  # as it was fixed before the runs
+        lines.append(f"question: {summary['question']['text']}")
     if summary.get("regime"):  # every Δppl below is true of this regime
         seen = ", ".join(f"{t:,}" for t in summary.get("tokens_seen") or []) or "-"
         lines.append(f"regime {summary['regime']}; tokens seen per run: {seen}")
@@ -125,6 +146,7 @@ def table(summary: dict) -> str:
                          + (f" ± {r['drift_growth_ci95']:.2f}"
                             if r.get("drift_growth_ci95") is not None else "")
                          for r in drifts))
+    lines += progress_lines(summary["rows"])
     lines.append(f"noise floor (lossless reliable, seed-to-seed sd): "
                  f"{f'{floor:.2f}%' if floor is not None else 'n/a (one seed)'}; backend "
                  f"{summary['backend']}; reliable under loss == lossless model: "

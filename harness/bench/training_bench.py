@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.bench import report
+from harness.bench.question import question
 from harness.bench.spec import BenchSpec
 from harness.bench.summary import summarise
 from harness.train import run
@@ -36,7 +37,10 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print,
         spec.checkpoints = checkpoints.ensure(
             cluster, {s: spec.pretrain_config(s) for s in range(spec.seeds)}, echo=echo)
         start_ppl = {s: checkpoints.ppl(folder) for s, folder in spec.checkpoints.items()}
-    echo(f"[bench] regime {spec.regime_text}")
+    # the question, fixed before any run: printed now, kept, and printed with the answer
+    asked = question(spec)
+    (out / "question.json").write_text(json.dumps(asked, indent=2) + "\n")
+    echo(f"[bench] question: {asked['text']}")
     cases = spec.cases()
     total = len(cases)
     started = time.monotonic()
@@ -67,6 +71,7 @@ def run_bench(cluster, spec: BenchSpec, out: Path, echo=print,
     summary = summarise(records, spec_dict=asdict(spec), backend=records[-1]["backend"],
                         wall_s=wall_s, regime=spec.regime_text, band_pct=spec.band_pct,
                         start_ppl=start_ppl)
+    summary["question"] = asked
     report.write_outputs(out, records, summary)
     if summary["checks"]["reliable_exact_under_loss"] is False:
         raise LossbedError("reliable training under loss did not produce the lossless model: "

@@ -62,6 +62,16 @@ def replica_distance(r, variant: str, model, per_packet: int) -> float | None:
     return max(float((m - target).norm()) for m in models)
 
 
+def heldout_ppl(r, model, windows, token_bytes) -> float:
+    """During training, of a model every rank holds alike (reliable): its held-out perplexity,
+    each rank scoring its share of the windows (every rank calls it: it gathers)."""
+    mine = evaluate(model, windows[r.rank::r.world], token_bytes)
+    parts = process_group.all_gather(torch.tensor([mine.ce_sum, mine.tokens, mine.bytes],
+                                                  dtype=torch.float64))
+    total = torch.stack(parts).sum(dim=0)
+    return Score(float(total[0]), int(total[1]), int(total[2])).ppl
+
+
 def measure(r, variant: str, model, windows, token_bytes, eval_tokens: int | None,
             per_packet: int) -> dict | None:
     """Every rank calls this after training (it gathers over the process group); rank 0

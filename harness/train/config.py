@@ -68,6 +68,10 @@ class TrainConfig:
     # model the variant bounds them by (the owners', or the ranks' mean), over the process
     # group, outside the timed step (0: only at the end)
     drift_every: int = 0
+    # Reliable runs (all ranks hold one model): every progress_every steps, its held-out
+    # perplexity, outside the timed step: the curve a lossy run's final perplexity is placed
+    # on, in steps (the bench's iso-progress; harness/bench/progress.py). 0: none
+    progress_every: int = 0
     warmup_steps: int | None = None  # None: 5% of the steps
     log_every: int = 10
 
@@ -125,6 +129,12 @@ class TrainConfig:
         if self.drift_every < 0:
             raise UsageError("drift_every", f"{self.drift_every} is negative",
                              "Use 0 (at the end only) or K (every K-th step)")
+        if self.progress_every < 0:
+            raise UsageError("progress_every", f"{self.progress_every} is negative",
+                             "Use 0 (none) or K (every K-th step)")
+        if self.progress_every and self.variant != "reliable":
+            raise UsageError("progress_every", f"a {self.variant} run's ranks hold models of "
+                             "their own: the curve is of one model", "Use it on reliable runs")
         if not (math.isfinite(self.drop_once) and 0 <= self.drop_once < 1):
             raise UsageError("drop_once", f"{self.drop_once} is not a fraction in [0, 1)",
                              "Use 0 (off) or the loss rate, e.g. 0.1")

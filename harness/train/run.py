@@ -327,6 +327,8 @@ def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) 
         # during training (drift_every): [step, the largest replica's distance], its max
         "drift_steps": ranks[0].get("drift_steps") or [],
         "drift_max": max((d for _, d in ranks[0].get("drift_steps") or []), default=None),
+        # reliable with progress_every: [step, held-out ppl] during training
+        "progress_steps": ranks[0].get("progress_steps") or [],
         "packets_sent": sent, "packets_lost": missing,
         # RDMA transports: the devices' own counts (retransmissions, sequence errors, ...)
         "device_counters": dict(sum((Counter(m.get("device_counters", {})) for m in ranks),

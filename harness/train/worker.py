@@ -121,7 +121,7 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
     # the run's impairment starts with its training.
     ready()
     step_us, warmup_us, per_step = Histogram(), [], []
-    losses, drift_steps, drift_s = [], [], 0.0
+    losses, drift_steps, progress_steps, aside_s = [], [], [], 0.0
     transport = r.transport_for(cfg.transport)
     before = transport.counters.to_dict()
     started = time.perf_counter()
@@ -152,12 +152,16 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
             step_us.record(elapsed_us)
             per_step.append((step, elapsed_us, counted))
         losses.append(value)
+        t_aside = time.perf_counter()  # measurements, not training: off its time
         if cfg.drift_every and cfg.variant != "reliable" and (step + 1) % cfg.drift_every == 0:
-            t_drift = time.perf_counter()
             distance = models.replica_distance(r, cfg.variant, model, transport.per_packet)
             if distance is not None:
                 drift_steps.append([step + 1, distance])
-            drift_s += time.perf_counter() - t_drift  # not training: off its time
+        if cfg.progress_every and (step + 1) % cfg.progress_every == 0 and step + 1 < cfg.steps:
+            # (the last step's is the run's own score, measured after training)
+            progress_steps.append([step + 1, models.heldout_ppl(r, model, corpus.heldout,
+                                                                tok.token_bytes)])
+        aside_s += time.perf_counter() - t_aside
         if not math.isfinite(value):
             raise FloatingPointError(f"rank {r.rank}: loss became {value} at step {step}")
         if r.rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1):
@@ -166,7 +170,7 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
             eta = elapsed / (step + 1) * (cfg.steps - step - 1)
             print(f"[{label}] step {step + 1}/{cfg.steps} loss {value:.3f} {rate:.0f} tok/s, "
                   f"about {eta:.0f} s left in this run", file=sys.stderr, flush=True)
-    train_s = time.perf_counter() - started - drift_s
+    train_s = time.perf_counter() - started - aside_s
     collective = _lossy_collective(timing)
     if collective is not None:  # its last timed late markers, and its background sender
         collective.finish()
@@ -174,6 +178,7 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
     metrics = {
         "rank": r.rank, "losses": losses, "train_s": train_s,
         "drift_steps": drift_steps,  # rank 0's: [step, largest replica distance]
+        "progress_steps": progress_steps,  # [step, held-out ppl] (progress_every)
         "step_us": step_us.to_dict(), "collective_us": timing.collective_us.to_dict(),
         "warmup_step_us": warmup_us,
         "slow_steps": _slow_steps(per_step, transport, timing),

@@ -241,19 +241,27 @@ def test_hf_dataset_from_a_local_folder_and_a_text_corpus(cluster, tmp_path):
 def test_drift_is_sampled_during_training_and_the_twin_takes_one_lossy_step(cluster,
                                                                           tmp_path):
     """unbiased_drift under 10% loss, its replicas measured against the owners' model every
-    2 steps; reliable without loss, and its twin with one step's gradient losing 10% of its
-    blocks (the bench's chaos check): a twin is another model, close to its reference."""
+    2 steps; reliable without loss (its held-out ppl every 2 steps), and its twin with one
+    step's gradient losing 10% of its blocks (the bench's chaos check): a twin is another
+    model, close to its reference; and reliable once more, plain: the curve changed nothing."""
     cfg = TrainConfig(steps=STEPS, batch=8, seq_len=64, log_every=100)
     runs = [run.Run(replace(cfg, variant="unbiased_drift", drift_every=2), "random-loss",
                     ("loss_pct=10",)),
-            run.Run(cfg), run.Run(replace(cfg, drop_once=0.1))]
-    drifting, reference, twin = run.train_runs(cluster, runs, tmp_path, echo=lambda _: None)
+            run.Run(replace(cfg, progress_every=2)), run.Run(replace(cfg, drop_once=0.1)),
+            run.Run(cfg)]
+    drifting, reference, twin, plain = run.train_runs(cluster, runs, tmp_path,
+                                                      echo=lambda _: None)
     steps = [step for step, _ in drifting["drift_steps"]]
     assert steps == list(range(2, STEPS + 1, 2))
     distances = [d for _, d in drifting["drift_steps"]]
     assert all(math.isfinite(d) and d >= 0 for d in distances) and max(distances) > 0
     assert drifting["drift_max"] == max(distances)
     assert reference["drift_steps"] == [] and reference["drift_max"] is None
+    # the reference's held-out curve (iso-progress): every 2 steps but the last (its score
+    # is the run's own), measured aside: the same training as without it
+    assert [s for s, _ in reference["progress_steps"]] == list(range(2, STEPS, 2))
+    assert all(math.isfinite(p) and p > 1 for _, p in reference["progress_steps"])
+    assert reference["model_sha"] == plain["model_sha"] and plain["progress_steps"] == []
     # one lossy step: another model (the blocks zeroed are the same on every rank, so the
     # replicas stay equal: reliable's rank 0 model is every rank's)
     assert twin["model_sha"] != reference["model_sha"]

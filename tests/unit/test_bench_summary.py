@@ -319,7 +319,10 @@ def test_the_stability_twins_are_lossless_references_with_one_step_as_a_lossy_on
                          and r.cfg.seed == twin.cfg.seed and r.variant == "reliable")
         # the bench's largest loss rate, once; everything else as the reference
         assert twin.cfg.drop_once == 0.1 and reference.cfg.drop_once == 0.0
-        assert {**twin.cfg.to_dict(), "drop_once": 0.0} == reference.cfg.to_dict()
+        # the same run but its one lossy step (the reference's held-out curve is measured
+        # aside and changes no training: test_training's drift test)
+        assert {**twin.cfg.to_dict(), "drop_once": 0.0} == {**reference.cfg.to_dict(),
+                                                            "progress_every": 0}
     # one seed: one twin
     assert len([r for r in BenchSpec(seeds=1).cases() if r.role == "twin"]) == 1
 
