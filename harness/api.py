@@ -62,16 +62,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from harness import rank_protocol
+from harness.rank_protocol import RankEnv, ScriptRankMetrics
 from harness.transport.semantics import Semantics
 
-# What a rank prints for `lossbed run` (harness/torchrun.py reads these lines)
-JOINED_MARK, METRICS_MARK, ERROR_MARK = "lossbed_joined", "lossbed_rank_metrics", \
-    "lossbed_rank_error"
-METRICS_DIR_ENV = "LOSSBED_METRICS_DIR"
-# `lossbed run` applies the profile once the job has joined, then creates this file on
-# every host: the ranks start their first lossy step only after it (a job started some
-# other way has no gate)
-GATE_ENV = "LOSSBED_GATE"
+# What a rank is told and prints for `lossbed run`: harness/rank_protocol.py. `lossbed run`
+# applies the profile once the job has joined, then creates the gate file on every host:
+# the ranks start their first lossy step only after it (a job started some other way has
+# no gate)
 GATE_TIMEOUT_S = 600.0
 TIMING_WARMUP_STEPS = 5  # the first steps' times are kept apart (lazy set-up, caches)
 ESTIMATORS = {"zero_fill": "zero_fill", "unbiased": "received_mean"}
@@ -104,7 +102,7 @@ class Job:
         import torch.distributed as dist
 
         from harness.runtime import keep_startup_out_of_collector
-        from harness.transport.auth import key_from_environment
+        from harness.transport.auth import job_key
         from harness.transport.dropmask import parse_drop_mask
         from harness.transport.udp import UdpTransport
 
@@ -113,13 +111,14 @@ class Job:
             raise LossbedSetupError(
                 "torch.distributed is not initialised: call dist.init_process_group() "
                 "first (DDP needs it too), under torchrun or `lossbed run`")
+        told = RankEnv.from_env()
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.local_rank = told.local_rank
         if self.world < 2:
             raise LossbedSetupError(
                 "a world of 1 rank has nothing to reduce over a network: start 2 or more "
                 "ranks (torchrun --nproc-per-node 2 ..., or lossbed run on a cluster)")
-        key = key_from_environment()
+        key = job_key(told.key)
         if key is None and options.sealed:
             raise LossbedSetupError(
                 "LOSSBED_KEY is not set: every datagram is sealed with the job's key, which "
@@ -127,27 +126,27 @@ class Job:
                 "under plain torchrun export one per job to every host (python -c 'import "
                 "os; print(os.urandom(32).hex())'), or pass Options(sealed=False) on a "
                 "network only this job uses")
-        semantics = Semantics.parse(options.transport or os.environ.get("LOSSBED_TRANSPORT")
-                                    or "udp")
+        semantics = Semantics.parse(options.transport or told.transport)
         if semantics.verbs:
             raise LossbedSetupError(f"{semantics}: the API runs on the UDP transport "
                                     "(udp, roce-ud, roce-uc, roce-rc); verbs needs "
                                     "`lossbed train`")
         self.store = _store()
-        address = options.address or os.environ.get("LOSSBED_ADDRESS") or _address_towards(
-            os.environ.get("MASTER_ADDR", "127.0.0.1"))
-        mtu = options.mtu or int(os.environ.get("LOSSBED_MTU", "1500"))
+        address = options.address or told.address or _address_towards(
+            told.master_addr or "127.0.0.1")
+        mtu = options.mtu or told.mtu
         self.transport = UdpTransport(
             self.rank, self.world, address, self.store, mtu=mtu, semantics=semantics,
-            drop_mask=parse_drop_mask(os.environ.get("LOSSBED_DROP_MASK")),
-            segmentation=os.environ.get("LOSSBED_UDP_SEGMENTATION") == "1",
+            drop_mask=parse_drop_mask(told.drop_mask), segmentation=told.segmentation,
             key_prefix="lossbed/api/udp", key=key if options.sealed else None)
-        self.metrics_dir = options.metrics_dir or os.environ.get(METRICS_DIR_ENV)
+        self.metrics_dir = options.metrics_dir or told.metrics_dir
+        self.host = told.host
         keep_startup_out_of_collector()  # as lossbed's own ranks do (see there)
         self._begin(dict(align_every=options.align_every), owns_transport=True)
         if self.rank == 0:  # every rank's endpoints are exchanged: the job has joined
-            print(json.dumps({JOINED_MARK: {"world": self.world}}), flush=True)
-        _wait_for_gate()
+            print(rank_protocol.mark(rank_protocol.JOINED_MARK, {"world": self.world}),
+                  flush=True)
+        _wait_for_gate(told.gate)
         self._counted_from = self.transport.counters.to_dict()
         _install_error_mark(self.rank)
         atexit.register(self.finish)
@@ -160,7 +159,7 @@ class Job:
         every LossyCollective it makes."""
         job = object.__new__(cls)
         job.options, job.rank, job.world, job.local_rank = Options(), rank, world, rank
-        job.transport, job.store, job.metrics_dir = transport, store, None
+        job.transport, job.store, job.metrics_dir, job.host = transport, store, None, None
         job._begin(dict(collective_options or {}), owns_transport=False)
         return job
 
@@ -288,14 +287,16 @@ class Job:
             collective_us.merge(timer.collective_us)
         now = self.transport.counters.to_dict()
         totals = summed(c.totals for c in self._collectives)
-        return {"rank": self.rank, "world": self.world, "host": os.environ.get("LOSSBED_HOST"),
-                "steps": len(marks), "train_s": time.perf_counter() - self._started,
-                "step_us": step_us.to_dict(), "collective_us": collective_us.to_dict(),
-                "counters": {k: now[k] - self._counted_from[k] for k in now},
-                "collective_totals": totals, "transport": str(self.transport.semantics),
-                "authenticated": self.transport.authenticated, "script": dict(self._script),
-                "gc": {"frozen_objects": gc.get_freeze_count(),
-                       "full_collections": _full_collections() - self._full_collections_from}}
+        return ScriptRankMetrics(
+            rank=self.rank, world=self.world, host=self.host, steps=len(marks),
+            train_s=time.perf_counter() - self._started, step_us=step_us.to_dict(),
+            collective_us=collective_us.to_dict(),
+            counters={k: now[k] - self._counted_from[k] for k in now},
+            collective_totals=totals, transport=str(self.transport.semantics),
+            authenticated=self.transport.authenticated, script=dict(self._script),
+            gc={"frozen_objects": gc.get_freeze_count(),
+                "full_collections": _full_collections() - self._full_collections_from}
+        ).to_dict()
 
     def finish(self) -> None:
         """Send what the collectives still owe their peers, write this rank's metrics, close
@@ -313,7 +314,7 @@ class Job:
             folder = Path(self.metrics_dir)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"rank{self.rank}.json").write_text(json.dumps(metrics))
-        print(json.dumps({METRICS_MARK: metrics}), flush=True)
+        print(rank_protocol.mark(rank_protocol.METRICS_MARK, metrics), flush=True)
         if self._owns_transport:
             self.transport.close()
 
@@ -403,8 +404,9 @@ def _store():
             return dist.PrefixStore("lossbed", get())
         except Exception:  # noqa: BLE001 - fall back to a client of MASTER_ADDR's store
             pass
+    told = RankEnv.from_env().required()
     return dist.PrefixStore("lossbed", dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), dist.get_world_size(),
+        told.master_addr, told.master_port, dist.get_world_size(),
         is_master=False, timeout=timedelta(seconds=300)))
 
 
@@ -415,8 +417,7 @@ def _address_towards(peer: str) -> str:
         return s.getsockname()[0]
 
 
-def _wait_for_gate() -> None:
-    gate = os.environ.get(GATE_ENV)
+def _wait_for_gate(gate: str | None) -> None:
     if not gate:
         return
     deadline = time.monotonic() + GATE_TIMEOUT_S
@@ -433,7 +434,8 @@ def _install_error_mark(rank: int) -> None:
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
-        print(json.dumps({ERROR_MARK: {"rank": rank, "error": f"{kind.__name__}: {value}"}}),
+        print(rank_protocol.mark(rank_protocol.ERROR_MARK,
+                                 {"rank": rank, "error": f"{kind.__name__}: {value}"}),
               file=sys.stderr, flush=True)
         previous(kind, value, traceback)
 

@@ -14,15 +14,15 @@ import sys
 from pathlib import Path
 
 from harness.launch import FAILURE_GRACE_MEANS, FAILURE_GRACE_S
+from testbed import checks, clusters
 from testbed import cli as testbed_cli
-from testbed import clusters
 from testbed.cli import add_inventory, add_min_coverage, add_profile_changes, cluster_of
 from testbed.clusters import netns as netns_cluster
 from testbed.errors import NotAResult, UsageError
 
 
 def _cmd_collective_bench(args) -> int:
-    testbed_cli.check_fraction("--loss", *args.loss)  # (before torch is imported)
+    checks.loss_fraction("--loss", *args.loss)  # (before torch is imported)
     _check_at_least(args, ("iters", 1), ("mtu", 68))
     from harness.bench import collective_bench as cb
 
@@ -59,8 +59,8 @@ def _cmd_collective_bench(args) -> int:
 
 
 def _cmd_train(args) -> int:
-    testbed_cli.check_fraction("--loss", args.loss)  # (before torch is imported)
-    testbed_cli.check_seconds("--grace-s", args.grace_s, FAILURE_GRACE_S, FAILURE_GRACE_MEANS)
+    checks.loss_fraction("--loss", args.loss)  # (before torch is imported)
+    checks.seconds("--grace-s", args.grace_s, FAILURE_GRACE_S, FAILURE_GRACE_MEANS)
     from harness.train import run
     from harness.train.config import TrainConfig
 
@@ -130,7 +130,7 @@ def _bench_cluster(prefix: str, spec):
 
 
 def _cmd_bench(args) -> int:
-    testbed_cli.check_fraction("--loss", *args.loss)  # (before torch is imported)
+    checks.loss_fraction("--loss", *args.loss)  # (before torch is imported)
     _check_at_least(args, ("hosts", 2), ("steps", 1), ("seeds", 1), ("mtu", 68))
     import time
     from pathlib import Path
@@ -191,8 +191,8 @@ def _cmd_reproduce(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    testbed_cli.check_fraction("--loss", args.loss)  # (before torch is imported)
-    testbed_cli.check_seconds("--grace-s", args.grace_s, FAILURE_GRACE_S, FAILURE_GRACE_MEANS)
+    checks.loss_fraction("--loss", args.loss)  # (before torch is imported)
+    checks.seconds("--grace-s", args.grace_s, FAILURE_GRACE_S, FAILURE_GRACE_MEANS)
     from harness import torchrun
 
     command = list(args.command)

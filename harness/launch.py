@@ -2,7 +2,8 @@
 
 Each rank gets RANK, WORLD_SIZE, MASTER_ADDR/MASTER_PORT (rank 0's host; the rendezvous
 port, which profiles keep reliable), gloo's and NCCL's settings that keep its collectives on
-the host's emulated interface (testbed/impair/bypass.py) and LOSSBED_ADDRESS/LOSSBED_MTU.
+the host's emulated interface (testbed/impair/bypass.py) and lossbed's own settings: what a
+rank is told is harness/rank_protocol.py's RankEnv.
 If any rank fails, the others are stopped; no rank outlives the launch.
 """
 
@@ -15,20 +16,21 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
+from harness import rank_protocol
+from harness.rank_protocol import ControllerEnv, RankEnv
 from harness.transport import auth
 from testbed import ports
-from testbed.errors import LossbedError, UsageError
+from testbed.errors import LossbedError
 from testbed.impair import bypass
 
+if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
+    from testbed.clusters.contract import Cluster
+    from testbed.host.hosts import Host
+
+
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-# Set in the controller's environment, passed to every rank: the seeded receiver-side drop
-# mask (SEED:RATE), the RDMA device of the verbs transport, the reliable baseline's backend
-FORWARDED = ("LOSSBED_DROP_MASK", "LOSSBED_RDMA_DEVICE", "LOSSBED_BACKEND")
-
-
 @dataclass
 class RankResult:
     rank: int
@@ -42,45 +44,35 @@ class LaunchError(LossbedError):
     pass
 
 
-BACKENDS = ("gloo", "nccl")
-
-
 def check_environment() -> None:
     """The controller's LOSSBED_* settings that ranks get, parsed here before anything is
     applied or launched (a rank would only fail with them minutes later)."""
-    from harness.transport.dropmask import parse_drop_mask
-
-    parse_drop_mask(os.environ.get("LOSSBED_DROP_MASK"))
-    backend = os.environ.get("LOSSBED_BACKEND")
-    if backend and backend not in BACKENDS:
-        raise UsageError("LOSSBED_BACKEND", f"unknown backend {backend!r}",
-                         f"Use one of: {', '.join(BACKENDS)} (or leave it unset: gloo)")
+    ControllerEnv.from_env().check()
 
 
-def rank_slots(cluster) -> list[tuple[object, int]]:
+def rank_slots(cluster: Cluster) -> list[tuple[Host, int]]:
     """(host, local rank) for every rank: one per host, or one per GPU where the inventory
     gives lossbed_gpus. The local rank counts the ranks of one machine (it picks a rank's
     GPU): namespace hosts all live on this machine, so there it is the rank itself."""
     slots = [(host, local) for host in cluster.hosts
-             for local in range(max(1, getattr(host, "gpus", 0) or 0))]
+             for local in range(max(1, host.gpus))]
     if cluster.shares_this_machine:
         return [(host, rank) for rank, (host, _) in enumerate(slots)]
     return slots
 
 
-def rank_env(cluster, rank: int, extra: dict | None = None) -> dict:
+def rank_env(cluster: Cluster, rank: int, extra: dict | None = None) -> dict:
+    """Rank `rank`'s environment: its place (rank_protocol.RankEnv), the settings that keep
+    its collectives on the impaired interface (bypass), the controller's forwarded choices."""
     slots = rank_slots(cluster)
     host, local = slots[rank]
-    env = {
-        "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(len(slots)),
-        "MASTER_ADDR": cluster.hosts[0].address, "MASTER_PORT": str(ports.RENDEZVOUS),
-        **bypass.pinned_env(cluster, host), "LOSSBED_ADDRESS": host.address,
-        "LOSSBED_MTU": str(cluster.mtu),
-        "PYTHONPATH": str(getattr(host, "project", PROJECT_ROOT)), "OMP_NUM_THREADS": "1",
-    }
-    for name in FORWARDED:  # the controller's choices, for ranks that do not inherit them
-        if os.environ.get(name):
-            env[name] = os.environ[name]
+    chosen = ControllerEnv.from_env()
+    told = RankEnv(rank=rank, world=len(slots), local_rank=local,
+                   master_addr=cluster.hosts[0].address, master_port=ports.RENDEZVOUS,
+                   address=host.address, mtu=cluster.mtu, drop_mask=chosen.drop_mask,
+                   backend=chosen.backend or "gloo", rdma_device=chosen.rdma_device)
+    env = {**told.to_env(), **bypass.pinned_env(cluster, host),
+           "PYTHONPATH": host.project, "OMP_NUM_THREADS": "1"}
     env.update(extra or {})
     return env
 
@@ -93,7 +85,7 @@ def transport_env(profile) -> dict:
     (hosts run with receive offloads off, so nothing merges them again). At the sender's
     egress, tc and nftables see the send before it is cut and would lose its datagrams
     together, as one burst."""
-    return {"LOSSBED_UDP_SEGMENTATION": "1" if profile.direction == "ingress" else "0"}
+    return {rank_protocol.SEGMENTATION: "1" if profile.direction == "ingress" else "0"}
 
 
 def failure_report(failed: list[RankResult], what: str) -> str:
@@ -129,7 +121,7 @@ FAILURE_GRACE_MEANS = ("once one host failed, how long the others get to end by 
                        "(and say why) before they are stopped")
 
 
-def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
+def run(cluster: Cluster, module: str, args: list[str], *, timeout_s: float = 600,
         extra_env: dict | None = None, echo_rank0=None, answer_rank0=None,
         authenticate: bool = True,
         failure_grace_s: float = FAILURE_GRACE_S) -> list[RankResult]:
@@ -148,7 +140,7 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
     slots = rank_slots(cluster)
     # A fresh key for this launch's datagrams (harness.transport.auth), to every rank in
     # its environment: never through the store or the network lossbed impairs.
-    job = {auth.KEY_ENV: auth.new_key()} if authenticate else {}
+    job = {rank_protocol.KEY: auth.new_key()} if authenticate else {}
     local = cluster.shares_this_machine
     try:
         for rank, (host, _) in enumerate(slots):
@@ -158,11 +150,11 @@ def run(cluster, module: str, args: list[str], *, timeout_s: float = 600,
                 path = [env["PYTHONPATH"], *filter(None, [os.environ.get("PYTHONPATH")])]
                 env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(path)}
                 if not authenticate:
-                    env.pop(auth.KEY_ENV, None)
+                    env.pop(rank_protocol.KEY, None)
             procs.append(host.popen([cluster.rank_python(host), "-m", module, *args], env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                    cwd=str(getattr(host, "project", PROJECT_ROOT))))
+                                    cwd=host.project))
         outputs = [([], []) for _ in procs]
 
         def pump(stream, sink, echo):

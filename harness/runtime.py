@@ -20,7 +20,8 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from harness import barrier
-from harness.transport.auth import key_from_environment
+from harness.rank_protocol import RankEnv
+from harness.transport.auth import job_key
 from harness.transport.dropmask import DropMask, parse_drop_mask
 from harness.transport.semantics import Semantics
 from harness.transport.udp import UdpTransport
@@ -42,6 +43,7 @@ class Rank:
     drop_mask: DropMask | None = None
     segmentation: bool = False
     key: bytes | None = None  # the launch's key for datagrams (harness.transport.auth)
+    rdma_device: str | None = None  # the verbs transports' device (None: the host's first)
     others: dict | None = None
 
     def transport_for(self, semantics: str) -> UdpTransport:
@@ -55,7 +57,8 @@ class Rank:
             self.others[wanted] = make_transport(
                 self.rank, self.world, self.address, self.store, wanted, mtu=self.mtu,
                 drop_mask=self.drop_mask, segmentation=self.segmentation,
-                key_prefix=f"lossbed/udp/{wanted}", key=self.key)
+                key_prefix=f"lossbed/udp/{wanted}", key=self.key,
+                rdma_device=self.rdma_device)
         return self.others[wanted]
 
     def close(self, linger_s: float = 20.0) -> None:
@@ -95,34 +98,25 @@ class Rank:
             pass
 
 
-def _env(name: str, default: str | None = None) -> str:
-    value = os.environ.get(name, default)
-    if value is None:
-        raise SystemExit(f"{name} is not set: launch ranks with lossbed (or torchrun "
-                         "conventions: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
-    return value
-
-
 def start(timeout_s: float = 60.0) -> Rank:
-    rank, world = int(_env("RANK")), int(_env("WORLD_SIZE"))
-    master, port = _env("MASTER_ADDR"), int(_env("MASTER_PORT"))
-    store = dist.TCPStore(master, port, world, is_master=(rank == 0),
+    told = RankEnv.from_env().required()  # what the launcher said (harness/rank_protocol.py)
+    rank, world = told.rank, told.world
+    store = dist.TCPStore(told.master_addr, told.master_port, world, is_master=(rank == 0),
                           timeout=timedelta(seconds=timeout_s))
     # gloo by default (it also takes CUDA tensors, and lets ranks share a GPU); NCCL for
     # the reliable baseline when each rank has its own GPU: LOSSBED_BACKEND=nccl.
-    backend = os.environ.get("LOSSBED_BACKEND", "gloo")
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+    dist.init_process_group(told.backend, store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
-    semantics = Semantics.parse(os.environ.get("LOSSBED_TRANSPORT", "udp"))
-    mask = parse_drop_mask(os.environ.get("LOSSBED_DROP_MASK"))
-    address, mtu = _env("LOSSBED_ADDRESS", master), int(_env("LOSSBED_MTU", "1500"))
-    segmentation = os.environ.get("LOSSBED_UDP_SEGMENTATION", "0") == "1"
-    key = key_from_environment()
+    semantics = Semantics.parse(told.transport)
+    mask = parse_drop_mask(told.drop_mask)
+    address, mtu = told.address or told.master_addr, told.mtu
+    key = job_key(told.key)
     transport = make_transport(rank, world, address, store, semantics, mtu=mtu,
-                               drop_mask=mask, segmentation=segmentation, key=key)
+                               drop_mask=mask, segmentation=told.segmentation, key=key,
+                               rdma_device=told.rdma_device)
     keep_startup_out_of_collector()
     return Rank(rank, world, store, transport, address=address, mtu=mtu, drop_mask=mask,
-                segmentation=segmentation, key=key)
+                segmentation=told.segmentation, key=key, rdma_device=told.rdma_device)
 
 
 def keep_startup_out_of_collector() -> int:
@@ -139,14 +133,15 @@ def keep_startup_out_of_collector() -> int:
 
 def make_transport(rank: int, world: int, address: str, store, semantics: Semantics, *,
                    mtu: int, drop_mask: DropMask | None, segmentation: bool,
-                   key_prefix: str = "lossbed/udp", key: bytes | None = None):
+                   key_prefix: str = "lossbed/udp", key: bytes | None = None,
+                   rdma_device: str | None = None):
     """The transport for `semantics`: RDMA queue pairs for verbs-*, else UDP datagrams."""
     if semantics.verbs:
         from harness.verbs.transport import VerbsTransport
 
         # (its store keys are its own, lossbed/verbs/<semantics>: key_prefix is UDP's)
         return VerbsTransport(rank, world, address, store, semantics, drop_mask=drop_mask,
-                              key=key)
+                              key=key, device=rdma_device)
     return UdpTransport(rank, world, address, store, mtu=mtu, semantics=semantics,
                         drop_mask=drop_mask, segmentation=segmentation, key_prefix=key_prefix,
                         key=key)

@@ -25,17 +25,20 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from harness import api, launch
+from harness import launch, rank_protocol
 from harness.metrics.counts import summed
 from harness.metrics.hdr import Histogram
+from harness.rank_protocol import ControllerEnv, RankEnv, ScriptRankMetrics
 from harness.transport import auth
-from testbed import ports, profiles, stats
-from testbed.cli import check_seconds
+from testbed import checks, ports, profiles, stats
 from testbed.errors import NotAResult, UsageError
 from testbed.host import lease
 from testbed.impair import bypass, coverage, engine, verify
+
+if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
+    from testbed.clusters.contract import Cluster
 
 # torchrun's options that lossbed run sets from the cluster: given by the user, refused
 OURS = ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank",
@@ -44,7 +47,7 @@ OURS = ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--no
         "--master_addr", "--master-port", "--master_port", "--standalone", "--local-addr",
         "--local_addr")
 IMPAIR_FROM = ("joined", "start")
-JOB_ENV = "LOSSBED_JOB"  # the job's id, in every process of it (found by it at the end)
+JOB_ENV = rank_protocol.JOB  # the job's id, in every process of it (found by it at the end)
 GRACE_S = launch.FAILURE_GRACE_S  # the other hosts' time once one failed (--grace-s)
 GRACE_MEANS = launch.FAILURE_GRACE_MEANS
 STOP_GRACE_S = 20.0  # how long torchrun gets to stop its workers before it is killed
@@ -92,10 +95,8 @@ class RunSpec:
         if self.impair_from not in IMPAIR_FROM:
             raise UsageError("--impair-from", f"{self.impair_from!r}",
                              f"Use one of: {', '.join(IMPAIR_FROM)}")
-        check_seconds("--grace-s", self.grace_s, GRACE_S, GRACE_MEANS)
-        if not 0 <= self.loss < 1:
-            raise UsageError("--loss", f"{self.loss} is not a fraction in [0, 1)",
-                             "--loss 0.1 means 10%")
+        checks.seconds("--grace-s", self.grace_s, GRACE_S, GRACE_MEANS)
+        checks.loss_fraction("--loss", self.loss)
         from harness.transport.semantics import Semantics
 
         if Semantics.parse(self.transport).verbs:
@@ -133,11 +134,12 @@ class HostCommand:
         return f"env {env} {shlex.join(self.argv)}"
 
 
-def commands(cluster, spec: RunSpec, checked: Checked, job_id: str, key: str | None,
+def commands(cluster: Cluster, spec: RunSpec, checked: Checked, job_id: str, key: str | None,
              gate: str | None, metrics_dir: str | None) -> list[HostCommand]:
     """The torchrun of every host (checked: spec.validate()'s)."""
     first = cluster.hosts[0]
-    per_host = [max(1, getattr(h, "gpus", 0) or 0) for h in cluster.hosts]
+    chosen = ControllerEnv.from_env()
+    per_host = [max(1, h.gpus) for h in cluster.hosts]
     made = []
     for i, host in enumerate(cluster.hosts):
         argv = [cluster.rank_python(host), "-m", "torch.distributed.run",
@@ -147,20 +149,15 @@ def commands(cluster, spec: RunSpec, checked: Checked, job_id: str, key: str | N
                 "--rdzv-id", job_id, "--rdzv-conf", f"is_host={1 if i == 0 else 0}",
                 "--local-addr", host.address, "--max-restarts", "0",
                 *checked.torchrun_options, *checked.script]
-        env = {JOB_ENV: job_id, "LOSSBED_ADDRESS": host.address, "LOSSBED_MTU": str(cluster.mtu),
-               "LOSSBED_TRANSPORT": spec.transport, "LOSSBED_HOST": host.name,
-               **bypass.pinned_env(cluster, host), "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(getattr(host, "project", launch.PROJECT_ROOT)),
-               **launch.transport_env(checked.profile)}
-        for name in launch.FORWARDED:  # the controller's choices (the drop mask, ...)
-            if os.environ.get(name):
-                env[name] = os.environ[name]
-        if key:
-            env[auth.KEY_ENV] = key
-        if gate:
-            env[api.GATE_ENV] = gate
-        if metrics_dir:
-            env[api.METRICS_DIR_ENV] = metrics_dir
+        # what each host's ranks are told (torchrun adds their places)
+        told = RankEnv(job=job_id, address=host.address, mtu=cluster.mtu,
+                       transport=spec.transport, host=host.name, key=key or None,
+                       gate=gate or None, metrics_dir=metrics_dir or None,
+                       segmentation=launch.transport_env(checked.profile)[
+                           rank_protocol.SEGMENTATION] == "1")
+        env = {**told.to_env(), **bypass.pinned_env(cluster, host), "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": host.project,
+               **chosen.forwarded()}  # the controller's choices (the drop mask, ...)
         made.append(HostCommand(host, argv, env))
     return made
 
@@ -170,31 +167,30 @@ class _Job:
     """What the hosts' output says, as it comes."""
 
     joined: threading.Event = field(default_factory=threading.Event)
-    metrics: list[dict] = field(default_factory=list)
+    metrics: list[ScriptRankMetrics] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take(self, line: str, stream) -> None:
         """One line of a host's output: lossbed's own marks kept, the rest passed through."""
-        if line.startswith('{"lossbed_'):
-            try:
-                mark = json.loads(line)
-            except json.JSONDecodeError:
-                mark = {}
+        marked = rank_protocol.read_mark(line)
+        if marked is not None:
+            name, payload = marked
             with self.lock:
-                if api.JOINED_MARK in mark:
+                if name == rank_protocol.JOINED_MARK:
                     self.joined.set()
                     return
-                if api.METRICS_MARK in mark:
-                    self.metrics.append(mark[api.METRICS_MARK])
-                    return
-                if api.ERROR_MARK in mark:
-                    self.errors.append(mark[api.ERROR_MARK])
+                if name == rank_protocol.METRICS_MARK:
+                    with contextlib.suppress(TypeError, ValueError):  # not its shape: output
+                        self.metrics.append(ScriptRankMetrics.from_dict(payload))
+                        return
+                if name == rank_protocol.ERROR_MARK:
+                    self.errors.append(payload)
         stream.write(line + "\n")
         stream.flush()
 
 
-def run(cluster, spec: RunSpec, echo=print, checked: Checked | None = None) -> int:
+def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = None) -> int:
     """Run the job; its exit code (130 on Ctrl-C). The report is in spec.out. checked:
     spec.validate()'s, where the caller has it already."""
     checked = checked or spec.validate()
@@ -221,8 +217,7 @@ def run(cluster, spec: RunSpec, echo=print, checked: Checked | None = None) -> i
                 procs.append(hc.host.popen(hc.argv, env=env, stdin=subprocess.DEVNULL,
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                            text=True, start_new_session=True,
-                                           cwd=str(getattr(hc.host, "project",
-                                                           launch.PROJECT_ROOT))))
+                                           cwd=hc.host.project))
                 for stream, sink in ((procs[-1].stdout, sys.stdout),
                                      (procs[-1].stderr, sys.stderr)):
                     t = threading.Thread(target=_pump, args=(stream, job, sink), daemon=True)
@@ -315,7 +310,7 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
 """
 
 
-def _kill_left_behind(cluster, job_id: str) -> None:
+def _kill_left_behind(cluster: Cluster, job_id: str) -> None:
     """SIGKILL any process of this job still alive on any host (a worker whose torchrun was
     killed before it could stop it)."""
     script = _KILL_BY_ENVIRONMENT % JOB_ENV
@@ -324,7 +319,7 @@ def _kill_left_behind(cluster, job_id: str) -> None:
             host.run([cluster.rank_python(host), "-c", script, job_id], timeout=60)
 
 
-def _one_per_machine(cluster) -> list:
+def _one_per_machine(cluster: Cluster) -> list:
     """A host of each machine: namespace hosts share this machine's process table and /tmp,
     so what is done there for one is done for all."""
     return cluster.hosts[:1] if cluster.shares_this_machine else list(cluster.hosts)
@@ -335,14 +330,14 @@ def _pump(stream, job: _Job, sink) -> None:
         job.take(line.rstrip("\n"), sink)
 
 
-def _impair(cluster, the_plan, choice, applied: dict, echo) -> None:
+def _impair(cluster: Cluster, the_plan, choice, applied: dict, echo) -> None:
     engine.apply(cluster, the_plan, choice)
     applied["start"] = verify.read(cluster)
     applied["backend"] = the_plan.backend
     echo(f"[run] profile {the_plan.profile.name} applied ({the_plan.backend})")
 
 
-def _on_joined(cluster, the_plan, choice, applied, gate, echo) -> None:
+def _on_joined(cluster: Cluster, the_plan, choice, applied, gate, echo) -> None:
     """The job joined: apply the profile, then open every host's gate."""
     if not applied:
         _impair(cluster, the_plan, choice, applied, echo)
@@ -368,14 +363,14 @@ def _wait(procs, job: _Job, on_joined, gate, grace_s: float) -> int:
     return next((c for c in codes if c not in (None, 0)), 0 if None not in codes else 1)
 
 
-def summarise(cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_s: float,
+def summarise(cluster: Cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_s: float,
               hosts: list[HostCommand]) -> dict:
     """The run's report: what the kernel lost, what the ranks measured, who failed."""
-    ranks = sorted(job.metrics, key=lambda m: m["rank"])
-    step_us = Histogram.merged(m["step_us"] for m in ranks)
-    collective_us = Histogram.merged(m["collective_us"] for m in ranks)
-    counters = summed(m["counters"] for m in ranks)
-    totals = summed(m["collective_totals"] for m in ranks)
+    ranks = sorted(job.metrics, key=lambda m: m.rank)
+    step_us = Histogram.merged(m.step_us for m in ranks)
+    collective_us = Histogram.merged(m.collective_us for m in ranks)
+    counters = summed(m.counters for m in ranks)
+    totals = summed(m.collective_totals for m in ranks)
     measured, interval = None, None
     report = applied.get("report")
     if report is not None:
@@ -383,10 +378,10 @@ def summarise(cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_
             measured = report.total_dropped / report.total_seen
             interval = list(stats.wilson_interval(report.total_dropped, report.total_seen))
     received, missing = counters.get("packets_received", 0), counters.get("missing", 0)
-    rank0 = next((m for m in ranks if m["rank"] == 0), None)
-    train_s = max((m["train_s"] for m in ranks), default=None)
-    steps = rank0["steps"] if rank0 else None
-    script = dict(rank0["script"]) if rank0 else {}
+    rank0 = next((m for m in ranks if m.rank == 0), None)
+    train_s = max((m.train_s for m in ranks), default=None)
+    steps = rank0.steps if rank0 else None
+    script = dict(rank0.script) if rank0 else {}
     tokens = script.get("tokens")
     return {
         "command": shlex.join(spec.command), "profile": spec.profile, "sets": list(spec.sets),
@@ -395,7 +390,7 @@ def summarise(cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_
         "joined": job.joined.is_set(), "applied": "start" in applied,
         "coverage": applied["coverage"].to_dict() if "coverage" in applied else None,
         "loss_applied_by": verify.loss_applied_by(applied.get("backend"), cluster,
-                                                  os.environ.get("LOSSBED_DROP_MASK")),
+                                                  ControllerEnv.from_env().drop_mask),
         "measured_loss": measured, "measured_loss_interval": interval,
         "missing_fraction": missing / (received + missing) if received + missing else None,
         "steps": steps, "steps_per_s": steps / train_s if steps and train_s else None,
@@ -418,5 +413,5 @@ def _write(out: Path, job: _Job, summary: dict) -> None:
     ranks = out / "ranks"
     ranks.mkdir(exist_ok=True)
     for m in job.metrics:
-        (ranks / f"rank{m['rank']}.json").write_text(json.dumps(m))
+        (ranks / f"rank{m.rank}.json").write_text(json.dumps(m.to_dict()))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

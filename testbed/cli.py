@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import signal
 import sys
 from pathlib import Path
 
-from testbed import clusters, version
+from testbed import checks, clusters, version
 from testbed.clusters import netns as netns_cluster
 from testbed.errors import LossbedError, UsageError
 
@@ -52,7 +51,7 @@ def add_inventory(p, impairs: bool = True) -> None:
 
 def add_profile_changes(p) -> None:
     """What a command that applies one profile takes to change it: --set and --loss (a
-    fraction; check_fraction holds it)."""
+    fraction; testbed/checks.py holds the rule)."""
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a profile field, e.g. --set delay_ms=5 (repeatable)")
     p.add_argument("--loss", type=float, default=0.0,
@@ -187,7 +186,7 @@ def _cmd_apply(args) -> int:
     from testbed import profiles
     from testbed.impair import engine
 
-    check_fraction("--loss", args.loss)
+    checks.loss_fraction("--loss", args.loss)
     profile = profiles.load(args.profile, args.set or [], loss=args.loss)
     cluster = cluster_of(args)
     only = [h for item in args.only or [] for h in item.split(",") if h]
@@ -270,12 +269,12 @@ def _cmd_inventory(args) -> int:
     from testbed.clusters import sshd
 
     cluster = clusters.load(args.cluster)
-    if not getattr(cluster, "ssh", False):
+    if not cluster.ssh:
         raise UsageError("--cluster", f"cluster {cluster.name} has no sshd",
                          "Start it with lossbed up --ssh")
     project = str(Path(__file__).resolve().parents[1])
     # namespace hosts: SSH over the management network; VM hosts: over their one NIC
-    hosts = {h.name: {"ansible_host": getattr(h, "mgmt_address", "") or h.address,
+    hosts = {h.name: {"ansible_host": h.mgmt_address or h.address,
                       "lossbed_interface": h.ifname, "lossbed_address": h.address}
              for h in cluster.hosts}
     doc = {"all": {"vars": {
@@ -422,37 +421,18 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def check_fraction(option: str, *values: float) -> None:
-    """A loss rate as every command takes it: a fraction in [0, 1) (0.1 = 10%)."""
-    for value in values:
-        if not 0 <= value < 1:
-            raise UsageError(option, f"{value:g} is not a fraction in [0, 1)",
-                             f"{option} is a fraction: {option} 0.1 means 10%"
-                             + (f"; for {value:g}% write {option} {value / 100:g}"
-                                if 1 <= value < 100 else ""))
-
-
-def check_seconds(option: str, value: float, example: float, what: str) -> None:
-    """A length of time as every command takes it: finite seconds, 0 or more."""
-    if not (math.isfinite(value) and value >= 0):
-        raise UsageError(option, f"{value} is not a number of seconds",
-                         f"e.g. {option} {example:g}: {what}")
-
-
 def _check_arguments(args) -> None:
     """What argparse cannot check, before anything runs. Every cluster name obeys the rule:
     a name reaches state paths, namespace names and `down`'s removals (exit 2 otherwise)."""
     from testbed.clusters import naming
 
     lease_s = getattr(args, "lease_s", None)
-    if lease_s is not None and not (math.isfinite(lease_s) and lease_s > 0):
-        raise UsageError("--lease-s", f"{lease_s} is not a positive number of seconds",
-                         "e.g. --lease-s 120 (hosts revert that long after the last renewal)")
+    if lease_s is not None:
+        checks.seconds("--lease-s", lease_s, 120, "hosts revert that long after the last "
+                       "renewal", positive=True)
     min_coverage = getattr(args, "min_coverage", None)
-    if min_coverage is not None and not 0 <= min_coverage <= 1:
-        raise UsageError("--min-coverage", f"{min_coverage:g} is not a fraction in [0, 1]",
-                         "e.g. --min-coverage 0.9: at least 90% of the hosts' bytes crossed "
-                         "the impairment")
+    if min_coverage is not None:
+        checks.share("--min-coverage", min_coverage, checks.MIN_COVERAGE_EXAMPLE)
     if getattr(args, "cluster", None) is not None:
         naming.check_cluster_name(args.cluster, "--cluster")
     if args.command in ("down", "status") and args.name is not None:

@@ -93,7 +93,7 @@ class Report:
 
 def ranks_per_host(cluster) -> int:
     """The most ranks one host runs: one per GPU where the inventory gives lossbed_gpus."""
-    return max((getattr(h, "gpus", 0) or 1) for h in cluster.hosts)
+    return max(max(1, h.gpus) for h in cluster.hosts)
 
 
 def clock_offset(host, rounds: int = 5) -> tuple[float, float]:
@@ -119,7 +119,7 @@ def gather(cluster, with_python: bool = True) -> dict[str, dict]:
     def one(indexed):
         index, host = indexed
         payload = {"python": cluster.rank_python(host),
-                   "project": getattr(host, "project", None) or PROJECT_ROOT,
+                   "project": host.project or PROJECT_ROOT,
                    # hosts on this machine share one interpreter: examine it once
                    "python_facts": with_python and (index == 0 or not local)}
         try:

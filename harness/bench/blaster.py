@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 import time
 
 from harness.bench import _blaster
+from harness.rank_protocol import RankEnv
 from harness.transport import header as hdr
 from harness.transport import native
 
@@ -33,8 +33,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--start-at", type=float, required=True)
     args = parser.parse_args(argv)
-    rank, mtu = int(os.environ["RANK"]), int(os.environ["LOSSBED_MTU"])
-    me = os.environ["LOSSBED_ADDRESS"]
+    told = RankEnv.from_env().required()  # launched by lossbed (harness/rank_protocol.py)
+    rank, mtu, me = told.rank, told.mtu, told.address
     datagram = mtu - hdr.IPV4_UDP_OVERHEAD
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     for option in (33, 32):  # SO_RCVBUFFORCE, SO_SNDBUFFORCE: as the transport has them

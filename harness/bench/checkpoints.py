@@ -23,9 +23,15 @@ import platform
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from harness.rank_protocol import ControllerEnv
 from harness.train.config import TrainConfig
 from testbed.errors import UsageError
+
+if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
+    from testbed.clusters.contract import Cluster
+
 
 ROOT = Path(__file__).resolve().parents[2]
 FORMAT = 1
@@ -35,7 +41,7 @@ MARKER = "lossbed-checkpoint.json"  # written last: a folder without it is not w
 
 
 def cache() -> Path:
-    return Path(os.environ.get("LOSSBED_CHECKPOINTS") or ROOT / ".cache" / "checkpoints")
+    return Path(ControllerEnv.from_env().checkpoints or ROOT / ".cache" / "checkpoints")
 
 
 def _source_digest() -> str:
@@ -77,7 +83,7 @@ def ppl(path: str | Path) -> float | None:
     return json.loads((Path(path) / MARKER).read_text()).get("ppl")
 
 
-def ensure(cluster, configs: dict[int, TrainConfig], echo=print) -> dict[int, str]:
+def ensure(cluster: Cluster, configs: dict[int, TrainConfig], echo=print) -> dict[int, str]:
     """Per seed, the folder of its checkpoint: reused from the cache where whole, trained
     (all missing ones in one launch of the ranks, without loss) where not."""
     from harness import launch

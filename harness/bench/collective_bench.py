@@ -15,15 +15,20 @@ import logging
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from harness import launch
 from harness.bench.collective_worker import ALGORITHMS
 from harness.train.config import TrainConfig
 from harness.transport import header as hdr
 from harness.transport.semantics import Semantics
-from testbed import profiles
+from testbed import checks, profiles
 from testbed.errors import LossbedError, UsageError
 from testbed.impair import coverage, engine, verify
+
+if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
+    from testbed.clusters.contract import Cluster
+
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
@@ -51,10 +56,7 @@ class BenchSpec:
         for a in self.algorithms:
             if "@" in a:
                 Semantics.parse(a.partition("@")[2])
-        bad = [x for x in self.losses if not 0 <= x < 1]
-        if bad:
-            raise UsageError("--loss", f"{bad[0]} is not a fraction in [0, 1)",
-                             "Give fractions: --loss 0 0.01 0.1 (0.1 = 10%)")
+        checks.loss_fraction("--loss", *self.losses)
         if any(s <= 0 for s in self.sizes_mib):
             raise UsageError("--sizes", "sizes must be positive (MiB)", "e.g. --sizes 1 4")
         if self.iters < 1:
@@ -69,7 +71,7 @@ class BenchSpec:
         launch.check_environment()
 
 
-def raw_udp_rate(cluster, seconds: float = 0.5) -> float:
+def raw_udp_rate(cluster: Cluster, seconds: float = 0.5) -> float:
     """MTU-sized datagrams per second from one Python sender to another host, received."""
     h1, h2 = cluster.hosts[0], cluster.hosts[1]
     if not hasattr(h1, "socket"):
@@ -98,7 +100,7 @@ def raw_udp_rate(cluster, seconds: float = 0.5) -> float:
     return got / elapsed
 
 
-def run(cluster, spec: BenchSpec, progress=print,
+def run(cluster: Cluster, spec: BenchSpec, progress=print,
         min_coverage: float = coverage.DEFAULT_MIN_COVERAGE) -> list[dict]:
     """Every (profile, loss) case's rows; a row under an impairment that too little of the
     hosts' traffic crossed carries `invalid` (why, and what carried it instead)."""
@@ -107,7 +109,7 @@ def run(cluster, spec: BenchSpec, progress=print,
         raise UsageError("--hosts", "a collective needs 2 or more hosts", "Use --hosts 4")
     from harness.verbs import device
 
-    device.require_for([a.partition("@")[2] for a in spec.algorithms], cluster.hosts)
+    device.require_for([a.partition("@")[2] for a in spec.algorithms], cluster)
     sizes = [max(int(s * MIB) // 4 * 4, 4) for s in spec.sizes_mib]
     raw_pps = raw_udp_rate(cluster)
     cases = [("clean", 0.0)] if 0.0 in spec.losses else []

@@ -38,7 +38,7 @@ from harness.metrics.verdict import BAND_PCT
 from harness.model import presets
 from harness.train.config import VARIANTS, TrainConfig
 from harness.transport.semantics import Semantics
-from testbed import profiles
+from testbed import checks, profiles
 from testbed.errors import UsageError
 from testbed.impair.coverage import DEFAULT_MIN_COVERAGE
 
@@ -211,17 +211,12 @@ class BenchSpec:
     min_coverage: float = DEFAULT_MIN_COVERAGE
 
     def validate(self) -> None:
-        if not 0 <= self.min_coverage <= 1:
-            raise UsageError("--min-coverage", f"{self.min_coverage:g} is not a fraction in "
-                             "[0, 1]", "e.g. --min-coverage 0.9")
+        checks.share("--min-coverage", self.min_coverage, checks.MIN_COVERAGE_EXAMPLE)
         if not (math.isfinite(self.band_pct) and 0 < self.band_pct < 100):
             raise UsageError("--band-pct", f"{self.band_pct:g} is not a band in percent",
                              f"e.g. --band-pct {BAND_PCT} (the paper's: Δppl within "
                              f"±{BAND_PCT}%)")
-        bad = [x for x in self.losses if not 0 <= x < 1]
-        if bad:
-            raise UsageError("--loss", f"{bad[0]} is not a fraction in [0, 1)",
-                             "LOSS is a fraction: LOSS=0.1 means 10%")
+        checks.loss_fraction("--loss", *self.losses)
         for v in self.variants:
             parsed = Variant.parse(v)
             if parsed.name == "reliable" and (parsed.lossy_stage != "both"
@@ -234,9 +229,8 @@ class BenchSpec:
         if self.optimizer not in OPTIMIZERS:
             raise UsageError("--optimizer", f"unknown optimizer {self.optimizer!r}",
                              f"Use one of: {', '.join(OPTIMIZERS)}")
-        if self.sgd_lr is not None and not (self.sgd_lr > 0 and math.isfinite(self.sgd_lr)):
-            raise UsageError("--sgd-lr", f"{self.sgd_lr} is not a positive learning rate",
-                             f"e.g. --sgd-lr {SGD_LR['scratch']:g}")
+        if self.sgd_lr is not None:
+            checks.positive_rate("--sgd-lr", self.sgd_lr, SGD_LR["scratch"])
         if self.regime not in REGIMES:
             raise UsageError("--regime", f"unknown regime {self.regime!r}",
                              f"Use one of: {', '.join(REGIMES)}")
@@ -245,9 +239,7 @@ class BenchSpec:
                 raise UsageError("--regime", f"finetune trains its own checkpoints from a "
                                  f"preset, not from {self.preset!r}", "Use --preset tiny or "
                                  "small, or --regime scratch --preset DIR for your own")
-            if not (self.finetune_lr > 0 and math.isfinite(self.finetune_lr)):
-                raise UsageError("--finetune-lr", f"{self.finetune_lr} is not a positive "
-                                 "learning rate", f"e.g. --finetune-lr {FINETUNE_LR}")
+            checks.positive_rate("--finetune-lr", self.finetune_lr, FINETUNE_LR)
             if self.pretrain_steps < 1:
                 raise UsageError("--pretrain-steps", "must be 1 or more", "e.g. 300")
             self.pretrain_config(0).validate()

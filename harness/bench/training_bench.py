@@ -8,6 +8,7 @@ import math
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.bench import report
 from harness.bench.question import question
@@ -16,8 +17,12 @@ from harness.bench.summary import summarise
 from harness.train import run
 from testbed.errors import LossbedError, UsageError
 
+if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
+    from testbed.clusters.contract import Cluster
 
-def run_bench(cluster, spec: BenchSpec, out: Path, echo=print,
+
+
+def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print,
               regime_chosen: bool = True) -> dict:
     """All runs in one launch of the ranks (one start-up): the profile changes between runs
     where the loss does, and each run's loss is measured around that run alone. Where the

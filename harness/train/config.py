@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from harness.model import presets
 from harness.model import tokenizer as tokenizers
 from harness.train.schedule import SCHEDULES
+from testbed import checks
 from testbed.errors import UsageError
 
 # One name per concept, in the CLI, the code and the records. A variant names what travels
@@ -92,9 +93,7 @@ class TrainConfig:
         if self.optimizer not in ("adamw", "sgd"):
             raise UsageError("--optimizer", f"unknown optimizer {self.optimizer!r}",
                              "Use adamw or sgd")
-        if not self.lr > 0:
-            raise UsageError("--lr", f"{self.lr} is not a positive learning rate",
-                             "e.g. --lr 2e-3")
+        checks.positive_rate("--lr", self.lr, 2e-3)
         if self.resync_every < 0:
             raise UsageError("--resync-every", "must be 0 (never) or more", "e.g. 100")
         if self.eval_tokens < 0:
@@ -135,13 +134,9 @@ class TrainConfig:
         if self.progress_every and self.variant != "reliable":
             raise UsageError("progress_every", f"a {self.variant} run's ranks hold models of "
                              "their own: the curve is of one model", "Use it on reliable runs")
-        if not (math.isfinite(self.drop_once) and 0 <= self.drop_once < 1):
-            raise UsageError("drop_once", f"{self.drop_once} is not a fraction in [0, 1)",
-                             "Use 0 (off) or the loss rate, e.g. 0.1")
+        checks.loss_fraction("drop_once", self.drop_once)  # 0: off
         if self.log_every < 1:
             raise UsageError("log_every", f"{self.log_every} is too small", "Use 1 or more")
-        if not math.isfinite(self.lr):
-            raise UsageError("--lr", f"{self.lr} is not finite", "e.g. --lr 2e-3")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -19,17 +19,23 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness import launch
+from harness import launch, rank_protocol
 from harness.data.corpus import load_documents, prepare
 from harness.data.sampler import Batches
 from harness.metrics.counts import summed
 from harness.metrics.hdr import Histogram
+from harness.rank_protocol import TRAIN_METRICS_MARK, ControllerEnv, TrainRankMetrics
 from harness.train.config import TrainConfig
 from testbed import doctor, profiles, stats
 from testbed.errors import LossbedError, UsageError
 from testbed.host import lease
 from testbed.impair import bypass, coverage, engine, verify
+
+if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
+    from testbed.clusters.contract import Cluster
+
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +46,7 @@ def check(cfg: TrainConfig, cluster=None) -> None:
     launch.check_environment()
     from harness.verbs import device
 
-    device.require_for([cfg.transport], cluster.hosts if cluster is not None else [])
+    device.require_for([cfg.transport], cluster)
     documents, source = load_documents(cfg.corpus, cfg.hf_dataset,
                                        hf_text_field=cfg.hf_text_field)
     _, corpus = prepare(documents, source, cfg.tokenizer, cfg.seq_len)
@@ -54,7 +60,7 @@ def doctor_request(cfgs: list[TrainConfig], cluster) -> doctor.Request:
     transports = [c.transport for c in cfgs]
     return doctor.Request(
         device="cuda" if any(c.device == "cuda" for c in cfgs) else "cpu",
-        backend=os.environ.get("LOSSBED_BACKEND", "gloo"),
+        backend=ControllerEnv.from_env().backend or "gloo",
         transport=next((t for t in transports if t.startswith("verbs")), transports[0]),
         ranks_per_host=doctor.ranks_per_host(cluster))
 
@@ -112,7 +118,7 @@ class Run:
                              loss_seed=self.loss_seed, isolated=self.isolated)
 
 
-def train(cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str] = (),
+def train(cluster: Cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str] = (),
           out_dir: Path | None = None, echo=print, isolated: bool = False,
           loss: float = 0.0, failure_grace_s: float = launch.FAILURE_GRACE_S,
           min_coverage: float = coverage.DEFAULT_MIN_COVERAGE) -> dict:
@@ -121,7 +127,7 @@ def train(cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str
                       failure_grace_s=failure_grace_s, min_coverage=min_coverage)[0]
 
 
-def train_many(cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
+def train_many(cluster: Cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
                sets: list[str] = (), out_dir: Path | None = None, echo=print) -> list[dict]:
     """Several runs under one profile, one after the other in one launch of the ranks."""
     return train_runs(cluster, [Run(c, profile_name, tuple(sets)) for c in cfgs], out_dir,
@@ -184,7 +190,7 @@ class _Boundaries:
         return f"go {index}" + ("" if phase == "start" else f" {phase}")
 
 
-def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
+def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
                echo=print, control_exempt: bool = False,
                failure_grace_s: float = launch.FAILURE_GRACE_S,
                min_coverage: float = coverage.DEFAULT_MIN_COVERAGE) -> list[dict]:
@@ -221,7 +227,7 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
               else contextlib.nullcontext())
     transport_env = launch.transport_env(plans[runs[0].network][0].profile)
     # files only where this controller reads them (harness.train.worker.WRITES_FILES)
-    transport_env["LOSSBED_WORK_LOCAL"] = "1" if cluster.shares_this_machine else "0"
+    transport_env[rank_protocol.WORK_LOCAL] = "1" if cluster.shares_this_machine else "0"
     # One key per launch: unless every run's profile says the network is isolated
     authenticate = not all(plan.profile.isolated for plan, _ in plans.values())
     try:
@@ -243,7 +249,8 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
                 if line.startswith("{")] for r in results]
     lines = [x for x in printed[0] if "index" in x]  # rank 0's results, per run
     # every rank's metrics, per run: each rank prints them after each run, in order
-    metrics = [[x["rank_metrics"] for x in rank if "rank_metrics" in x] for rank in printed]
+    metrics = [[TrainRankMetrics.from_dict(x[TRAIN_METRICS_MARK]) for x in rank
+                if TRAIN_METRICS_MARK in x] for rank in printed]
     wall = time.monotonic() - started
     records = []
     for i, r in enumerate(runs):
@@ -261,14 +268,14 @@ def train_runs(cluster, runs: list[Run], out_dir: Path | None = None,
     return records
 
 
-def verbs_loss(cluster, runs: list[Run], plans: dict) -> str | None:
+def verbs_loss(cluster: Cluster, runs: list[Run], plans: dict) -> str | None:
     """The receivers' drop mask (LOSSBED_DROP_MASK) the runs use, or None; refused before
     launch: a verbs run under a lossy profile on hardware RDMA devices without one (the
     NIC's traffic passes no qdisc, nft rule or BPF program: the kernel's loss would miss
     it, and the run would say 10% and lose nothing)."""
     from harness.transport.semantics import Semantics
 
-    drop_mask = os.environ.get("LOSSBED_DROP_MASK") or None
+    drop_mask = ControllerEnv.from_env().drop_mask
     lossy_verbs = sorted({r.cfg.transport for r in runs if Semantics.parse(r.cfg.transport).verbs
                           and not plans[r.network][0].profile.impairs_nothing()})
     if not lossy_verbs or drop_mask:
@@ -284,17 +291,17 @@ def verbs_loss(cluster, runs: list[Run], plans: dict) -> str | None:
     return None
 
 
-def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) -> dict:
-    step_us = Histogram.merged(m["step_us"] for m in ranks)
-    collective_us = Histogram.merged(m["collective_us"] for m in ranks)
-    tokens = sum(m["tokens"] for m in ranks)
-    train_s = max(m["train_s"] for m in ranks)
-    sent = sum(m["counters"]["packets_sent"] for m in ranks)
-    missing = sum(m["counters"]["missing"] for m in ranks)
+def record(cfg, cluster: Cluster, profile, report, backend, result, ranks, work, wall_s) -> dict:
+    step_us = Histogram.merged(m.step_us for m in ranks)
+    collective_us = Histogram.merged(m.collective_us for m in ranks)
+    tokens = sum(m.tokens for m in ranks)
+    train_s = max(m.train_s for m in ranks)
+    sent = sum(m.counters["packets_sent"] for m in ranks)
+    missing = sum(m.counters["missing"] for m in ranks)
     seen, dropped = report.total_seen, report.total_dropped
     interval = stats.wilson_interval(dropped, seen) if seen else None
     loss = profile.impairment.loss
-    received = sum(m["counters"]["packets_received"] for m in ranks)
+    received = sum(m.counters["packets_received"] for m in ranks)
     disturbed = _disturbed(missing, received + missing, dropped / seen if seen else 0.0)
     return {
         "variant": cfg.variant + (f"@{cfg.transport}" if cfg.transport != "udp" else ""),
@@ -307,16 +314,16 @@ def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) 
         # steady state: the first TIMING_WARMUP_STEPS steps of each rank are apart
         "step_ms": step_us.summary_ms(), "collective_ms": collective_us.summary_ms(),
         "step_hist": step_us.to_dict(),
-        "warmup_step_ms": [[us / 1000 for us in m.get("warmup_step_us", [])] for m in ranks],
-        "slow_steps": [{"rank": m["rank"], **s} for m in ranks for s in m.get("slow_steps", [])],
-        "transport_counters": dict(sum((Counter(m["counters"]) for m in ranks), Counter())),
+        "warmup_step_ms": [[us / 1000 for us in m.warmup_step_us] for m in ranks],
+        "slow_steps": [{"rank": m.rank, **s} for m in ranks for s in m.slow_steps],
+        "transport_counters": dict(sum((Counter(m.counters) for m in ranks), Counter())),
         # summed over ranks: stages ended by their deadline, step alignment time, ...
-        "collective_totals": summed(m.get("collective_totals", {}) for m in ranks),
+        "collective_totals": summed(m.collective_totals for m in ranks),
         # every datagram sealed with the launch's key, and checked against it
-        "authenticated": all(m.get("authenticated") for m in ranks),
+        "authenticated": all(m.authenticated for m in ranks),
         "wire_warning": wire_warning(ranks),
-        "rank_max_rss_mb": [m.get("max_rss_mb") for m in ranks],
-        "losses": ranks[0]["losses"],
+        "rank_max_rss_mb": [m.max_rss_mb for m in ranks],
+        "losses": ranks[0].losses,
         # which model is measured (harness.eval.models): ppl is the variant's headline
         **{k: result.get(k) for k in (
             "ppl", "headline", "ppl_rank0", "ppl_ranks", "ppl_rank_mean", "ppl_rank_worst",
@@ -325,15 +332,15 @@ def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) 
             "split_sha", "heldout_windows", "heldout_dropped", "epochs")},
         "drift": result["drift"],
         # during training (drift_every): [step, the largest replica's distance], its max
-        "drift_steps": ranks[0].get("drift_steps") or [],
-        "drift_max": max((d for _, d in ranks[0].get("drift_steps") or []), default=None),
+        "drift_steps": ranks[0].drift_steps,
+        "drift_max": max((d for _, d in ranks[0].drift_steps), default=None),
         # reliable with progress_every: [step, held-out ppl] during training
-        "progress_steps": ranks[0].get("progress_steps") or [],
+        "progress_steps": ranks[0].progress_steps,
         "packets_sent": sent, "packets_lost": missing,
         # RDMA transports: the devices' own counts (retransmissions, sequence errors, ...)
-        "device_counters": dict(sum((Counter(m.get("device_counters", {})) for m in ranks),
+        "device_counters": dict(sum((Counter(m.device_counters) for m in ranks),
                                     Counter())),
-        "bytes_sent": sum(m["counters"]["bytes_sent"] for m in ranks),
+        "bytes_sent": sum(m.counters["bytes_sent"] for m in ranks),
         # this run's own window: kernel counters read at the boundaries before and after it
         "measured_loss": dropped / seen if seen else 0.0,
         "measured_loss_interval": interval,
@@ -351,10 +358,10 @@ def record(cfg, cluster, profile, report, backend, result, ranks, work, wall_s) 
 INTRUSION_COUNTERS = ("foreign", "unauthenticated", "malformed", "nonfinite")
 
 
-def wire_warning(ranks: list[dict]) -> str | None:
+def wire_warning(ranks: list[TrainRankMetrics]) -> str | None:
     """A warning when the ranks got datagrams that were not their peers' (or were broken on
     the way): none was applied, but the network was not the experiment's alone."""
-    counts = {name: sum(m["counters"].get(name, 0) for m in ranks)
+    counts = {name: sum(m.counters.get(name, 0) for m in ranks)
               for name in INTRUSION_COUNTERS}
     if not any(counts.values()):
         return None

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from harness import api, barrier, runtime
+from harness import api, barrier, rank_protocol, runtime
 from harness.data.corpus import load_documents, prepare
 from harness.data.sampler import Batches
 from harness.ddp.hooks import ReliableTiming
@@ -27,6 +27,7 @@ from harness.ddp.wrap import wrap_ddp
 from harness.eval import models
 from harness.metrics.hdr import Histogram
 from harness.model import presets
+from harness.rank_protocol import RankEnv, TrainRankMetrics
 from harness.train import one_lossy_step, schedule
 from harness.train.config import TrainConfig
 
@@ -68,7 +69,7 @@ def wrap(cfg: TrainConfig, model, r):
 # Ranks write their files (metrics, rank 0's parameters) only where the controller reads
 # them: on its own machine. A remote or VM host gets everything through stdout and keeps
 # nothing on its disk (harness.train.run sets it).
-WRITES_FILES = os.environ.get("LOSSBED_WORK_LOCAL", "1") == "1"
+WRITES_FILES = RankEnv.from_env().work_local
 
 
 # The first steps of a run are slow for reasons of their own (lazy initialisation, caches,
@@ -110,7 +111,7 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
         if not torch.cuda.is_available():
             raise SystemExit(f"rank {r.rank}: --device cuda, but this host has no GPU")
         # several ranks may share one GPU (tests, small hosts)
-        local = int(os.environ.get("LOCAL_RANK", r.rank))
+        local = RankEnv.from_env().local_rank
         device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
     model.to(device)
@@ -175,30 +176,29 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
     if collective is not None:  # its last timed late markers, and its background sender
         collective.finish()
     after = transport.counters.to_dict()
-    metrics = {
-        "rank": r.rank, "losses": losses, "train_s": train_s,
-        "drift_steps": drift_steps,  # rank 0's: [step, largest replica distance]
-        "progress_steps": progress_steps,  # [step, held-out ppl] (progress_every)
-        "step_us": step_us.to_dict(), "collective_us": timing.collective_us.to_dict(),
-        "warmup_step_us": warmup_us,
-        "slow_steps": _slow_steps(per_step, transport, timing),
-        "counters": {k: after[k] - before[k] for k in after},
+    metrics = TrainRankMetrics(
+        rank=r.rank, losses=losses, train_s=train_s,
+        drift_steps=drift_steps,  # rank 0's: [step, largest replica distance]
+        progress_steps=progress_steps,  # [step, held-out ppl] (progress_every)
+        step_us=step_us.to_dict(), collective_us=timing.collective_us.to_dict(),
+        warmup_step_us=warmup_us, slow_steps=_slow_steps(per_step, transport, timing),
+        counters={k: after[k] - before[k] for k in after},
         # the lossy collective's own counts over the run: stages that ended at their
         # deadline, time spent aligning steps (nothing for reliable)
-        "collective_totals": _lossy_totals(timing),
+        collective_totals=_lossy_totals(timing),
         # RDMA queue pairs: what the device counted (retransmissions, sequence errors, ...)
-        "device_counters": transport.device_counters(),
-        "authenticated": transport.authenticated,
+        device_counters=transport.device_counters(),
+        authenticated=transport.authenticated,
         # the most memory this rank ever held (what forged packets could have grown)
-        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "tokens": cfg.steps * cfg.batch * cfg.seq_len,
-    }
+        max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        tokens=cfg.steps * cfg.batch * cfg.seq_len,
+    ).to_dict()
     if WRITES_FILES:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"rank{r.rank}.json").write_text(json.dumps(metrics))
     # ... and on stdout, which the controller always gets: a host's folders may not be the
     # controller's (a VM writes into its own memory; a cluster may share no file system)
-    print(json.dumps({"rank_metrics": metrics}), flush=True)
+    print(rank_protocol.mark(rank_protocol.TRAIN_METRICS_MARK, metrics), flush=True)
     trained()
     if cfg.save_model and r.rank == 0:
         presets.save(model, tok, Path(cfg.save_model))

@@ -41,7 +41,6 @@ import os
 from harness.transport import header as hdr
 from harness.transport import native
 
-KEY_ENV = "LOSSBED_KEY"
 KEY_BYTES = 32
 _SOURCE = slice(6, 8)  # the header's source rank
 
@@ -62,15 +61,16 @@ def parse_key(text: str) -> bytes:
     return key
 
 
-def key_from_environment() -> bytes | None:
-    """The job key a rank was launched with (None: a transport made outside a launch)."""
-    text = os.environ.get(KEY_ENV)
+def job_key(text: str | None, name: str = "LOSSBED_KEY") -> bytes | None:
+    """The job key a rank was launched with, from the hex text its environment carries
+    under `name` (harness/rank_protocol.py reads it); None: a transport made outside a
+    launch."""
     if not text:
         return None
     try:
         return parse_key(text)
     except ValueError:
-        raise ValueError(f"{KEY_ENV} must be {2 * KEY_BYTES} hex digits: the controller sets "
+        raise ValueError(f"{name} must be {2 * KEY_BYTES} hex digits: the controller sets "
                          "it for every launch, do not set it by hand") from None
 
 

@@ -33,6 +33,7 @@ from harness import barrier
 from harness.collectives.deadline import Deadline
 from harness.collectives.layout import Layout
 from harness.collectives.lossy import LossyCollective
+from harness.rank_protocol import RankEnv
 from harness.transport import auth
 from harness.transport.dropmask import parse_drop_mask
 from harness.transport.semantics import Semantics
@@ -79,7 +80,8 @@ def run(args) -> dict:
     store = Store(host, int(port or CONTROL_PORT), is_master=args.rank == 0,
                   timeout=timedelta(seconds=args.first_timeout_s))
     transport = VerbsTransport(args.rank, args.world, args.address, store, semantics,
-                               device=args.device, drop_mask=parse_drop_mask(args.drop_mask),
+                               device=args.device or RankEnv.from_env().rdma_device,
+                               drop_mask=parse_drop_mask(args.drop_mask),
                                receives_per_peer=args.receives_per_peer,
                                key=args.key)
     collective = LossyCollective(transport, store, estimator="received_mean",

@@ -13,16 +13,18 @@ PYVERBS_CHECK = [sys.executable, "-c", "import sys\ntry:\n import pyverbs.device
                  f"ImportError:\n sys.path.append('{SYSTEM_PACKAGES}')\n import pyverbs.device"]
 
 
-def require_for(transports: list[str], hosts) -> None:
-    """require(hosts) if any of `transports` (as --transport takes them) is a verbs one."""
+def require_for(transports: list[str], cluster) -> None:
+    """require(cluster) if any of `transports` (as --transport takes them) is a verbs one
+    (cluster None: no hosts to ask)."""
     from harness.transport.semantics import Semantics
 
-    if any(Semantics.parse(t).verbs for t in transports if t):
-        require(hosts)
+    if cluster is not None and any(Semantics.parse(t).verbs for t in transports if t):
+        require(cluster)
 
 
-def require(hosts) -> None:
-    for host in hosts:
+def require(cluster) -> None:
+    """Every host has an RDMA device, and the Python that runs its ranks loads pyverbs."""
+    for host in cluster.hosts:
         listing = host.run(["sh", "-c", "ls /sys/class/infiniband 2>/dev/null"])
         devices = listing.stdout.decode().split()
         if not devices:
@@ -31,8 +33,7 @@ def require(hosts) -> None:
                 "(/sys/class/infiniband is empty). Use VM hosts with Soft-RoCE "
                 "(lossbed up --kind vm --rdma) or hosts with RDMA NICs; the emulated "
                 "semantics roce-ud, roce-uc and roce-rc need none")
-        python = getattr(host, "python", None)
-        check = [python, *PYVERBS_CHECK[1:]] if python else PYVERBS_CHECK
+        check = [cluster.rank_python(host), *PYVERBS_CHECK[1:]]
         loaded = host.run(check)
         if loaded.returncode != 0:
             raise EnvironmentProblem(

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -124,7 +123,9 @@ class VerbsTransport:
         self.stash = EarlyStash()  # packets of coming steps that came early, kept for them
         self._step = 0
         found = devices()
-        self.device = device or os.environ.get("LOSSBED_RDMA_DEVICE") or (found or [""])[0]
+        # the device asked for (a rank's: LOSSBED_RDMA_DEVICE, harness/rank_protocol.py), else
+        # this host's first
+        self.device = device or (found or [""])[0]
         if self.device not in found:
             raise TransportError(
                 f"rank {rank}: no RDMA device {self.device!r} on this host (found: "

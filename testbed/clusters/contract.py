@@ -6,8 +6,10 @@ tests which kind it holds."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from testbed.errors import UsageError
 from testbed.host.hosts import Host
 
 
@@ -21,6 +23,18 @@ class Cluster(Protocol):
     """The data plane's MTU, the same on every host."""
     hosts: list[Host]
     """The hosts, in rank order: rank r runs on hosts[r] (or its GPUs, see harness/launch)."""
+    ssh: bool
+    """Every host runs an sshd lossbed made (lossbed up --ssh): `lossbed inventory` lists
+    them for Ansible and remote runs; False where lossbed made none (a remote inventory's
+    hosts are reached with the operator's own keys)."""
+
+    @property
+    def state_dir(self) -> Path:
+        """Where lossbed keeps what it knows of this cluster on this machine (the applied
+        profile's record, keys): inside lossbed's state root, never a path a user names."""
+
+    def host(self, name: str) -> Host:
+        """The host called `name`, or a UsageError naming the hosts there are."""
 
     @property
     def shares_this_machine(self) -> bool:
@@ -53,7 +67,18 @@ class Cluster(Protocol):
         """What the kernel and the hosts say now (not what was asked for), as plain data."""
 
 
-class HostsLossbedOwns:
+class NamedHosts:
+    """host(name), the same for every kind."""
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise UsageError("HOST", f"cluster {self.name!r} has no host {name!r}",
+                         f"Use one of: {', '.join(h.name for h in self.hosts)}")
+
+
+class HostsLossbedOwns(NamedHosts):
     """The Cluster members that are the same for every kind of host lossbed makes itself
     (namespaces, VMs): it removes what it applied, so no lease; no interface carries an
     operator's session; nothing to connect to beforehand."""

@@ -78,15 +78,6 @@ class LocalCluster(HostsLossbedOwns):
     def state_dir(self) -> Path:
         return state.cluster_dir(self.name)
 
-    def host(self, name: str) -> NamespaceHost:
-        for h in self.hosts:
-            if h.name == name:
-                return h
-        raise UsageError(
-            "HOST", f"cluster {self.name!r} has no host {name!r}",
-            f"Use one of: {', '.join(h.name for h in self.hosts)}",
-        )
-
     # ---- record -------------------------------------------------------------------------
 
     def record(self, status: str) -> dict:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.clusters import inventory, state
+from testbed.clusters.contract import NamedHosts
 from testbed.errors import ClusterError, LossbedError, UsageError
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,11 @@ class RemoteHost:
     gpus: int = 0
     rdma_device: str | None = None
     _connection: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def mgmt_address(self) -> str:
+        """Where SSH reaches the host, where that is not its data-plane address."""
+        return self.ssh_host if self.ssh_host != self.address else ""
 
     # ---- the connection ------------------------------------------------------------------
 
@@ -175,7 +181,7 @@ class RemoteHost:
 
 
 @dataclass
-class RemoteCluster:
+class RemoteCluster(NamedHosts):
     name: str
     hosts: list[RemoteHost]
     mtu: int
@@ -199,12 +205,9 @@ class RemoteCluster:
         # Not a local cluster: kept apart, so `lossbed down` and name lookups ignore it.
         return state.state_root() / ".remote" / self.name
 
-    def host(self, name: str) -> RemoteHost:
-        for h in self.hosts:
-            if h.name == name:
-                return h
-        raise UsageError("HOST", f"the inventory has no host {name!r}",
-                         f"Use one of: {', '.join(h.name for h in self.hosts)}")
+    @property
+    def ssh(self) -> bool:
+        return False  # lossbed made no sshd here: the operator's own keys reach these hosts
 
     def connect(self) -> None:
         """Every host reachable, or a per-host error and nothing done anywhere."""

@@ -58,7 +58,7 @@ def prepare(state_dir: Path, hosts: list[NamespaceHost]) -> None:
     (d / "authorized_keys").write_text(Path(f"{client_key(state_dir)}.pub").read_text())
     host_pub = Path(d / "ssh_host_ed25519_key.pub").read_text().split()[:2]
     known_hosts(state_dir).write_text("".join(
-        f"{','.join(filter(None, (h.name, h.address, getattr(h, 'mgmt_address', ''))))} "
+        f"{','.join(filter(None, (h.name, h.address, h.mgmt_address)))} "
         f"{' '.join(host_pub)}\n" for h in hosts))
     (d / "sshd_config").write_text(_CONFIG.format(dir=d))
     # sshd refuses to start without its privilege-separation folder. It is the system's

@@ -16,7 +16,8 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from pyroute2 import IPRoute, netns
 from pyroute2.ethtool.ioctl import IoctlEthtool
@@ -24,6 +25,7 @@ from pyroute2.ethtool.ioctl import IoctlEthtool
 from testbed.host import namespaces, operations
 
 log = logging.getLogger(__name__)
+PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 # Offloads that merge packets into super-packets larger than the MTU. With them on, a loss
 # rule would drop one 64 KB GSO packet where the wire would have lost one 1500 B packet.
@@ -32,10 +34,20 @@ log = logging.getLogger(__name__)
 _MERGING_FEATURE = re.compile(r"(-segmentation$|^tx-gso-|^rx-gro|^rx-lro$|^rx-udp-gro-forwarding$)")
 
 
+@runtime_checkable
 class Host(Protocol):
     name: str
+    """The host's name in its cluster (validated: never a path)."""
     address: str
+    """Its address on the impaired (data-plane) network."""
     ifname: str
+    """The interface lossbed impairs."""
+    gpus: int
+    """GPUs its ranks use, one rank each (an inventory's lossbed_gpus); 0: one rank, none."""
+    project: str
+    """Where lossbed's checkout lives on the host (ranks and the agent start there)."""
+    mgmt_address: str
+    """Where SSH reaches it when that is not `address` (a management network); "": none."""
 
     def run(
         self, argv: Sequence[str], *, check: bool = False, timeout: float | None = None,
@@ -58,6 +70,14 @@ class NamespaceHost:
     address: str
     ifname: str
     mgmt_address: str = ""  # with --ssh: where SSH reaches the host (management network)
+
+    @property
+    def gpus(self) -> int:
+        return 0  # namespace hosts share this machine's GPUs: one rank each
+
+    @property
+    def project(self) -> str:
+        return PROJECT_ROOT  # this machine's checkout
 
     def exec_argv(self, argv: Sequence[str]) -> list[str]:
         # pyroute2 has no API to start a process the way `ip netns exec` does: besides setns()
@@ -105,6 +125,9 @@ class LocalHost:
     name: str = "local"
     address: str = ""
     ifname: str = ""
+    gpus: int = 0
+    project: str = ""
+    mgmt_address: str = ""
 
     def run(self, argv, *, check=False, timeout=None, input=None):
         return subprocess.run(list(argv), capture_output=True, check=check, timeout=timeout,

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import harness.api as lossbed
-from harness.transport.auth import KEY_ENV
+from harness.rank_protocol import KEY as KEY_ENV
 
 
 @pytest.fixture

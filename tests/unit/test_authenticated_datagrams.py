@@ -264,14 +264,14 @@ def test_a_fragment_count_from_the_wire_never_sizes_a_buffer():
         t1.close()
 
 
-def test_the_key_comes_from_the_launch_environment(monkeypatch):
-    monkeypatch.setenv(auth.KEY_ENV, "ab" * 32)
-    assert auth.key_from_environment() == bytes([0xAB]) * 32
-    monkeypatch.setenv(auth.KEY_ENV, "not hex")
-    with pytest.raises(ValueError, match=auth.KEY_ENV):
-        auth.key_from_environment()
-    monkeypatch.delenv(auth.KEY_ENV)
-    assert auth.key_from_environment() is None
+def test_the_key_comes_from_the_launch_environment():
+    from harness.rank_protocol import RankEnv
+
+    told = RankEnv.from_env({"LOSSBED_KEY": "ab" * 32})
+    assert auth.job_key(told.key) == bytes([0xAB]) * 32
+    with pytest.raises(ValueError, match="LOSSBED_KEY"):
+        auth.job_key(RankEnv.from_env({"LOSSBED_KEY": "not hex"}).key)
+    assert auth.job_key(RankEnv.from_env({}).key) is None
     assert auth.new_key() != auth.new_key() and len(bytes.fromhex(auth.new_key())) == 32
 
 
@@ -283,10 +283,10 @@ def test_every_launch_gives_its_ranks_a_fresh_key(monkeypatch):
     seen = []
 
     class Host:
-        name, address, ifname, project = "h", "10.0.0.1", "eth0", "."
+        name, address, ifname, project, gpus = "h", "10.0.0.1", "eth0", ".", 0
 
         def popen(self, argv, env=None, **kwargs):
-            seen.append(env.get(auth.KEY_ENV))
+            seen.append(env.get("LOSSBED_KEY"))
             raise RuntimeError("stop here")
 
     class Cluster:
@@ -303,7 +303,7 @@ def test_every_launch_gives_its_ranks_a_fresh_key(monkeypatch):
     assert all(len(bytes.fromhex(k)) == 32 for k in seen)
     # a launch whose profiles all say the network is isolated gives no key, even one the
     # controller's own environment happens to hold
-    monkeypatch.setenv(auth.KEY_ENV, "ab" * 32)
+    monkeypatch.setenv("LOSSBED_KEY", "ab" * 32)
     with pytest.raises(RuntimeError, match="stop here"):
         launch.run(Cluster(), "harness.train.worker", [], authenticate=False)
     assert seen[-1] is None

@@ -194,9 +194,13 @@ def test_a_run_whose_collective_missed_far_more_than_the_network_lost_is_disturb
 def test_datagrams_no_peer_sent_warn_in_the_record_and_the_bench_table():
     from harness.train.run import wire_warning
 
-    assert wire_warning([{"counters": {"foreign": 0, "packets_received": 10}}]) is None
-    text = wire_warning([{"counters": {"unauthenticated": 3}},
-                         {"counters": {"foreign": 2, "nonfinite": 1}}])
+    from harness.rank_protocol import TrainRankMetrics
+
+    def ranks(*counters):
+        return [TrainRankMetrics(rank=i, counters=c) for i, c in enumerate(counters)]
+
+    assert wire_warning(ranks({"foreign": 0, "packets_received": 10})) is None
+    text = wire_warning(ranks({"unauthenticated": 3}, {"foreign": 2, "nonfinite": 1}))
     assert "unauthenticated 3" in text and "foreign 2" in text and "nonfinite 1" in text
     assert "malformed" not in text  # only the counters above zero are named
     records = [_record("reliable", 0.0, 0, "a"),

@@ -14,7 +14,8 @@ from testbed.clusters import contract
 from testbed.clusters.netns import LocalCluster
 from testbed.clusters.remote import RemoteCluster, RemoteHost
 from testbed.clusters.vm.cluster import VMCluster, VMHost
-from testbed.host.hosts import NamespaceHost
+from testbed.errors import UsageError
+from testbed.host.hosts import Host, NamespaceHost
 from tests.helpers import REPO
 
 SUBNET = ipaddress.ip_network("10.201.0.0/24")
@@ -50,6 +51,15 @@ def test_every_kind_implements_the_contract(kind):
     assert (cluster.shares_this_machine, cluster.lease_s, cluster.force_interface) == expected
     # namespace ranks run this very Python; a VM's or a remote host's, the one it names
     assert cluster.rank_python(host) == (sys.executable if kind == "netns" else host.python)
+    # the members every user of a cluster and a host calls, on every kind
+    assert isinstance(host, Host)
+    assert cluster.host(host.name) is host
+    with pytest.raises(UsageError, match=f"has no host 'nope'.*Use one of: {host.name}"):
+        cluster.host("nope")
+    assert cluster.state_dir.name == cluster.name and cluster.ssh is False
+    assert host.gpus == 0
+    assert host.project == {"netns": str(REPO), "vm": "/p", "remote": "/opt/lossbed"}[kind]
+    assert host.mgmt_address == {"netns": "", "vm": "", "remote": "10.10.0.1"}[kind]
 
 
 def _is_cluster(node) -> bool:
@@ -84,3 +94,23 @@ def test_no_code_outside_the_clusters_decides_by_a_clusters_kind():
             text = path.read_text()
             found += [f"{relative}:{line}" for line in _kind_tests(ast.parse(text))]
     assert not found, "ask the Cluster contract instead: " + ", ".join(found)
+
+
+def _probes(tree) -> list[int]:
+    """Lines that probe a cluster or a host for a member with getattr() instead of calling
+    what the contract declares."""
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "getattr"
+            and node.args and isinstance(node.args[0], ast.Name | ast.Attribute)
+            and ast.unparse(node.args[0]).split(".")[-1] in ("cluster", "host", "h")]
+
+
+def test_no_code_probes_a_cluster_or_a_host_with_getattr():
+    found = []
+    for folder in ("harness", "testbed"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            relative = path.relative_to(REPO)
+            found += [f"{relative}:{line}" for line in _probes(ast.parse(path.read_text()))]
+    assert not found, "declare the member in the contract instead: " + ", ".join(found)
+    planted = ast.parse("x = getattr(cluster, 'ssh', False)\ny = getattr(hc.host, 'gpus', 0)")
+    assert _probes(planted) == [1, 2]

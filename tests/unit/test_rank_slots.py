@@ -11,7 +11,7 @@ from harness import launch
 
 def _cluster(kind: str, gpus: list[int]):
     hosts = [SimpleNamespace(name=f"h{i + 1}", address=f"10.0.0.{i + 1}", ifname="eth0",
-                             gpus=g) for i, g in enumerate(gpus)]
+                             gpus=g, project="/p") for i, g in enumerate(gpus)]
     return SimpleNamespace(name="c1", kind=kind, hosts=hosts, mtu=1500,
                            shares_this_machine=kind == "netns")
 
@@ -35,7 +35,7 @@ def test_a_local_rank_keeps_the_controllers_python_path_after_the_project(monkey
     seen = {}
 
     class Host:
-        name, address, ifname = "h1", "10.0.0.1", "eth0"
+        name, address, ifname, gpus, project = "h1", "10.0.0.1", "eth0", 0, "/p"
 
         def popen(self, argv, env, **kwargs):
             seen["PYTHONPATH"] = env["PYTHONPATH"]
@@ -47,4 +47,4 @@ def test_a_local_rank_keeps_the_controllers_python_path_after_the_project(monkey
                               shares_this_machine=True,
                               rank_python=lambda host: "python3")
     launch.run(cluster, "harness.nothing", [], authenticate=False)
-    assert seen["PYTHONPATH"] == f"{launch.PROJECT_ROOT}:/somewhere/else"
+    assert seen["PYTHONPATH"] == "/p:/somewhere/else"

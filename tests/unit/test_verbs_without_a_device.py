@@ -61,15 +61,22 @@ class FakeHost:
         return SimpleNamespace(returncode=0, stdout=self.devices.encode(), stderr=b"")
 
 
+def _cluster(*hosts):
+    return SimpleNamespace(hosts=list(hosts), rank_python=lambda host: f"/py/{host.name}")
+
+
 def test_hosts_are_asked_for_a_device_only_when_a_verbs_transport_is_chosen():
     host = FakeHost("h1", "")
-    device.require_for(["udp", "roce-uc:65536", ""], [host])
+    device.require_for(["udp", "roce-uc:65536", ""], _cluster(host))
     assert host.calls == []
     with pytest.raises(EnvironmentProblem, match="host h1 has no RDMA device.*--kind vm --rdma"):
-        device.require_for(["udp", "verbs-rc"], [host])
+        device.require_for(["udp", "verbs-rc"], _cluster(host))
     ready = FakeHost("h2", "rxe0\n")
-    device.require_for(["verbs"], [ready])  # a device, and pyverbs loads (the fake says 0)
+    device.require_for(["verbs"], _cluster(ready))  # a device, and pyverbs loads (fake: 0)
     assert len(ready.calls) == 2 and "pyverbs.device" in ready.calls[1][-1]
+    # in the Python that will run the host's ranks
+    assert ready.calls[1][0] == "/py/h2"
+    device.require_for(["verbs"], None)  # no cluster: nothing to ask
 
 
 def test_the_collective_takes_numpy_arrays_and_refuses_what_it_cannot_send():
@@ -132,8 +139,8 @@ def test_the_drop_mask_and_device_chosen_on_the_controller_reach_every_rank(monk
     mask (the loss of hardware RoCE, which host tc never sees) is passed on explicitly."""
     from harness import launch
 
-    hosts = [SimpleNamespace(name=f"h{i}", address=f"10.0.0.{i}", ifname="eth0")
-             for i in (1, 2)]
+    hosts = [SimpleNamespace(name=f"h{i}", address=f"10.0.0.{i}", ifname="eth0", gpus=0,
+                             project="/p") for i in (1, 2)]
     cluster = SimpleNamespace(hosts=hosts, mtu=1500, shares_this_machine=False)
     monkeypatch.delenv("LOSSBED_RDMA_DEVICE", raising=False)
     monkeypatch.setenv("LOSSBED_DROP_MASK", "7:0.1")

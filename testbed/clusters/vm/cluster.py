@@ -63,6 +63,14 @@ class VMHost:
     python: str = sys.executable
     project: str = str(PROJECT_ROOT)
 
+    @property
+    def gpus(self) -> int:
+        return 0  # a VM has no GPU passed through: one rank
+
+    @property
+    def mgmt_address(self) -> str:
+        return ""  # its one NIC carries SSH too
+
     def run(self, argv, *, check=False, timeout=None, input=None):
         return channel.run(Path(self.channel), argv, check=check, timeout=timeout, input=input,
                            env={"PYTHONPATH": self.project}, cwd=self.project)
@@ -131,13 +139,6 @@ class VMCluster(HostsLossbedOwns):
     @property
     def state_dir(self) -> Path:
         return state.cluster_dir(self.name)
-
-    def host(self, name: str) -> VMHost:
-        for h in self.hosts:
-            if h.name == name:
-                return h
-        raise UsageError("HOST", f"cluster {self.name!r} has no host {name!r}",
-                         f"Use one of: {', '.join(h.name for h in self.hosts)}")
 
     def record(self, status: str) -> dict:
         return {"kind": KIND, "name": self.name, "status": status, "subnet": str(self.subnet),

@@ -1,0 +1,60 @@
+"""Each rule of input once (testbed/checks.py): a loss rate, a share, a length of time and a
+learning rate get one message wherever they are given (the CLI, the bench's spec, `run`'s
+spec, collective-bench's spec, a TrainConfig), and no other module writes that message."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.bench import collective_bench
+from harness.bench.spec import BenchSpec
+from harness.torchrun import RunSpec
+from harness.train.config import TrainConfig
+from testbed import checks
+from testbed.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _refusal(make) -> str:
+    with pytest.raises(UsageError) as refused:
+        make()
+    return str(refused.value)
+
+
+def test_a_loss_rate_is_refused_with_one_message_wherever_it_is_given():
+    expected = _refusal(lambda: checks.loss_fraction("--loss", 5))
+    assert "5 is not a fraction in [0, 1)" in expected and "--loss 0.05" in expected
+    seen = {
+        "bench": _refusal(lambda: BenchSpec(losses=[0.1, 5]).validate()),
+        "run": _refusal(lambda: RunSpec(command=["torchrun", "job.py"], loss=5).validate()),
+        "collective-bench": _refusal(
+            lambda: collective_bench.BenchSpec(losses=[5]).validate()),
+    }
+    assert seen == {where: expected for where in seen}
+    drop = _refusal(lambda: TrainConfig(drop_once=1.5).validate())
+    assert "drop_once" in drop and "1.5 is not a fraction in [0, 1)" in drop
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, float("nan")])
+def test_a_share_and_a_time_name_their_option(value):
+    assert "--min-coverage" in _refusal(lambda: BenchSpec(min_coverage=value).validate())
+    assert "--grace-s" in _refusal(lambda: checks.seconds("--grace-s", -1, 5, "why"))
+    assert "positive number of seconds" in _refusal(
+        lambda: checks.seconds("--lease-s", 0, 120, "why", positive=True))
+
+
+def test_only_the_rules_module_writes_a_rules_message():
+    written = []
+    pattern = re.compile(r"is not a fraction in \[0, 1[)\]]|is not a number of seconds|"
+                         r"is not a positive learning rate")
+    for folder in ("harness", "testbed"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path.name == "checks.py":
+                continue
+            if pattern.search(path.read_text()):
+                written.append(str(path.relative_to(REPO)))
+    assert written == []

@@ -1,0 +1,146 @@
+"""The rank protocol (harness/rank_protocol.py): what a rank is told, written by every
+launcher and read by every rank through one record; what it reports, as marked lines and
+typed records; and no other module of harness/ reading LOSSBED_* or torchrun's variables."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness import launch, rank_protocol, torchrun
+from harness.rank_protocol import ControllerEnv, RankEnv, ScriptRankMetrics, TrainRankMetrics
+from testbed.errors import UsageError
+
+HARNESS = Path(__file__).resolve().parents[2] / "harness"
+TORCHRUN_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
+
+
+def test_what_a_launcher_writes_is_what_a_rank_reads():
+    told = RankEnv(rank=2, world=4, local_rank=1, master_addr="10.0.0.1", master_port=29400,
+                   key="ab" * 32, transport="roce-uc:4096", address="10.0.0.3", mtu=9000,
+                   segmentation=True, metrics_dir="/m", gate="/g", host="h3", job="j1",
+                   work_local=False, drop_mask="7:0.1", backend="nccl", rdma_device="rxe0")
+    assert RankEnv.from_env(told.to_env()) == told
+
+
+def test_an_empty_environment_reads_as_the_one_set_of_defaults():
+    told = RankEnv.from_env({})
+    assert told == RankEnv()
+    assert (told.transport, told.mtu, told.backend, told.local_rank) == ("udp", 1500, "gloo", 0)
+    assert told.key is None and told.work_local and not told.segmentation
+    # a rank cannot start without its place: the missing variables are named
+    with pytest.raises(SystemExit, match="RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"):
+        told.required()
+
+
+@pytest.mark.parametrize("name", ["LOSSBED_MTU", "RANK", "MASTER_PORT", "LOCAL_RANK"])
+def test_a_number_that_is_not_one_is_refused_naming_its_variable(name):
+    with pytest.raises(UsageError, match=name):
+        RankEnv.from_env({name: "fifteen hundred"})
+
+
+def test_the_controllers_choices_are_checked_and_forwarded_as_given():
+    chosen = ControllerEnv.from_env({"LOSSBED_DROP_MASK": "7:0.1", "LOSSBED_BACKEND": "nccl",
+                                     "LOSSBED_CHECKPOINTS": "/c"})
+    assert chosen.check().forwarded() == {"LOSSBED_DROP_MASK": "7:0.1",
+                                          "LOSSBED_BACKEND": "nccl"}
+    assert chosen.checkpoints == "/c"
+    with pytest.raises(UsageError, match="LOSSBED_BACKEND"):
+        ControllerEnv.from_env({"LOSSBED_BACKEND": "mpi"}).check()
+    with pytest.raises(UsageError, match="LOSSBED_DROP_MASK"):
+        ControllerEnv.from_env({"LOSSBED_DROP_MASK": "often"}).check()
+
+
+def test_marks_are_read_back_and_anything_else_is_output():
+    line = rank_protocol.mark(rank_protocol.METRICS_MARK, {"rank": 1, "world": 2})
+    assert rank_protocol.read_mark(line) == (rank_protocol.METRICS_MARK,
+                                             {"rank": 1, "world": 2})
+    for other in ('{"loss": 1.2}', '{"lossbed_joined": 1, "x": 2}', "{not json",
+                  "step 3 loss 4.1", '{"lossbed_other": 1}', "[1, 2]"):
+        assert rank_protocol.read_mark(other) is None, other
+
+
+@pytest.mark.parametrize("record", [ScriptRankMetrics, TrainRankMetrics])
+def test_the_metrics_records_survive_their_json_and_refuse_another_shape(record):
+    made = record(rank=1, world=2) if record is ScriptRankMetrics else record(rank=1)
+    again = record.from_dict({**made.to_dict(), "added_by_a_later_version": 1})
+    assert again == made
+    with pytest.raises(TypeError):
+        record.from_dict([1, 2])
+    with pytest.raises(TypeError):
+        record.from_dict({})  # no rank
+
+
+def test_a_torchrun_job_that_prints_a_broken_metrics_mark_keeps_it_as_output():
+    import io
+
+    job, out = torchrun._Job(), io.StringIO()
+    job.take(rank_protocol.mark(rank_protocol.METRICS_MARK, {"world": 2}), out)  # no rank
+    job.take(rank_protocol.mark(rank_protocol.METRICS_MARK, {"rank": 0, "world": 2}), out)
+    job.take(rank_protocol.mark(rank_protocol.JOINED_MARK, {"world": 2}), out)
+    assert [m.rank for m in job.metrics] == [0] and job.joined.is_set()
+    assert "lossbed_rank_metrics" in out.getvalue()
+
+
+def _cluster():
+    return SimpleNamespace(
+        name="c1", mtu=1400, shares_this_machine=True,
+        hosts=[SimpleNamespace(name=f"h{i + 1}", address=f"10.0.0.{i + 1}", ifname="eth0",
+                               gpus=0, project=Path("/p")) for i in range(3)],
+        rank_python=lambda host: "python3")
+
+
+def test_both_launchers_tell_a_rank_through_the_protocol(monkeypatch):
+    monkeypatch.setenv("LOSSBED_DROP_MASK", "7:0.1")
+    monkeypatch.delenv("LOSSBED_BACKEND", raising=False)
+    told = RankEnv.from_env(launch.rank_env(_cluster(), 1))
+    assert (told.rank, told.world, told.master_addr, told.address, told.mtu) == (
+        1, 3, "10.0.0.1", "10.0.0.2", 1400)
+    assert told.drop_mask == "7:0.1" and told.backend == "gloo"
+    from testbed.profiles.model import Profile
+
+    profile = Profile.model_validate({"name": "p", "direction": "ingress", "impairment": {
+        "loss": {"model": "bernoulli", "loss_pct": 10}}})
+    made = torchrun.commands(_cluster(), torchrun.RunSpec(command=["torchrun", "job.py"]),
+                             torchrun.Checked([], ["job.py"], profile), "job1", "cd" * 32,
+                             "/tmp/gate", None)
+    told = RankEnv.from_env(made[2].env)
+    assert (told.job, told.host, told.address, told.key, told.gate) == (
+        "job1", "h3", "10.0.0.3", "cd" * 32, "/tmp/gate")
+    assert told.segmentation and told.rank is None  # torchrun gives the places
+    assert told.drop_mask == "7:0.1" and told.metrics_dir is None
+
+
+def _environment_reads(tree: ast.AST) -> list[str]:
+    """The string names read from os.environ / os.getenv in a module."""
+    names = []
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = ast.unparse(node.func)
+            if target in ("os.environ.get", "os.getenv", "environ.get") and node.args:
+                key = node.args[0]
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("os.environ",
+                                                                            "environ"):
+            key = node.slice
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            names.append(key.value)
+    return names
+
+
+def test_no_other_module_of_harness_reads_what_a_rank_is_told():
+    readers = {}
+    for path in sorted(HARNESS.rglob("*.py")):
+        if path.name == "rank_protocol.py":
+            continue
+        told = [n for n in _environment_reads(ast.parse(path.read_text()))
+                if n.startswith("LOSSBED_") or n in TORCHRUN_VARIABLES]
+        if told:
+            readers[str(path.relative_to(HARNESS))] = told
+    assert readers == {}
+    # the scan finds what it looks for (planted)
+    planted = ast.parse('import os\nx = os.environ.get("LOSSBED_MTU")\ny = os.environ["RANK"]')
+    assert _environment_reads(planted) == ["LOSSBED_MTU", "RANK"]
