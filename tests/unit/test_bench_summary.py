@@ -192,9 +192,8 @@ def test_a_run_whose_collective_missed_far_more_than_the_network_lost_is_disturb
 
 
 def test_datagrams_no_peer_sent_warn_in_the_record_and_the_bench_table():
-    from harness.train.run import wire_warning
-
     from harness.rank_protocol import TrainRankMetrics
+    from harness.train.run import wire_warning
 
     def ranks(*counters):
         return [TrainRankMetrics(rank=i, counters=c) for i, c in enumerate(counters)]

@@ -10,8 +10,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # the rooms, lowest first: a module may import its own room and the rooms below it
 LAYERS = [
-    {"testbed", "testbed.errors", "testbed.checks", "testbed.progress", "testbed.stats", "testbed.ports",
-     "testbed.yamlfile", "testbed.system_packages", "testbed.python_packages",
+    {"testbed", "testbed.errors", "testbed.checks", "testbed.progress", "testbed.stats",
+     "testbed.ports", "testbed.yamlfile", "testbed.system_packages", "testbed.python_packages",
      "testbed.version"},
     {"testbed.profiles"},
     {"testbed.impair"},
@@ -96,8 +96,8 @@ def test_imports_run_one_way_between_rooms():
 def test_the_rooms_are_folders_a_newcomer_finds():
     top = sorted(p.name for p in (REPO / "testbed").iterdir()
                  if p.name != "__pycache__" and not p.name.startswith("."))
-    assert top == ["__init__.py", "checks.py", "cli.py", "clusters", "doctor.py", "errors.py", "host",
-                   "impair", "ports.py", "profiles", "progress.py", "python_packages.py",
+    assert top == ["__init__.py", "checks.py", "cli.py", "clusters", "doctor.py", "errors.py",
+                   "host", "impair", "ports.py", "profiles", "progress.py", "python_packages.py",
                    "stats.py", "system_packages.py", "version.py", "yamlfile.py"]
 
 
