@@ -24,19 +24,19 @@ from testbed.errors import NotAResult, UsageError
 def _cmd_collective_bench(args) -> int:
     checks.loss_fraction("--loss", *args.loss)  # (before torch is imported)
     _check_at_least(args, ("iters", 1), ("mtu", 68))
+    if args.cluster is None and args.hosts < 2:
+        raise UsageError("--hosts", f"{args.hosts} host cannot run a collective",
+                         "Use --hosts 2 or more (4 by default)")
+    # (a cluster that is not up is named before torch loads)
+    cluster = clusters.load(args.cluster) if args.cluster is not None else None
     from harness.bench import collective_bench as cb
 
     spec = cb.BenchSpec(sizes_mib=args.sizes, losses=args.loss, profiles=args.profiles,
                         algorithms=args.algorithms, iters=args.iters, unsealed=args.unsealed,
                         align_every=args.align_every)
     spec.validate()
-    if args.cluster is None and args.hosts < 2:
-        raise UsageError("--hosts", f"{args.hosts} host cannot run a collective",
-                         "Use --hosts 2 or more (4 by default)")
     own = None
-    if args.cluster is not None:
-        cluster = clusters.load(args.cluster)
-    else:
+    if cluster is None:
         own = f"cb{os.getpid() % 100000}"
         cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=args.hosts, name=own,
                                                              mtu=args.mtu))
@@ -61,7 +61,6 @@ def _cmd_collective_bench(args) -> int:
 def _cmd_train(args) -> int:
     checks.loss_fraction("--loss", args.loss)  # (before torch is imported)
     checks.seconds("--grace-s", args.grace_s, FAILURE_GRACE_S, FAILURE_GRACE_MEANS)
-    from harness.train import run
     from harness.train.config import TrainConfig
 
     cfg = TrainConfig(variant=args.variant, steps=args.steps, seed=args.seed,
@@ -75,7 +74,9 @@ def _cmd_train(args) -> int:
     from harness import launch
 
     launch.check_environment()
-    cluster = cluster_of(args)
+    cluster = cluster_of(args)  # (a cluster that is not up is named before torch loads)
+    from harness.train import run
+
     run.check(cfg, cluster)  # bad input is refused before any process starts
     rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
                     echo=lambda line: print(line, file=sys.stderr, flush=True),
@@ -137,7 +138,6 @@ def _cmd_bench(args) -> int:
 
     from harness.bench.spec import DEFAULT_VARIANTS, BenchSpec
     from harness.bench.table import table
-    from harness.bench.training_bench import run_bench
 
     same = ("hosts", "steps", "seeds", "mtu", "realisations", "speed_steps", "speed_seeds",
             "stability", "band_pct", "min_coverage", "sgd_lr", "profile")
@@ -156,6 +156,8 @@ def _cmd_bench(args) -> int:
         for loss in [x for x in spec.losses if x > 0]:
             engine.refuse_for_this_kernel(profiles.load(spec.profile, loss=loss), spec.hosts)
         place = _bench_cluster("bench", spec)
+    from harness.bench.training_bench import run_bench  # (torch: after the cluster is named)
+
     with place as cluster:
         summary = run_bench(cluster, spec, out, regime_chosen=args.regime is not None,
                             echo=lambda line: print(line, file=sys.stderr, flush=True))
@@ -243,8 +245,7 @@ def _cmd_compare(args) -> int:
     if not (math.isfinite(args.ppl_points) and args.ppl_points >= 0):
         raise UsageError("--ppl-points", f"{args.ppl_points} is not a number of points",
                          "e.g. --ppl-points 1.0: a Δppl rise beyond 1 point regressed")
-    from harness.bench.compare import compare, format_findings
-    from harness.bench.training_bench import load_summary
+    from harness.bench.compare import compare, format_findings, load_summary
 
     findings = compare(load_summary(args.base), load_summary(args.new),
                        threshold_pct=args.threshold_pct, ppl_points=args.ppl_points)
@@ -346,7 +347,7 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("bench", help="the variants (default reliable, unbiased_drift, rps) "
                                      "at LOSS against the same seed's lossless reference")
-    p.add_argument("--loss", type=float, nargs="+", default=[0.1],
+    p.add_argument("--loss", type=checks.loss_text, nargs="+", default=[0.1],
                    help="loss rates as fractions (0.1 = 10%%), e.g. --loss 0.01 0.05 0.1")
     p.add_argument("--profile", default="random-loss",
                    help="a profile whose one loss rate --loss sets (random-loss, burst-loss, "
@@ -458,7 +459,7 @@ def add_commands(sub) -> None:
                         "against the wire; bench trains at 1500)")
     p.add_argument("--sizes", type=float, nargs="+", default=[1, 4, 16, 64], metavar="MIB",
                    help="tensor sizes in MiB")
-    p.add_argument("--loss", type=float, nargs="+", default=[0, 0.01, 0.1],
+    p.add_argument("--loss", type=checks.loss_text, nargs="+", default=[0, 0.01, 0.1],
                    help="loss rates as fractions (0.1 = 10%%)")
     p.add_argument("--profiles", nargs="+", default=["random-loss", "burst-loss"],
                    help="profiles whose one loss rate --loss sets")
@@ -482,8 +483,6 @@ def _add_unsealed(p) -> None:
                    help="send the datagrams without their MAC (default: every datagram "
                         "sealed with a key drawn for the launch); to price the MAC, on a "
                         "network only the experiment uses")
-
-
 
 
 def build_parser():

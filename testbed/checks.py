@@ -6,6 +6,8 @@ refusal is a UsageError naming the option or field, what was wrong and the fix."
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 from testbed.errors import UsageError
 
@@ -23,6 +25,27 @@ def loss_fraction(option: str, *values: float) -> None:
                              + (f"; for {value:g}% write {option} {value / 100:g}"
                                 if isinstance(value, int | float) and 1 <= value < 100
                                 else ""))
+
+
+def loss_text(text: str) -> float:
+    """--loss as argparse reads it: a number; a percent sign is answered with the fraction
+    (argparse names the option and prints this)."""
+    import argparse
+
+    value = text.strip()
+    if value.endswith("%"):
+        try:
+            percent = float(value[:-1])
+        except ValueError:
+            percent = None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a percent; a loss rate here is a fraction"
+            + (f": write {percent / 100:g} for {percent:g}%" if percent is not None else ""))
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number: a loss rate is a "
+                                         "fraction, 0.1 means 10%") from None
 
 
 def share(option: str, value: float, example: str) -> None:
@@ -44,3 +67,39 @@ def positive_rate(option: str, value: float, example: float) -> None:
     if not (math.isfinite(value) and value > 0):
         raise UsageError(option, f"{value} is not a positive learning rate",
                          f"e.g. {option} {example:g}")
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def writable_file(option: str, path: str) -> None:
+    """A file a command will write when it ends: its folder exists and can be written, so a
+    long run is not lost at its last step."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(option, f"{path} is a folder", f"Give a file name, e.g. "
+                         f"{option} {target / 'rows.jsonl'}")
+    folder = target.parent
+    if not folder.is_dir():
+        raise UsageError(option, f"the folder {folder} does not exist",
+                         "Create it first, or give a file in a folder that exists")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UsageError(option, f"{path} cannot be written here", "Give a writable path")
+
+
+def writable_folder(option: str, path: str) -> None:
+    """A folder a command will create (with its parents) and fill: not a file, and its
+    nearest existing ancestor a folder that can be written."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise UsageError(option, f"{path} is a file, not a folder", "Give a folder")
+    ancestor = _nearest_existing(target.absolute())
+    if not ancestor.is_dir():
+        raise UsageError(option, f"{ancestor} is a file: {path} cannot be made under it",
+                         "Give a folder")
+    if not os.access(ancestor, os.W_OK):
+        raise UsageError(option, f"{path} cannot be created: {ancestor} is not writable",
+                         "Give a writable folder")

@@ -54,7 +54,7 @@ def add_profile_changes(p) -> None:
     fraction; testbed/checks.py holds the rule)."""
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a profile field, e.g. --set delay_ms=5 (repeatable)")
-    p.add_argument("--loss", type=float, default=0.0,
+    p.add_argument("--loss", type=checks.loss_text, default=0.0,
                    help="every path's loss rate as a fraction, 0.1 = 10%% (default 0: the "
                         "profile's own)")
 
@@ -187,6 +187,9 @@ def _cmd_apply(args) -> int:
     from testbed.impair import engine
 
     checks.loss_fraction("--loss", args.loss)
+    if args.json and not args.dry_run:
+        raise UsageError("--json", "prints the plan of --dry-run; apply itself prints a line",
+                         "Add --dry-run to see the plan as JSON, or drop --json")
     profile = profiles.load(args.profile, args.set or [], loss=args.loss)
     cluster = cluster_of(args)
     only = [h for item in args.only or [] for h in item.split(",") if h]
@@ -245,6 +248,9 @@ def _cmd_doctor(args) -> int:
     from testbed import doctor
     from testbed.profiles import loading
 
+    if args.set and not args.profile:
+        raise UsageError("--set", "changes a profile, and no --profile was given",
+                         "Add --profile NAME (the one the run will use), or drop --set")
     profile = loading.load(args.profile, args.set) if args.profile else None
     cluster = cluster_of(args)
     report = doctor.examine(cluster, doctor.Request(
@@ -433,6 +439,10 @@ def _check_arguments(args) -> None:
     min_coverage = getattr(args, "min_coverage", None)
     if min_coverage is not None:
         checks.share("--min-coverage", min_coverage, checks.MIN_COVERAGE_EXAMPLE)
+    if isinstance(getattr(args, "json", None), str):  # (elsewhere --json is a switch)
+        checks.writable_file("--json", args.json)
+    if getattr(args, "out", None):
+        checks.writable_folder("--out", args.out)
     if getattr(args, "cluster", None) is not None:
         naming.check_cluster_name(args.cluster, "--cluster")
     if args.command in ("down", "status") and args.name is not None:

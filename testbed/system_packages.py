@@ -104,6 +104,22 @@ def apt_command(packages: list[str]) -> list[str]:
     return ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
 
 
+# lossbed's Python (pyproject's requires-python); the distributions' own python3: Debian 12
+# 3.11, Debian 13 3.13, Ubuntu 24.04 3.12, Ubuntu 22.04 3.10 (too old: its python3.11 package)
+LEAST_PYTHON = (3, 11)
+
+
+def python_refusal(version: tuple[int, int]) -> str | None:
+    """Why this Python cannot run lossbed, with the fix; None where it can."""
+    if tuple(version[:2]) >= LEAST_PYTHON:
+        return None
+    have, need = ".".join(map(str, version[:2])), ".".join(map(str, LEAST_PYTHON))
+    return (f"lossbed setup: this python3 is {have}; lossbed needs {need} or newer. On Ubuntu "
+            f"22.04, as root: apt-get install python{need} python{need}-venv python{need}-dev, "
+            f"then make setup PYTHON=python{need} (Debian 12/13 and Ubuntu 24.04's python3 "
+            "will do)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m testbed.system_packages",
                                      description=__doc__.splitlines()[0])
@@ -113,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--os-release", type=Path, default=Path("/etc/os-release"),
                         help=argparse.SUPPRESS)  # (tests: sample files)
     args = parser.parse_args(argv)
+    refused = python_refusal(sys.version_info[:2])
+    if refused:  # before any package: the venv this Python would make cannot hold lossbed
+        print(refused, file=sys.stderr)
+        return 2
     release = os_release(args.os_release)
     wanted = packages_for(args.target)
     if family(release) is None:

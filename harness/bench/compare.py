@@ -13,10 +13,14 @@ Exit status 1 when anything regressed (the nightly hardware CI fails on it).
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.bench.summary import judge
 from harness.metrics import verdict
+from testbed.errors import UsageError
 
 
 @dataclass
@@ -76,3 +80,37 @@ def format_findings(findings: list[Finding]) -> str:
     lines.append(f"{bad} regression(s) in {len(findings)} checks" if findings
                  else "nothing in common to compare")
     return "\n".join(lines)
+
+
+def load_summary(path: Path) -> dict:
+    """A bench's summary.json (or its folder), checked: `compare` refuses what it cannot
+    compare with the reason, instead of failing on a missing key or a division by zero."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "summary.json"
+    fix = "Give a summary.json written by lossbed bench, or its folder"
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError("BASE/NEW", f"no bench summary at {path}", fix) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UsageError("BASE/NEW", f"{path} is not a bench summary: {err}", fix) from None
+    rows = summary.get("rows") if isinstance(summary, dict) else None
+    if not isinstance(rows, list):
+        raise UsageError("BASE/NEW", f"{path} has no list of rows", fix)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise UsageError("BASE/NEW", f"{path}: rows[{i}] is not an object", fix)
+        for key in ("loss", "variant", "tokens_per_s", "step_max_ms"):
+            if key not in row:
+                raise UsageError("BASE/NEW", f"{path}: rows[{i}] has no {key!r}", fix)
+        for key in ("tokens_per_s", "step_max_ms", "step_p99_ms"):
+            value = row.get(key)
+            if key == "step_p99_ms" and value is None:
+                continue  # fewer than 100 steps: compare uses the maximum
+            value = row[key]
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise UsageError("BASE/NEW", f"{path}: rows[{i}] ({row['variant']} at "
+                                 f"{row['loss']}) has {key} {value!r}: a ratio against it "
+                                 "means nothing", "Compare benches whose runs completed")
+    return summary

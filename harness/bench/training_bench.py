@@ -4,7 +4,6 @@ ranks, then the summary (summary.py) and what the bench leaves behind (report.py
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +14,7 @@ from harness.bench.question import question
 from harness.bench.spec import BenchSpec
 from harness.bench.summary import summarise
 from harness.train import run
-from testbed.errors import LossbedError, UsageError
+from testbed.errors import LossbedError
 
 if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
     from testbed.clusters.contract import Cluster
@@ -90,37 +89,3 @@ def _index(line: str) -> int:
         return int(line[5:].split("/", 1)[0]) - 1
     except ValueError:
         return 0
-
-
-def load_summary(path: Path) -> dict:
-    """A bench's summary.json (or its folder), checked: `compare` refuses what it cannot
-    compare with the reason, instead of failing on a missing key or a division by zero."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "summary.json"
-    fix = "Give a summary.json written by lossbed bench, or its folder"
-    try:
-        summary = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError("BASE/NEW", f"no bench summary at {path}", fix) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UsageError("BASE/NEW", f"{path} is not a bench summary: {err}", fix) from None
-    rows = summary.get("rows") if isinstance(summary, dict) else None
-    if not isinstance(rows, list):
-        raise UsageError("BASE/NEW", f"{path} has no list of rows", fix)
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise UsageError("BASE/NEW", f"{path}: rows[{i}] is not an object", fix)
-        for key in ("loss", "variant", "tokens_per_s", "step_max_ms"):
-            if key not in row:
-                raise UsageError("BASE/NEW", f"{path}: rows[{i}] has no {key!r}", fix)
-        for key in ("tokens_per_s", "step_max_ms", "step_p99_ms"):
-            value = row.get(key)
-            if key == "step_p99_ms" and value is None:
-                continue  # fewer than 100 steps: compare uses the maximum
-            value = row[key]
-            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-                raise UsageError("BASE/NEW", f"{path}: rows[{i}] ({row['variant']} at "
-                                 f"{row['loss']}) has {key} {value!r}: a ratio against it "
-                                 "means nothing", "Compare benches whose runs completed")
-    return summary

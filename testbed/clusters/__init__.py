@@ -31,9 +31,12 @@ def load(name: str | None, how: str = "--cluster NAME"):
     name = resolve_name(name, how)
     record = state.read(name)
     if record is None:
+        up = known_clusters()
         raise ClusterError(
-            f"cluster {name!r} is not up (leftovers may exist: lossbed down {name} removes them)"
-        )
+            f"cluster {name!r} is not up; "
+            + (f"clusters here: {', '.join(up)}" if up else "none is: start one with lossbed up "
+               "--hosts 4")
+            + f" (after a crash, lossbed down {name} removes any leftovers of it)")
     if record.get("status") != "up":
         raise ClusterError(
             f"cluster {name!r} is incomplete (status {record.get('status')!r}, its `up` "

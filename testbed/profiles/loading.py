@@ -17,6 +17,8 @@ from testbed.profiles import model
 
 log = logging.getLogger(__name__)
 PROFILES_DIR_ENV = "LOSSBED_PROFILES_DIR"
+# what sets a loss rate (--loss sets it too); a burst's length or a correlation does not
+LOSS_RATE_KEYS = {"loss", "loss_pct", "p_pct", "r_pct", "loss_in_good_pct", "loss_in_bad_pct"}
 LOSS_FIELDS = {
     name for cls in (model.Bernoulli, model.GilbertElliott, model.FourState)
     for name in cls.model_fields if name != "model"
@@ -63,6 +65,14 @@ def load(name_or_path: str, overrides: list[str] = (), *, loss: float = 0.0,
     """The profile, with `--set` overrides (text, as a user typed them), then the values a
     command passes typed: `loss` (a fraction, 0: the profile's own rates) and its
     `loss_seed` (Profile.with_loss), and `isolated` (the run's datagrams go unsealed)."""
+    if loss:  # one loss rate, said once: --loss, or the profile's own fields, not both
+        setting = [item.partition("=")[0].strip() for item in overrides
+                   if {*item.partition("=")[0].strip().split(".")} & LOSS_RATE_KEYS]
+        if setting:
+            raise UsageError("--set", f"{setting[0]} sets the loss that --loss {loss:g} "
+                             "sets too: one of them would be dropped",
+                             "Give --loss alone (a fraction), or --set "
+                             f"{setting[0]}=... without --loss")
     profile = _load(name_or_path, overrides)
     if loss:
         try:

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from harness import cli
+from testbed import checks
 
 REPO = Path(__file__).resolve().parents[2]
 README_ALONE = (REPO / "README.md").read_text()
@@ -77,7 +78,7 @@ def _placeholders_filled(sub, words: list[str]) -> list[str]:
             continue
         if action.choices:
             out[i] = str(list(action.choices)[0])
-        elif action.type in (int, float):
+        elif action.type in (int, float, checks.loss_text):
             out[i] = "1"
     return out
 

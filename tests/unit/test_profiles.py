@@ -158,3 +158,14 @@ def test_port_ranges_in_yaml_forms():
     assert PortRange.model_validate(22).first == 22
     with pytest.raises(ValueError):
         PortRange.model_validate("http")
+
+
+@pytest.mark.parametrize("override", ["loss_pct=5", "impairment.loss.loss_pct=5",
+                                      "p_pct=3", "impairment.loss={model: bernoulli}"])
+def test_loss_given_twice_is_refused_not_one_silently_taken(override):
+    with pytest.raises(UsageError, match=r"--set.*sets the loss that --loss 0\.1 sets too"):
+        profiles.load("random-loss", [override], loss=0.1)
+    # each alone, and --loss with what does not set a rate, are fine
+    assert profiles.load("random-loss", ["loss_pct=5"]).impairment.loss.loss_pct == 5
+    burst = profiles.load("burst-loss", ["mean_burst_packets=4"], loss=0.1)
+    assert burst.impairment.loss.stationary_loss() == pytest.approx(0.1)

@@ -137,3 +137,19 @@ def test_the_guest_init_binds_the_cached_modules_and_xz_modules_are_unpacked(tmp
     module = tmp_path / "virtio.ko.xz"
     module.write_bytes(lzma.compress(b"\x7fELF module"))
     assert image.module_bytes(module) == b"\x7fELF module"
+
+
+def test_a_python_too_old_for_lossbed_is_refused_with_the_distributions_fix(monkeypatch,
+                                                                             capsys, tmp_path):
+    """Ubuntu 22.04's python3 is 3.10: setup stops before any package, naming the fix."""
+    assert system_packages.python_refusal((3, 11)) is None
+    assert system_packages.python_refusal((3, 13)) is None
+    said = system_packages.python_refusal((3, 10))
+    assert "this python3 is 3.10" in said and "make setup PYTHON=python3.11" in said
+    monkeypatch.setattr(system_packages.sys, "version_info", (3, 10, 12))
+    ran = []
+    monkeypatch.setattr(system_packages, "missing", lambda packages: ran.append(1) or [])
+    path = tmp_path / "os-release"
+    path.write_text(RELEASES["ubuntu-22.04"])
+    assert system_packages.main(["bench", "--print", "--os-release", str(path)]) == 2
+    assert "python3.11-venv" in capsys.readouterr().err and ran == []

@@ -49,10 +49,11 @@ def test_a_profile_whose_loss_one_rate_cannot_set_is_refused_with_the_reason(nam
         assert words in text
 
 
-def test_a_gilbert_model_given_by_its_rates_is_refused():
+def test_a_gilbert_model_given_by_its_rates_is_refused(tmp_path):
+    path = tmp_path / "by-rates.yaml"
+    path.write_text("impairment:\n  loss: {model: gilbert_elliott, p_pct: 1, r_pct: 10}\n")
     with pytest.raises(profiles.ProfileError, match="transition rates"):
-        profiles.load("burst-loss", ["impairment.loss={model: gilbert_elliott, p_pct: 1, "
-                                     "r_pct: 10}"], loss=0.1)
+        profiles.load(str(path), loss=0.1)
 
 
 @pytest.mark.parametrize("loss", [0.0, 1.0, -0.1])
