@@ -62,8 +62,11 @@ $(STAMP): pyproject.toml requirements.lock harness/transport/_wire.c \
 	$(PY) -m pip install -q -c $(VENV)/.lossbed-constraints -e '.[dev]'
 	touch $(STAMP)
 
+# The unit tests on both cores (each file on one worker: they share no state); the tests that
+# run clusters and ranks one at a time (their deadlines are timed: a busy core is loss).
 test: setup
-	$(VENV)/bin/pytest --strict-markers tests
+	$(VENV)/bin/pytest --strict-markers -n 2 --dist loadfile tests/unit
+	$(VENV)/bin/pytest --strict-markers tests --ignore=tests/unit
 
 # The hardware tier on a GPU host, with the Python that holds its CUDA torch (VENV=... names
 # your own environment): one table and one JSON line; exit 3 where there is no GPU.

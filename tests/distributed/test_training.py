@@ -75,9 +75,10 @@ def test_at_zero_loss_lossy_variants_train_the_reliable_model(cluster, tmp_path)
 
 
 def test_reliable_under_loss_trains_exactly_the_lossless_model(cluster, tmp_path):
-    clean = train(cluster, tmp_path, "clean", variant="reliable")
-    lossy = train(cluster, tmp_path, "lossy", "random-loss", ["loss_pct=10"],
-                  variant="reliable")
+    cfg = TrainConfig(steps=STEPS, batch=8, seq_len=64, log_every=100, variant="reliable")
+    clean, lossy = run.train_runs(  # one launch of the ranks, the profile applied per run
+        cluster, [run.Run(cfg), run.Run(cfg, "random-loss", ("loss_pct=10",))], tmp_path,
+        echo=lambda _: None)
     assert 0.05 < lossy["measured_loss"] < 0.15  # the loss really was applied
     # ... to gloo's traffic: almost all the hosts' bytes crossed the impairment
     assert lossy["coverage"]["fraction"] >= 0.95 and lossy["invalid"] is None, lossy["coverage"]
@@ -228,14 +229,16 @@ def test_hf_dataset_from_a_local_folder_and_a_text_corpus(cluster, tmp_path):
     rows = [text[i:i + 200] for i in range(0, len(text), 200)]
     folder = tmp_path / "ds"
     datasets.Dataset.from_dict({"text": rows}).save_to_disk(str(folder))
-    rec = train(cluster, tmp_path, "hf", variant="reliable", hf_dataset=str(folder))
-    assert rec["corpus"] == f"hf:{folder}"
-    assert rec["ppl"] < untrained_ppl(TrainConfig(**rec["config"]))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(rows))  # a text file's documents are its paragraphs
-    rec = train(cluster, tmp_path, "file", variant="reliable", corpus=str(corpus))
-    assert rec["corpus"] == str(corpus)
-    assert json.dumps(rec)  # the record is JSON
+    cfg = TrainConfig(steps=STEPS, batch=8, seq_len=64, log_every=100, variant="reliable")
+    hf, text_file = run.train_runs(
+        cluster, [run.Run(replace(cfg, hf_dataset=str(folder))),
+                  run.Run(replace(cfg, corpus=str(corpus)))], tmp_path, echo=lambda _: None)
+    assert hf["corpus"] == f"hf:{folder}"
+    assert hf["ppl"] < untrained_ppl(TrainConfig(**hf["config"]))
+    assert text_file["corpus"] == str(corpus)
+    assert json.dumps(text_file)  # the record is JSON
 
 
 def test_drift_is_sampled_during_training_and_the_twin_takes_one_lossy_step(cluster,
