@@ -44,10 +44,9 @@ def main() -> None:
     model = DDP(LlamaForCausalLM(config), broadcast_buffers=False)
     if args.variant == "unbiased":
         lossbed.lossy_gradients(model, "unbiased")  # lossbed: the lossy reduce
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     if args.variant == "unbiased_drift":
-        optimizer = lossbed.bounded_drift(model, torch.optim.AdamW, lr=3e-3)  # lossbed
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        optimizer = lossbed.bounded_drift(model, optimizer)  # lossbed
     if args.variant == "reliable":
         lossbed.reliable(model)  # lossbed: only measured
 

@@ -28,16 +28,15 @@ def main() -> None:
     torch.manual_seed(0)  # the same model on every rank
     model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
                                     torch.nn.Linear(256, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     if args.variant == "reliable":
         lossbed.reliable(model)  # lossbed: only measured
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     elif args.variant in ("zero_fill", "unbiased"):
         lossbed.lossy_gradients(model, args.variant)  # lossbed: the lossy reduce
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     elif args.variant == "unbiased_drift":
-        optimizer = lossbed.bounded_drift(model, torch.optim.SGD, lr=0.05)  # lossbed
+        optimizer = lossbed.bounded_drift(model, optimizer)  # lossbed
     else:
-        optimizer = lossbed.rps(model, torch.optim.SGD(model.parameters(), lr=0.05))  # lossbed
+        optimizer = lossbed.rps(model, optimizer)  # lossbed
 
     teacher = torch.randn(64, 1, generator=torch.Generator().manual_seed(1))
     data = torch.Generator().manual_seed(100 + rank)  # each rank its own batches

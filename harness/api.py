@@ -19,12 +19,15 @@ The three schemes, each one call (and the baseline, measured the same way):
 
     lossy_gradients(ddp_model, estimator)         zero_fill or unbiased: DDP's gradient
                                                   all-reduce over the lossy transport
-    bounded_drift(ddp_model, Optimizer, **kw)     unbiased_drift (arXiv 2507.07114): the
+    bounded_drift(ddp_model, optimizer)           unbiased_drift (arXiv 2507.07114): the
                                                   optimizer step on shard owners, parameters
-                                                  broadcast, stale where a packet is lost;
-                                                  returns the optimizer to step
+                                                  broadcast, stale where a packet is lost
     rps(ddp_model, optimizer)                     RPS (arXiv 1810.07766): a local step, then
-                                                  lossy model averaging; returns the optimizer
+                                                  lossy model averaging
+
+The last two wrap your optimizer and return a torch.optim.Optimizer to use in its place:
+your param_groups (learning rates, weight decays), LR schedulers, GradScaler, zero_grad and
+state_dict/load_state_dict (bounded_drift's: each rank saves and loads its own shard).
 
 Where it runs comes from the environment, so one script runs under torchrun, Slurm (through
 torchrun) or `lossbed run`: torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
@@ -214,29 +217,32 @@ class Job:
         self._watch(ddp, state)
         return model
 
-    def bounded_drift(self, model, optimizer_class, *, resync_every: int = 0,
-                      **optimizer_options):
-        """unbiased_drift: DDP reduces nothing (the gradients stay local);
-        the returned optimizer reduces them to each shard's owner, steps
-        `optimizer_class(**optimizer_options)` there and broadcasts the parameters, a rank
-        that misses a packet keeping its stale values (resync_every=K: a reliable resync
-        every K steps). Step and zero it as you would the optimizer itself."""
-        from harness.ddp.sharded import ShardedOptimizer
+    def bounded_drift(self, model, optimizer, *, resync_every: int = 0):
+        """unbiased_drift: DDP reduces nothing (the gradients stay local); the returned
+        optimizer (a torch.optim.Optimizer with your optimizer's param_groups) reduces them
+        to each shard's owner, steps your optimizer's class with your groups' settings
+        there and broadcasts the parameters, a rank that misses a packet keeping its stale
+        values (resync_every=K: a reliable resync every K steps). Use it as you would your
+        optimizer: schedulers, GradScaler, zero_grad, state_dict (each rank its own)."""
+        from harness.ddp.sharded import ShardedOptimizer, check_wrappable
 
+        check_wrappable(optimizer, "bounded_drift")  # (before DDP is changed)
         ddp = _ddp(model, "bounded_drift")
+        wrapped = ShardedOptimizer(ddp.module, optimizer, self._collective("received_mean"),
+                                   resync_every=resync_every)
         _keep_gradients_local(ddp)
-        optimizer = ShardedOptimizer(ddp.module, optimizer_class,
-                                     self._collective("received_mean"),
-                                     resync_every=resync_every, **optimizer_options)
-        self._watch(ddp, optimizer)
-        return optimizer
+        self._watch(ddp, wrapped)
+        return wrapped
 
     def rps(self, model, optimizer):
-        """RPS: DDP reduces nothing; the returned optimizer steps `optimizer` on the local
-        gradients, then averages the model over the ranks the RPS way."""
+        """RPS: DDP reduces nothing; the returned optimizer (your optimizer, its groups and
+        state) steps on the local gradients, then averages the model over the ranks the RPS
+        way."""
         from harness.collectives.rps import RPS
         from harness.ddp.rps import RPSOptimizer
+        from harness.ddp.sharded import check_wrappable
 
+        check_wrappable(optimizer, "rps")
         ddp = _ddp(model, "rps")
         _keep_gradients_local(ddp)
         options = dict(self._collective_options)
@@ -343,9 +349,8 @@ def lossy_gradients(model, estimator: str = "unbiased"):
     return join().lossy_gradients(model, estimator)
 
 
-def bounded_drift(model, optimizer_class, *, resync_every: int = 0, **optimizer_options):
-    return join().bounded_drift(model, optimizer_class, resync_every=resync_every,
-                                **optimizer_options)
+def bounded_drift(model, optimizer, *, resync_every: int = 0):
+    return join().bounded_drift(model, optimizer, resync_every=resync_every)
 
 
 def rps(model, optimizer):

@@ -2,9 +2,13 @@
 
     optimizer = RPSOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1), rps)
 
-step() runs the wrapped optimizer on the local gradients, then averages the model over the
+step() runs the user's optimizer on the local gradients, then averages the model over the
 ranks the RPS way (each block averaged by its server from the blocks that arrived; a worker
 that misses part of the average keeps its own values there).
+
+What is returned is a torch.optim.Optimizer that is the user's optimizer with the averaging
+after its step: the same param_groups and state (the same objects), so an LR scheduler,
+GradScaler, zero_grad and state_dict/load_state_dict work as on the optimizer itself.
 """
 
 from __future__ import annotations
@@ -14,31 +18,54 @@ import time
 import torch
 
 from harness.collectives.rps import RPS
+from harness.ddp.sharded import check_wrappable, refuse_closure
 from harness.metrics.hdr import Histogram
 
 
-class RPSOptimizer:
+class RPSOptimizer(torch.optim.Optimizer):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rps: RPS):
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        check_wrappable(optimizer, "rps")
+        super().__init__(optimizer.param_groups, optimizer.defaults)
         self.inner = optimizer
+        self._share()
         self.rps = rps
-        self.flat = torch.zeros(sum(p.numel() for p in self.params), dtype=torch.float32)
+        # the whole model is averaged (what the optimizer does not train is equal already)
+        self.model_params = [p for p in model.parameters() if p.requires_grad]
+        self.flat = torch.zeros(sum(p.numel() for p in self.model_params),
+                                dtype=torch.float32)
         self.collective_us = Histogram()
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none=set_to_none)
+    def _share(self) -> None:
+        """The user's optimizer's own groups and state: nothing to keep in step."""
+        self.param_groups = self.inner.param_groups
+        self.state = self.inner.state
+
+    def add_param_group(self, param_group: dict) -> None:
+        inner = getattr(self, "inner", None)
+        if inner is None:  # (the base class adds the first ones: the same dicts)
+            super().add_param_group(param_group)
+        else:
+            inner.add_param_group(param_group)
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, closure=None) -> None:
+        refuse_closure(closure, "rps")
         self.inner.step()
         offset = 0
-        for p in self.params:
+        for p in self.model_params:
             self.flat[offset:offset + p.numel()] = p.reshape(-1)
             offset += p.numel()
         started = time.perf_counter()
         self.rps.average(self.flat)
         self.collective_us.record((time.perf_counter() - started) * 1e6)
         offset = 0
-        for p in self.params:
+        for p in self.model_params:
             p.copy_(self.flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.inner.load_state_dict(state_dict)
+        self._share()  # (loading makes new group dicts)

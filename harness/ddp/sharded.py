@@ -1,64 +1,157 @@
-"""Parameter mode (arXiv 2507.07114's bounded-drift broadcasts) as an optimizer wrapper.
+"""Parameter mode (arXiv 2507.07114's bounded-drift broadcasts) as a torch optimizer.
 
-    optimizer = ShardedOptimizer(model, torch.optim.AdamW, collective, lr=3e-4)
+    optimizer = torch.optim.AdamW(groups, lr=3e-4)           # your optimizer, your groups
+    optimizer = ShardedOptimizer(model, optimizer, collective)
     loss.backward(); optimizer.step(); optimizer.zero_grad()
 
 Like ZeRO stage 1, each rank owns one contiguous shard of the flattened parameters and the
-inner optimizer's state for that shard only. step(): the gradients are reduced to their
-owners over the lossy transport, each owner runs the inner optimizer on its shard, and the
-owners broadcast their parameters; a rank that misses a packet keeps its stale parameters
-there. resync_every=K makes every K-th step end with a reliable broadcast (drift 0).
+optimizer's state for that shard only. step(): the gradients are reduced to their owners
+over the lossy transport, each owner steps its shard, and the owners broadcast their
+parameters; a rank that misses a packet keeps its stale parameters there. resync_every=K
+makes every K-th step end with a reliable broadcast (drift 0).
 
-The inner optimizer sees one flat parameter (the shard): any torch optimizer works, with
-one set of hyper-parameters for all of it (per-parameter groups are not kept).
+What is returned is a torch.optim.Optimizer whose param_groups are the user's (their
+parameters, learning rates, weight decays: an LR scheduler or GradScaler works on them as on
+the optimizer itself). The flat layout goes group by group, so a rank's shard meets each
+group in one piece; the owner steps those pieces with an optimizer of the user's class built
+on them, one group per user group, its hyper-parameters copied from the user's groups before
+every step. state_dict() is this rank's shard (each rank saves and loads its own, as with
+ZeRO); loading another rank's, or another layout's, is refused.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 
 import torch
 
 from harness.collectives.layout import Layout
-from harness.collectives.lossy import LossyCollective
 from harness.metrics.hdr import Histogram
 
+STATE_KEY = "lossbed_bounded_drift"
 
-class ShardedOptimizer:
-    def __init__(self, model: torch.nn.Module, optimizer_class, collective: LossyCollective,
-                 resync_every: int = 0, **optimizer_kwargs):
+
+class SchemeRefusal(TypeError):
+    """What a lossy scheme cannot do with the optimizer it was given, and what to do."""
+
+
+def check_wrappable(optimizer, scheme: str) -> None:
+    """An optimizer instance whose step needs no closure (the schemes step once per
+    backward; a closure would re-run forward and backward inside a collective)."""
+    if isinstance(optimizer, type):
+        raise SchemeRefusal(
+            f"{scheme} takes your optimizer itself, not its class: "
+            f"{scheme}(model, {optimizer.__name__}(model.parameters(), lr=...))")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise SchemeRefusal(f"{scheme} needs a torch.optim.Optimizer, not "
+                            f"{type(optimizer).__name__}")
+    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise SchemeRefusal(
+            f"{type(optimizer).__name__} steps with a closure (forward and backward again, "
+            f"several times a step), which {scheme} cannot do: each of its steps is one "
+            "collective over the lossy network. Use an optimizer that steps once per backward")
+
+
+def refuse_closure(closure, scheme: str) -> None:
+    if closure is not None:
+        raise SchemeRefusal(f"{scheme}'s step takes no closure: call loss.backward() and "
+                            "then optimizer.step()")
+
+
+def _hyper(group: dict) -> dict:
+    return {k: v for k, v in group.items() if k != "params"}
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 collective, resync_every: int = 0):
+        check_wrappable(optimizer, "bounded_drift")
         if resync_every < 0:
             raise ValueError("resync_every must be >= 0 (0: never)")
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        if any(optimizer.state.values()):
+            raise SchemeRefusal(
+                "bounded_drift got an optimizer that has state already (it has stepped, or "
+                "a checkpoint was loaded into it): wrap it fresh, then load the checkpoint "
+                "into what bounded_drift returns")
+        # the user's groups themselves (the same dicts: what a scheduler writes, step reads)
+        super().__init__(optimizer.param_groups, optimizer.defaults)
+        self.user_optimizer = optimizer
         self.collective = collective
         self.resync_every = resync_every
+        self.params = [p for g in self.param_groups for p in g["params"]]
+        if len({id(p) for p in self.params}) != len(self.params):
+            raise SchemeRefusal("a parameter is in two of the optimizer's groups")
         numel = sum(p.numel() for p in self.params)
         # The flat copies live on the CPU, where the UDP transport reads and writes them.
-        self.flat_params = torch.cat([p.detach().reshape(-1).float().cpu()
-                                      for p in self.params])
+        self.flat_params = torch.zeros(numel, dtype=torch.float32)
         self.flat_grads = torch.zeros(numel, dtype=torch.float32)
         start, end = Layout(numel, collective.world,
                             collective.transport.per_packet).shard_bounds(collective.rank)
         self.shard = (start, end)
-        self.shard_param = torch.nn.Parameter(self.flat_params[start:end].clone())
-        self.inner = optimizer_class([self.shard_param], **optimizer_kwargs)
+        self.numel = numel
+        self._load_flat_params()
+        # this rank's piece of each group (empty where the shard misses the group)
+        self.pieces: list[tuple[int, int]] = []
+        inner_groups = []
+        offset = 0
+        for group in self.param_groups:
+            size = sum(p.numel() for p in group["params"])
+            lo, hi = max(start, offset), min(end, offset + size)
+            lo, hi = (lo, hi) if lo < hi else (start, start)
+            self.pieces.append((lo, hi))
+            piece = torch.nn.Parameter(self.flat_params[lo:hi].clone())
+            inner_groups.append({"params": [piece], **_hyper(group)})
+            offset += size
+        # built on the pieces, every group with all its settings; the constructor's
+        # own arguments from the user's defaults (AdamW's defaults hold one it does not take)
+        takes = inspect.signature(type(optimizer).__init__).parameters
+        arguments = {k: v for k, v in optimizer.defaults.items() if k in takes}
+        try:
+            self.inner = type(optimizer)(inner_groups, **arguments)
+        except (TypeError, ValueError) as err:
+            raise SchemeRefusal(
+                f"bounded_drift steps each rank's shard with a {type(optimizer).__name__} "
+                f"built on it with your groups' settings, which failed: {err}") from err
         self.steps = 0
         self.collective_us = Histogram()
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def _load_flat_params(self, exact_only: bool = False) -> None:
+        """The flat float32 copy from the model. exact_only: from the float32 parameters
+        alone (a lower precision's copy is the master: reading it back would round it)."""
+        offset = 0
         for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
+            n = p.numel()
+            if not exact_only or p.dtype == torch.float32:
+                self.flat_params[offset:offset + n] = p.detach().reshape(-1).float().cpu()
+            offset += n
+
+    def add_param_group(self, param_group: dict) -> None:
+        if getattr(self, "inner", None) is not None:  # (the base class adds the first ones)
+            raise SchemeRefusal("bounded_drift's shards are laid out when it wraps the "
+                                "optimizer: add every group before wrapping it")
+        super().add_param_group(param_group)
 
     def _owner_step(self, start: int, end: int, mean_grad: torch.Tensor) -> None:
-        self.shard_param.grad = mean_grad
+        for (lo, hi), group, inner_group in zip(self.pieces, self.param_groups,
+                                                self.inner.param_groups, strict=True):
+            piece = inner_group["params"][0]
+            piece.grad = mean_grad[lo - start:hi - start]
+            inner_group.update(_hyper(group))  # the scheduler's learning rate, and the rest
         self.inner.step()
-        self.flat_params[start:end] = self.shard_param.detach()
+        for (lo, hi), inner_group in zip(self.pieces, self.inner.param_groups, strict=True):
+            self.flat_params[lo:hi] = inner_group["params"][0].detach()
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, closure=None) -> None:
+        refuse_closure(closure, "bounded_drift")
+        # From the model: what a load_state_dict of the model put there counts (in training
+        # the model holds what the last step left, stale parts included: no change).
+        self._load_flat_params(exact_only=True)
+        start, _ = self.shard
+        for (lo, hi), inner_group in zip(self.pieces, self.inner.param_groups, strict=True):
+            inner_group["params"][0].copy_(self.flat_params[lo:hi])
         offset = 0
         for p in self.params:
             n = p.numel()
@@ -78,3 +171,35 @@ class ShardedOptimizer:
             n = p.numel()
             p.copy_(self.flat_params[offset:offset + n].view_as(p))
             offset += n
+
+    def _layout(self) -> dict:
+        return {"rank": self.collective.rank, "world": self.collective.world,
+                "numel": self.numel, "shard": list(self.shard),
+                "pieces": [list(p) for p in self.pieces]}
+
+    def state_dict(self) -> dict:
+        """This rank's: the groups' hyper-parameters, its shard's optimizer state, the step
+        count and the layout it belongs to (each rank saves its own)."""
+        saved = super().state_dict()  # (the groups; the state lives in the shard's)
+        saved[STATE_KEY] = {"layout": self._layout(), "steps": self.steps,
+                            "shard": self.inner.state_dict()}
+        return saved
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        mine = state_dict.get(STATE_KEY) if isinstance(state_dict, dict) else None
+        if mine is None:
+            raise SchemeRefusal("this state was not saved by bounded_drift's optimizer: "
+                                "load it into the optimizer you wrapped before wrapping it, "
+                                "or load a state bounded_drift's optimizer saved")
+        if mine["layout"] != self._layout():
+            raise SchemeRefusal(
+                f"this state is rank {mine['layout']['rank']}'s shard of {mine['layout']['world']} "
+                f"ranks; this is rank {self.collective.rank} of {self.collective.world}: "
+                "each rank saves its own optimizer.state_dict() (e.g. to "
+                "optimizer-rank{RANK}.pt) and loads its own, with the same world and model")
+        base = {k: v for k, v in state_dict.items() if k != STATE_KEY}
+        super().load_state_dict(base)
+        self.params = [p for g in self.param_groups for p in g["params"]]
+        self.inner.load_state_dict(mine["shard"])
+        self.steps = mine["steps"]
+        self._load_flat_params()  # (a resume loads the model too: its values, all of them)

@@ -27,7 +27,7 @@ def lr_at(step: int, steps: int, peak: float, schedule: str = "cosine",
 
 
 def set_lr(optimizer, lr: float) -> None:
-    """Set the rate of every parameter group (of the torch optimizer a lossbed wrapper, such
-    as the sharded or RPS optimizer, holds as .inner)."""
-    for group in getattr(optimizer, "inner", optimizer).param_groups:
+    """Set the rate of every parameter group (lossbed's wrappers are torch optimizers: their
+    own groups are the ones a step reads)."""
+    for group in optimizer.param_groups:
         group["lr"] = lr

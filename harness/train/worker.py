@@ -59,8 +59,8 @@ def wrap(cfg: TrainConfig, model, r):
         job.lossy_gradients(ddp, cfg.variant)
         return ddp, optimizer_class(ddp.parameters(), **options), job.collective_timer()
     if cfg.variant == "unbiased_drift":
-        optimizer = job.bounded_drift(ddp, optimizer_class, resync_every=cfg.resync_every,
-                                      **options)
+        optimizer = job.bounded_drift(ddp, optimizer_class(ddp.parameters(), **options),
+                                      resync_every=cfg.resync_every)
         return ddp, optimizer, optimizer
     optimizer = job.rps(ddp, optimizer_class(ddp.parameters(), **options))
     return ddp, optimizer, optimizer

@@ -56,8 +56,9 @@ def test_verbs_semantics_are_refused_by_name(fake_group, monkeypatch):
 def test_a_model_not_wrapped_in_ddp_is_refused(call):
     job = object.__new__(lossbed.Job)  # (its transport is not reached)
     model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     args = {"reliable": (model,), "lossy_gradients": (model,),
-            "bounded_drift": (model, torch.optim.SGD), "rps": (model, None)}[call]
+            "bounded_drift": (model, optimizer), "rps": (model, optimizer)}[call]
     with pytest.raises(TypeError, match="DistributedDataParallel.*model = DDP"):
         getattr(job, call)(*args)
 
@@ -88,3 +89,14 @@ def test_the_gradients_stay_local_where_lossbed_reduces_them_itself(monkeypatch)
             assert model.require_backward_grad_sync is False
         finally:
             dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("call", ["bounded_drift", "rps"])
+def test_an_optimizer_class_is_refused_with_the_call_to_write(call):
+    """The old shape, bounded_drift(model, torch.optim.AdamW, lr=...): refused, naming the
+    instance to pass, before the model's DDP is changed."""
+    from harness.ddp.sharded import SchemeRefusal
+
+    job = object.__new__(lossbed.Job)
+    with pytest.raises(SchemeRefusal, match=rf"{call}\(model, SGD\(model.parameters\(\)"):
+        getattr(job, call)(torch.nn.Linear(2, 2), torch.optim.SGD)

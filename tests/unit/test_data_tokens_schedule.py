@@ -148,13 +148,11 @@ def test_the_schedule_warms_up_then_decays_to_a_tenth():
 
 
 def test_set_lr_reaches_the_optimizer_inside_a_wrapper():
-    param = torch.nn.Parameter(torch.zeros(2))
-    inner = torch.optim.SGD([param], lr=1.0)
+    """lossbed's wrappers are torch optimizers: the rate set on theirs is the user's."""
+    from harness.ddp.rps import RPSOptimizer
 
-    class Wrapper:
-        pass
-
-    wrapper = Wrapper()
-    wrapper.inner = inner
+    model = torch.nn.Linear(2, 1)
+    inner = torch.optim.SGD(model.parameters(), lr=1.0)
+    wrapper = RPSOptimizer(model, inner, rps=None)  # (the averaging is not reached)
     schedule.set_lr(wrapper, 0.25)
     assert inner.param_groups[0]["lr"] == 0.25

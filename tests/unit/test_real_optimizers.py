@@ -1,0 +1,339 @@
+"""bounded_drift and rps return real torch optimizers (#56, item 1): each wraps the user's own
+optimizer instance, keeps its param_groups (learning rates, weight decays), works with LR
+schedulers, GradScaler and zero_grad, and its state_dict round-trips: a resumed run goes on
+bit for bit. Run on a lossless stand-in for the collectives (ranks as threads, the exact
+mean), so what is tested is the optimizer's side alone; the lossy transport under these
+wrappers is tested on namespace hosts (tests/netns/test_lossbed_run.py)."""
+
+from __future__ import annotations
+
+import io
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness.collectives.layout import Layout
+from harness.ddp.rps import RPSOptimizer
+from harness.ddp.sharded import SchemeRefusal, ShardedOptimizer
+
+PER_PACKET = 16  # floats per packet: small, so shards cut through parameters and groups
+
+
+class LosslessWorld:
+    """What every rank of a job sees when nothing is lost: the exact mean, each shard's
+    owner's parameters everywhere."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=60)
+        self.slots: list = [None] * world
+
+    def exchange(self, rank: int, tensor: torch.Tensor) -> list[torch.Tensor]:
+        self.slots[rank] = tensor.clone()
+        self.barrier.wait()
+        everyone = list(self.slots)
+        self.barrier.wait()  # (nobody writes the next step's slot before all have read)
+        return everyone
+
+
+class ShardedMember:
+    def __init__(self, world: LosslessWorld, rank: int):
+        self.w, self.rank, self.world = world, rank, world.world
+        self.transport = SimpleNamespace(per_packet=PER_PACKET)
+
+    def sharded_update(self, grads, params, step_fn):
+        layout = Layout(grads.numel(), self.world, PER_PACKET)
+        start, end = layout.shard_bounds(self.rank)
+        mean = torch.stack(self.w.exchange(self.rank, grads)).mean(0)
+        step_fn(start, end, mean[start:end].clone())
+        owners = self.w.exchange(self.rank, params)
+        for r in range(self.world):
+            s, e = layout.shard_bounds(r)
+            params[s:e] = owners[r][s:e]
+
+    def resync(self, params):
+        pass  # (nothing is lost: every rank holds the owners' values already)
+
+
+class RPSMember:
+    def __init__(self, world: LosslessWorld, rank: int):
+        self.w, self.rank = world, rank
+
+    def average(self, flat):
+        flat.copy_(torch.stack(self.w.exchange(self.rank, flat)).mean(0))
+
+
+def run_ranks(world: int, body) -> list:
+    """body(rank) on `world` threads; their results, or the first error raised."""
+    results, errors = [None] * world, []
+
+    def one(rank):
+        try:
+            results[rank] = body(rank)
+        except BaseException as err:  # noqa: BLE001 (re-raised below, on the test's thread)
+            errors.append(err)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if errors:
+        raise errors[0]
+    return results
+
+
+_GLOBAL_SEED = threading.Lock()
+
+
+def model() -> torch.nn.Module:
+    """The same initial model on every rank (the ranks are threads: torch's global
+    generator is theirs to share one at a time)."""
+    with _GLOBAL_SEED:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 12), torch.nn.Tanh(),
+                                   torch.nn.Linear(12, 3))
+
+
+def groups(m: torch.nn.Module, optimizer=torch.optim.AdamW):
+    """Weight decay on the matrices only, and another learning rate for the biases: the
+    groups a real LLM script makes."""
+    decay = [p for n, p in m.named_parameters() if n.endswith("weight")]
+    no_decay = [p for n, p in m.named_parameters() if n.endswith("bias")]
+    return optimizer([{"params": decay, "weight_decay": 0.1},
+                      {"params": no_decay, "weight_decay": 0.0, "lr": 0.02}], lr=0.01)
+
+
+def batch(rank: int, step: int):
+    gen = torch.Generator().manual_seed(1000 * rank + step)
+    x = torch.randn(5, 8, generator=gen)
+    return x, x[:, :3].sin()
+
+
+def loss_of(m, rank, step):
+    x, y = batch(rank, step)
+    return torch.nn.functional.mse_loss(m(x), y)
+
+
+def reference(world: int, steps: int, optimizer=torch.optim.AdamW) -> torch.Tensor:
+    """Reliable data-parallel training: the mean of the ranks' gradients, one optimizer."""
+    m = model()
+    opt = groups(m, optimizer)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+    for step in range(steps):
+        grads = []
+        for rank in range(world):
+            m.zero_grad()
+            loss_of(m, rank, step).backward()
+            grads.append([p.grad.clone() for p in m.parameters()])
+        for i, p in enumerate(m.parameters()):
+            p.grad = torch.stack([g[i] for g in grads]).mean(0)
+        opt.step()
+        sched.step()
+    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+
+def flat(m) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+
+def train_bounded_drift(world: int, steps: int, *, stop_after: int | None = None,
+                        scaler: bool = False):
+    """Each rank's (model, optimizer, scheduler) trained with bounded_drift's optimizer.
+    stop_after: save each rank's state there, build everything anew, load it and go on."""
+    shared = LosslessWorld(world)
+
+    def build(rank):
+        m = model()
+        opt = ShardedOptimizer(m, groups(m), ShardedMember(shared, rank))
+        return m, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+
+    def body(rank):
+        m, opt, sched = build(rank)
+        amp = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if scaler else None
+        for step in range(steps):
+            if step == stop_after:
+                saved = io.BytesIO()
+                torch.save({"model": m.state_dict(), "opt": opt.state_dict(),
+                            "sched": sched.state_dict()}, saved)
+                saved.seek(0)
+                state = torch.load(saved, weights_only=False)
+                m, opt, sched = build(rank)
+                m.load_state_dict(state["model"])
+                opt.load_state_dict(state["opt"])
+                sched.load_state_dict(state["sched"])
+            loss = loss_of(m, rank, step)
+            opt.zero_grad(set_to_none=step % 2 == 0)
+            if amp is None:
+                loss.backward()
+                opt.step()
+            else:
+                amp.scale(loss).backward()
+                amp.step(opt)
+                amp.update()
+            sched.step()
+        return m, opt
+
+    return run_ranks(world, body)
+
+
+def test_bounded_drift_is_a_torch_optimizer_with_the_users_groups():
+    shared = LosslessWorld(1)
+    m = model()
+    user = groups(m)
+    opt = ShardedOptimizer(m, user, ShardedMember(shared, 0))
+    assert isinstance(opt, torch.optim.Optimizer)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+    assert [g["lr"] for g in opt.param_groups] == [0.01, 0.02]
+    assert [len(g["params"]) for g in opt.param_groups] == [2, 2]
+    assert opt.param_groups[0]["params"][0] is m[0].weight
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_bounded_drift_trains_the_reliable_model_with_groups_and_a_scheduler(world):
+    """Lossless, with weight decay on the matrices alone, the biases at their own learning
+    rate and a cosine schedule over both: every rank ends with the model reliable
+    data-parallel training makes (to float rounding: the same arithmetic, per element)."""
+    expected = reference(world, 8)
+    for m, opt in train_bounded_drift(world, 8):
+        assert torch.allclose(flat(m), expected, rtol=0, atol=1e-6)
+        assert opt.param_groups[1]["lr"] < 0.02 * 0.1  # the schedule reached the groups
+
+
+def test_lost_groups_would_show():
+    """The check above can fail: one group for all (the old flattening, weight decay 0.1
+    and lr 0.01 on the biases too) trains another model."""
+    m = model()
+    flattened = reference(2, 8)
+    one_group = torch.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.1)
+    shared = LosslessWorld(1)
+    opt = ShardedOptimizer(m, one_group, ShardedMember(shared, 0))
+    for step in range(8):
+        opt.zero_grad()
+        loss_of(m, 0, step).backward()
+        opt.step()
+    assert not torch.allclose(flat(m), flattened, atol=1e-4)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_bounded_drift_resumes_from_each_ranks_checkpoint_bit_for_bit(world):
+    uninterrupted = train_bounded_drift(world, 8)
+    resumed = train_bounded_drift(world, 8, stop_after=4)
+    for (a, _), (b, opt) in zip(uninterrupted, resumed, strict=True):
+        assert torch.equal(flat(a), flat(b))
+        assert opt.steps == 8
+
+
+def test_bounded_drift_steps_under_gradscaler():
+    expected = reference(2, 6)
+    for m, _ in train_bounded_drift(2, 6, scaler=True):
+        assert torch.allclose(flat(m), expected, rtol=0, atol=1e-6)
+
+
+def test_what_bounded_drift_cannot_do_is_refused_with_the_reason():
+    shared = LosslessWorld(1)
+    member = ShardedMember(shared, 0)
+    m = model()
+    with pytest.raises(SchemeRefusal, match=r"not its class: bounded_drift\(model, AdamW\("):
+        ShardedOptimizer(m, torch.optim.AdamW, member)
+    with pytest.raises(SchemeRefusal, match="LBFGS steps with a closure"):
+        ShardedOptimizer(m, torch.optim.LBFGS(m.parameters()), member)
+    stepped = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    loss_of(m, 0, 0).backward()
+    stepped.step()
+    with pytest.raises(SchemeRefusal, match="has state already"):
+        ShardedOptimizer(m, stepped, member)
+    opt = ShardedOptimizer(m, groups(m), member)
+    with pytest.raises(SchemeRefusal, match="takes no closure"):
+        opt.step(lambda: 0.0)
+    with pytest.raises(SchemeRefusal, match="before wrapping"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+    with pytest.raises(SchemeRefusal, match="not saved by bounded_drift"):
+        opt.load_state_dict(groups(model()).state_dict())
+
+
+class LaidOut(ShardedMember):
+    """A rank of `world` that is laid out and never exchanges anything."""
+
+    def __init__(self, rank: int, world: int):
+        self.w, self.rank, self.world = None, rank, world
+        self.transport = SimpleNamespace(per_packet=PER_PACKET)
+
+
+def test_another_ranks_shard_is_refused_naming_both_ranks():
+    saved = {}
+    for rank in (0, 1):
+        m = model()
+        saved[rank] = ShardedOptimizer(m, groups(m), LaidOut(rank, 2)).state_dict()
+    m = model()
+    mine = ShardedOptimizer(m, groups(m), LaidOut(0, 2))
+    with pytest.raises(SchemeRefusal, match="rank 1's shard of 2 ranks; this is rank 0 of 2"):
+        mine.load_state_dict(saved[1])
+    mine.load_state_dict(saved[0])
+    assert mine.param_groups[0]["params"][0] is m[0].weight
+
+
+def train_rps(world: int, steps: int, stop_after: int | None = None):
+    shared = LosslessWorld(world)
+
+    def build(rank):
+        m = model()
+        opt = RPSOptimizer(m, groups(m, torch.optim.SGD), RPSMember(shared, rank))
+        return m, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+
+    def body(rank):
+        m, opt, sched = build(rank)
+        for step in range(steps):
+            if step == stop_after:
+                state = {"model": m.state_dict(), "opt": opt.state_dict(),
+                         "sched": sched.state_dict()}
+                m, opt, sched = build(rank)
+                m.load_state_dict(state["model"])
+                opt.load_state_dict(state["opt"])
+                sched.load_state_dict(state["sched"])
+            opt.zero_grad()
+            loss_of(m, rank, step).backward()
+            opt.step()
+            sched.step()
+        return m, opt
+
+    return run_ranks(world, body)
+
+
+def test_rps_is_the_users_optimizer_then_the_average():
+    shared = LosslessWorld(1)
+    m = model()
+    user = groups(m, torch.optim.SGD)
+    opt = RPSOptimizer(m, user, RPSMember(shared, 0))
+    assert isinstance(opt, torch.optim.Optimizer)
+    assert opt.param_groups is user.param_groups and opt.state is user.state
+    # a linear optimizer (plain SGD): averaging models is averaging gradients
+    expected = reference(3, 6, torch.optim.SGD)
+    for trained, _ in train_rps(3, 6):
+        assert torch.allclose(flat(trained), expected, rtol=0, atol=1e-6)
+
+
+def test_rps_resumes_bit_for_bit_and_refuses_a_closure():
+    uninterrupted = train_rps(2, 6)
+    resumed = train_rps(2, 6, stop_after=3)
+    for (a, _), (b, opt) in zip(uninterrupted, resumed, strict=True):
+        assert torch.equal(flat(a), flat(b))
+        assert opt.param_groups is opt.inner.param_groups  # (still shared after loading)
+    with pytest.raises(SchemeRefusal, match="takes no closure"):
+        opt.step(lambda: 0.0)
+
+
+def test_the_rate_lossbeds_own_schedule_sets_is_the_rate_a_step_uses():
+    """harness/train/schedule.set_lr writes the wrapper's groups (once it wrote the inner
+    optimizer's, which bounded_drift now overwrites from the user's groups every step)."""
+    from harness.train import schedule
+
+    m = model()
+    opt = ShardedOptimizer(m, groups(m), ShardedMember(LosslessWorld(1), 0))
+    before = flat(m)
+    schedule.set_lr(opt, 0.0)
+    loss_of(m, 0, 0).backward()
+    opt.step()
+    assert torch.equal(flat(m), before)  # a rate of 0 (and decay scaled by it) moves nothing
