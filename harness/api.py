@@ -42,13 +42,18 @@ MASTER_PORT, and lossbed's (which `lossbed run` sets on every host):
     LOSSBED_METRICS_DIR  where each rank writes what it measured (rank<N>.json)
 
 What each rank measures (step and collective times, packets sent, missing and late, stages
-ended by their deadline) goes to LOSSBED_METRICS_DIR (or metrics_dir) at exit, and to stdout
-as one JSON line that `lossbed run` gathers into its report.
+ended by their deadline) goes to LOSSBED_METRICS_DIR (or metrics_dir) when the job finishes
+(lossbed.finish(), or at exit under `lossbed run`). A step is an optimizer step: forwards
+inside ddp.no_sync() (gradient accumulation) are not counted as steps of their own.
 
-Joining moves what the script made so far out of the garbage collector's scans (gc.freeze),
-as lossbed's own ranks do: a full collection of torch and a model stops a rank for tens of
-milliseconds, and its peers count the stop as loss. The metrics say how many full
-collections still ran during the job.
+Under `lossbed run` a rank also does what that launcher reads: rank 0 prints a line when the
+job has joined, each rank prints its metrics as one JSON line at exit (atexit), an error that
+ends a rank is named on stderr (sys.excepthook), and joining moves what the script made so
+far out of the garbage collector's scans (gc.freeze: a full collection of torch and a model
+stops a rank for tens of milliseconds, and its peers count the stop as loss; the metrics
+say how many still ran). Under plain torchrun none of these process-wide changes is made
+unless Options(process_hooks=True) asks for them (False turns them off under lossbed run,
+which then has no metrics to gather).
 """
 
 from __future__ import annotations
@@ -95,6 +100,9 @@ class Options:
     metrics_dir: str | None = None    # None: LOSSBED_METRICS_DIR (nothing written if unset)
     sealed: bool = True               # False: datagrams unsealed (a network only this job uses)
     align_every: int = 0              # ranks meet in the store every N-th step (0: the first)
+    # gc.freeze at join, the error mark in sys.excepthook, finish() at exit, the marks and
+    # metrics on stdout: None: on under `lossbed run` (it reads them), off under plain torchrun
+    process_hooks: bool | None = None
 
 
 class Job:
@@ -144,15 +152,21 @@ class Job:
             key_prefix="lossbed/api/udp", key=key if options.sealed else None)
         self.metrics_dir = options.metrics_dir or told.metrics_dir
         self.host = told.host
-        keep_startup_out_of_collector()  # as lossbed's own ranks do (see there)
+        # lossbed run (which names the job) reads the ranks' marks; nothing process-wide
+        # changes under plain torchrun unless asked for
+        hooks = told.job is not None if options.process_hooks is None else options.process_hooks
+        if hooks:
+            keep_startup_out_of_collector()  # as lossbed's own ranks do (see there)
         self._begin(dict(align_every=options.align_every), owns_transport=True)
-        if self.rank == 0:  # every rank's endpoints are exchanged: the job has joined
+        self._announce = hooks
+        if self.rank == 0 and hooks:  # every rank's endpoints are exchanged: joined
             print(rank_protocol.mark(rank_protocol.JOINED_MARK, {"world": self.world}),
                   flush=True)
         _wait_for_gate(told.gate)
         self._counted_from = self.transport.counters.to_dict()
-        _install_error_mark(self.rank)
-        atexit.register(self.finish)
+        if hooks:
+            _install_error_mark(self.rank)
+            atexit.register(self.finish)
 
     @classmethod
     def attach(cls, transport, store, *, rank: int, world: int,
@@ -175,6 +189,7 @@ class Job:
         self._step_marks: list[float] = []
         self._counted_from = self.transport.counters.to_dict()
         self._finished = False
+        self._announce = False  # (a Job of lossbed's own train: its worker reports)
         self._started = time.perf_counter()
         self._full_collections_from = _full_collections()
 
@@ -255,12 +270,18 @@ class Job:
         return wrapped
 
     def _watch(self, ddp, timer) -> None:
-        """Steps are told apart by the model's training forwards: the time from one to the
-        next is a step's."""
+        """Steps are told apart by the model's training forwards that reduce gradients (not
+        those inside ddp.no_sync(): a step of gradient accumulation is one optimizer step,
+        however many micro-batches it has); by lossbed's optimizer's steps where it returns
+        one (its gradients stay local: every forward is outside the reduce)."""
         self._timers.append(timer)
+        if isinstance(timer, torch_optimizer()):
+            timer.register_step_pre_hook(lambda *_: self._step_marks.append(
+                time.perf_counter()))
+            return
 
         def mark(module, args):
-            if module.training:
+            if module.training and module.require_backward_grad_sync:
                 self._step_marks.append(time.perf_counter())
 
         ddp.register_forward_pre_hook(mark)
@@ -320,7 +341,8 @@ class Job:
             folder = Path(self.metrics_dir)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"rank{self.rank}.json").write_text(json.dumps(metrics))
-        print(rank_protocol.mark(rank_protocol.METRICS_MARK, metrics), flush=True)
+        if self._announce:
+            print(rank_protocol.mark(rank_protocol.METRICS_MARK, metrics), flush=True)
         if self._owns_transport:
             self.transport.close()
 
@@ -375,6 +397,12 @@ finish.__doc__ = Job.finish.__doc__
 
 
 # ---- pieces ---------------------------------------------------------------------------------
+
+def torch_optimizer() -> type:
+    import torch
+
+    return torch.optim.Optimizer
+
 
 def _full_collections() -> int:
     """The garbage collector's full (generation 2) collections in this process so far."""

@@ -197,25 +197,25 @@ def _cmd_run(args) -> int:
     checks.seconds("--grace-s", args.grace_s, FAILURE_GRACE_S, FAILURE_GRACE_MEANS)
     from harness import torchrun
 
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
-    spec = torchrun.RunSpec(command=command, profile=args.profile,
-                            sets=tuple(args.set or ()), loss=args.loss,
-                            transport=args.transport, impair_from=args.impair_from,
+    command = list(args.command)[1 if args.command[:1] == ["--"] else 0:]
+    if args.cluster is None and not args.inventory and {"--cluster", "--inventory"} & {
+            w.split("=", 1)[0] for w in command}:  # (after --: the script's, not lossbed's)
+        raise UsageError("--cluster", "given after --, it goes to your script, not to lossbed",
+                         "Put lossbed's options before --: lossbed run --cluster NAME -- ...")
+    spec = torchrun.RunSpec(command=command, profile=args.profile, sets=tuple(args.set or ()),
+                            loss=args.loss, transport=args.transport, impair_from=args.impair_from,
                             unsealed=args.unsealed, grace_s=args.grace_s,
-                            min_coverage=args.min_coverage,
+                            min_coverage=args.min_coverage, workdir=args.workdir,
                             **({"out": Path(args.out)} if args.out else {}))
     checked = spec.validate()  # bad input is refused before any cluster is touched
     cluster = cluster_of(args)
     if args.print:
         from harness.transport import auth
+        from testbed.impair import bypass
 
         print("# lossbed run: one command per host (run them together, e.g. from a Slurm "
               "or Kubernetes job);\n# impair the links around them with `lossbed apply "
               f"{args.profile} ... --lease-s S` and read `lossbed verify`")
-        from testbed.impair import bypass
-
         bypass.refuse_contradictions(os.environ, cluster)
         key = None if args.unsealed else auth.new_key()
         for hc in torchrun.commands(cluster, spec, checked, f"lossbed-{os.getpid()}", key,
@@ -411,8 +411,9 @@ def add_commands(sub) -> None:
                         "(default: joined)")
     p.add_argument("--out", help="report folder (default: results/run-TIME)")
     p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
-    p.add_argument("--print", action="store_true",
-                   help="print each host's command instead of running them")
+    p.add_argument("--print", action="store_true", help="print each host's command, run none")
+    p.add_argument("--workdir", metavar="DIR", help="where the command starts on each host "
+                   "(default: here, on hosts that share this machine; else their checkout)")
     add_min_coverage(p)
     _add_unsealed(p)
     p.add_argument("command", nargs=argparse.REMAINDER,

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,6 +73,9 @@ class RunSpec:
     unsealed: bool = False
     grace_s: float = GRACE_S              # after one host's torchrun failed: the others' time
     min_coverage: float = coverage.DEFAULT_MIN_COVERAGE  # of the hosts' bytes, impaired
+    # where the command starts on every host (None: the folder lossbed run was started in,
+    # on hosts that share this machine; each host's lossbed checkout on the others)
+    workdir: str | None = None
     out: Path = field(default_factory=lambda: Path(f"results/run-{time.strftime('%Y%m%d-%H%M%S')}"))
 
     def validate(self) -> Checked:
@@ -127,11 +131,56 @@ class HostCommand:
     host: object
     argv: list[str]
     env: dict[str, str]
+    cwd: str  # the folder it starts in
 
     def shell(self) -> str:
         """The command as one line a job script can run on its host."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return f"env {env} {shlex.join(self.argv)}"
+        return f"cd {shlex.quote(self.cwd)} && env {env} {shlex.join(self.argv)}"
+
+
+def workdir(cluster: Cluster, host, spec: RunSpec) -> str:
+    """Where the user's command starts on `host`: --workdir; else the folder the user typed
+    it in (a host that shares this machine sees it), else the host's lossbed checkout."""
+    if spec.workdir:
+        return spec.workdir
+    return os.getcwd() if cluster.shares_this_machine else str(host.project)
+
+
+def launcher(cluster: Cluster, host, spec: RunSpec) -> list[str]:
+    """torchrun as the user named it: a path as given; a bare `torchrun`, the one on the
+    user's PATH where the host shares this machine; else torch.distributed.run of the
+    Python the cluster names for its ranks (an inventory's lossbed_python)."""
+    named = spec.command[0]
+    if "/" in named:
+        return [os.path.abspath(named) if cluster.shares_this_machine else named]
+    found = shutil.which(named) if cluster.shares_this_machine else None
+    if found:
+        return [found]
+    return [cluster.rank_python(host), "-m", "torch.distributed.run"]
+
+
+def check_script(cluster: Cluster, checked: Checked, hosts: list[HostCommand]) -> None:
+    """torchrun and the script are where each host will look for them, checked before
+    anything is impaired (a missing script is refused, not found on the hosts mid-run)."""
+    runs_a_file = not {"-m", "--module", "--no-python", "--no_python"} & {
+        o.split("=", 1)[0] for o in checked.torchrun_options}
+    script = checked.script[0]
+    for hc in hosts[:1] if cluster.shares_this_machine else hosts:
+        wanted = [("torchrun", hc.argv[0], "-x")] if hc.argv[1:2] != ["-m"] else []
+        if runs_a_file:
+            wanted.append(("script", script if script.startswith("/") else
+                           f"{hc.cwd.rstrip('/')}/{script}", "-f"))
+        for what, path, test in wanted:
+            if cluster.shares_this_machine:
+                found = os.access(path, os.X_OK) if test == "-x" else os.path.isfile(path)
+            else:
+                found = hc.host.run(["test", test, path], timeout=30).returncode == 0
+            if not found:
+                raise UsageError("--", f"{path}: no such {'program' if test == '-x' else 'file'}"
+                                 f" on {hc.host.name} ({what}; started in {hc.cwd})",
+                                 "Start lossbed run in the script's folder, give its path, or "
+                                 "name the folder it is in on the hosts with --workdir DIR")
 
 
 def commands(cluster: Cluster, spec: RunSpec, checked: Checked, job_id: str, key: str | None,
@@ -142,7 +191,7 @@ def commands(cluster: Cluster, spec: RunSpec, checked: Checked, job_id: str, key
     per_host = [max(1, h.gpus) for h in cluster.hosts]
     made = []
     for i, host in enumerate(cluster.hosts):
-        argv = [cluster.rank_python(host), "-m", "torch.distributed.run",
+        argv = [*launcher(cluster, host, spec),
                 "--nnodes", str(len(cluster.hosts)), "--nproc-per-node", str(per_host[i]),
                 "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{first.address}:{ports.RENDEZVOUS}",
@@ -155,10 +204,12 @@ def commands(cluster: Cluster, spec: RunSpec, checked: Checked, job_id: str, key
                        gate=gate or None, metrics_dir=metrics_dir or None,
                        segmentation=launch.transport_env(checked.profile)[
                            rank_protocol.SEGMENTATION] == "1")
+        # harness.api from the checkout the controller runs (its protocol), then the user's
+        user_path = os.environ.get("PYTHONPATH") if cluster.shares_this_machine else None
         env = {**told.to_env(), **bypass.pinned_env(cluster, host), "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": host.project,
+               "PYTHONPATH": ":".join(filter(None, (str(host.project), user_path))),
                **chosen.forwarded()}  # the controller's choices (the drop mask, ...)
-        made.append(HostCommand(host, argv, env))
+        made.append(HostCommand(host, argv, env, workdir(cluster, host, spec)))
     return made
 
 
@@ -203,6 +254,7 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
     gate = f"/tmp/{job_id}.gate" if spec.impair_from == "joined" else None
     metrics_dir = str(out / "ranks") if cluster.shares_this_machine else None
     hosts = commands(cluster, spec, checked, job_id, key, gate, metrics_dir)
+    check_script(cluster, checked, hosts)  # (before anything is impaired or started)
     job, procs, threads, applied = _Job(), [], [], {}
     keeper = (lease.Keeper(cluster, cluster.lease_s / 3) if cluster.lease_s is not None
               else contextlib.nullcontext())
@@ -217,7 +269,7 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
                 procs.append(hc.host.popen(hc.argv, env=env, stdin=subprocess.DEVNULL,
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                            text=True, start_new_session=True,
-                                           cwd=hc.host.project))
+                                           cwd=hc.cwd))
                 for stream, sink in ((procs[-1].stdout, sys.stdout),
                                      (procs[-1].stderr, sys.stderr)):
                     t = threading.Thread(target=_pump, args=(stream, job, sink), daemon=True)
@@ -387,6 +439,8 @@ def summarise(cluster: Cluster, spec: RunSpec, job: _Job, applied: dict, code: i
         "command": shlex.join(spec.command), "profile": spec.profile, "sets": list(spec.sets),
         "loss": spec.loss, "transport": spec.transport, "impair_from": spec.impair_from,
         "hosts": [h.host.name for h in hosts], "ranks": len(ranks), "exit_code": code,
+        "workdir": hosts[0].cwd if hosts else None,
+        "torchrun": hosts[0].argv[:hosts[0].argv.index("--nnodes")] if hosts else None,
         "joined": job.joined.is_set(), "applied": "start" in applied,
         "coverage": applied["coverage"].to_dict() if "coverage" in applied else None,
         "loss_applied_by": verify.loss_applied_by(applied.get("backend"), cluster,

@@ -25,11 +25,12 @@ def unique_name() -> str:
 
 
 def lossbed(*args: str, check: bool = False, timeout: float = 120,
-            env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess, as a user would (in `env`: this environment)."""
+            env: dict | None = None, cwd=REPO) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user would (in `env`: this environment; in
+    the folder `cwd`: the checkout)."""
     return subprocess.run(
         [*LOSSBED, *args], capture_output=True, text=True, timeout=timeout, check=check,
-        cwd=REPO, env={**(os.environ if env is None else env),
+        cwd=cwd, env={**(os.environ if env is None else env),
                        "PYTHONPATH": with_repo_on_path()},
     )
 

@@ -128,12 +128,14 @@ def test_print_writes_each_hosts_torchrun(cluster, tmp_path):
     done = lossbed("run", "--cluster", cluster.name, "--print", "--", "torchrun",
                    "examples/plain_pytorch.py", timeout=60)
     assert done.returncode == 0, done.stderr
-    lines = [line for line in done.stdout.splitlines() if line.startswith("env ")]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("cd ")]
     assert len(lines) == 3
     for i, (line, host) in enumerate(zip(lines, cluster.hosts, strict=True)):
+        assert line.startswith(f"cd {REPO} && env ")  # (the folder lossbed run started in)
         assert f"LOSSBED_ADDRESS={host.address}" in line
         assert f"is_host={1 if i == 0 else 0}" in line
-        assert "torch.distributed.run" in line and "LOSSBED_KEY=" in line
+        assert ("torch.distributed.run" in line or "/torchrun " in line), line
+        assert "LOSSBED_KEY=" in line
     assert engine.read_record(cluster) is None
 
 
@@ -173,3 +175,69 @@ def test_an_interrupt_stops_the_job_and_clears_the_impairment(cluster, tmp_path)
     assert "interrupted" in rest
     assert json.loads((tmp_path / "stopped" / "summary.json").read_text())["exit_code"] == 130
     assert_nothing_left(cluster)
+
+
+USERS_SCRIPT = """
+import os, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import harness.api as lossbed
+from helper import WIDTH            # beside the script: the user's own module
+
+dist.init_process_group("gloo")
+scale = float(open("data/scale.txt").read())  # relative to the folder it was started in
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(WIDTH, 1))
+optimizer = lossbed.rps(model, torch.optim.SGD(model.parameters(), lr=0.01))
+for step in range(10):
+    x = torch.randn(16, WIDTH)
+    loss = ((model(x) - scale * x.sum(1, keepdim=True)) ** 2).mean()
+    optimizer.zero_grad(); loss.backward(); optimizer.step()
+lossbed.report(final_loss=loss.item(), cwd=os.getcwd(), python=sys.executable)
+dist.destroy_process_group()
+"""
+
+
+def users_project(tmp_path) -> Path:
+    """A user's project outside the checkout: a script, a module of theirs beside it, a
+    data file it opens by a relative path, and their own torchrun on their PATH."""
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "train.py").write_text(USERS_SCRIPT)
+    (project / "helper.py").write_text("WIDTH = 32\n")
+    (project / "data" / "scale.txt").write_text("0.5\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "torchrun").symlink_to(REPO / ".venv" / "bin" / "torchrun")
+    return project
+
+
+def test_a_script_in_the_users_folder_runs_there_with_the_users_torchrun(cluster, tmp_path):
+    project = users_project(tmp_path)
+    path = f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    done = lossbed("run", "--cluster", cluster.name, "--profile", "random-loss", "--loss",
+                   str(LOSS), "--out", str(tmp_path / "out"), "--", "torchrun", "train.py",
+                   cwd=project, env={**os.environ, "PATH": path}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["workdir"] == str(project)
+    assert summary["torchrun"] == [str(tmp_path / "bin" / "torchrun")]
+    assert summary["script"]["cwd"] == str(project)
+    assert math.isfinite(summary["script"]["final_loss"]) and summary["ranks"] == 3
+    assert_lossy_as_the_kernel_says(summary)
+    assert_nothing_left(cluster)
+
+
+def test_a_script_that_is_not_there_is_refused_before_anything_is_impaired(cluster,
+                                                                          tmp_path):
+    project = users_project(tmp_path)
+    done = lossbed("run", "--cluster", cluster.name, "--impair-from", "start", "--out",
+                   str(tmp_path / "out"), "--", "torchrun", "trian.py", cwd=project,
+                   timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"{project}/trian.py: no such file on {cluster.hosts[0].name}" in done.stderr
+    assert "--workdir" in done.stderr and "Traceback" not in done.stderr
+    assert engine.read_record(cluster) is None  # (--impair-from start: not applied either)
+    # ... and found where --workdir says it is, from any folder
+    done = lossbed("run", "--cluster", cluster.name, "--print", "--workdir", str(project),
+                   "--", "torchrun", "train.py", cwd=tmp_path, timeout=60)
+    assert done.returncode == 0 and f"cd {project} && env " in done.stdout, done.stderr

@@ -126,3 +126,10 @@ def test_refusals_come_before_torch_is_imported(tmp_path):
         assert refusal and "Traceback" not in done.stderr, (argv, done.stderr[-2000:])
         imported = {line.split("|")[-1].strip() for line in lines if "import time:" in line}
         assert "torch" not in imported, (argv, refusal)
+
+
+def test_lossbeds_options_after_the_double_dash_are_refused_not_passed_on(capsys):
+    """`lossbed run -- torchrun train.py --cluster c1`: the script would get --cluster and
+    lossbed would take the only cluster up, which may be another user's."""
+    err = _refused(["run", "--", "torchrun", "train.py", "--cluster", "c1"], capsys)
+    assert "given after --" in err and "lossbed run --cluster NAME -- " in err, err

@@ -1,0 +1,75 @@
+"""harness.api under plain torchrun (#56, item 4), two ranks on loopback: the script's own
+process is left as it was (no gc.freeze, no sys.excepthook, no atexit, nothing of lossbed's
+on stdout) and its metrics go to the metrics folder when it calls lossbed.finish(); a step
+is an optimizer step, however many micro-batches gradient accumulation (ddp.no_sync) adds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness import rank_protocol
+from tests.helpers import with_repo_on_path
+
+pytestmark = [pytest.mark.slow]
+
+STEPS, MICRO = 6, 3
+
+SCRIPT = f"""
+import atexit, gc, json, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import harness.api as lossbed
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(16, 1))
+hook_before, callbacks_before = sys.excepthook, atexit._ncallbacks()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+if sys.argv[1] == "rps":
+    optimizer = lossbed.rps(model, optimizer)
+else:
+    lossbed.lossy_gradients(model, "unbiased")
+data = torch.Generator().manual_seed(rank)
+for step in range({STEPS}):
+    for micro in range({MICRO}):  # gradient accumulation: the last micro-batch reduces
+        x = torch.randn(8, 16, generator=data)
+        if micro < {MICRO} - 1:
+            with model.no_sync():
+                model(x).pow(2).mean().backward()
+        else:
+            model(x).pow(2).mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+facts = dict(frozen=gc.get_freeze_count(), excepthook_kept=sys.excepthook is hook_before,
+             atexit_added=atexit._ncallbacks() - callbacks_before)
+lossbed.finish()
+print("FACTS " + json.dumps(facts), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("scheme", ["unbiased", "rps"])
+def test_plain_torchrun_changes_nothing_process_wide_and_counts_optimizer_steps(tmp_path,
+                                                                               scheme):
+    (tmp_path / "job.py").write_text(SCRIPT)
+    metrics = tmp_path / "metrics"
+    env = {**os.environ, "PYTHONPATH": with_repo_on_path(), "LOSSBED_KEY": "ab" * 32,
+           "LOSSBED_METRICS_DIR": str(metrics), "OMP_NUM_THREADS": "1"}
+    env.pop(rank_protocol.JOB, None)  # (not launched by lossbed)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "job.py", scheme], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert not [line for line in lines if rank_protocol.read_mark(line)], lines  # quiet
+    facts = [json.loads(line[6:]) for line in lines if line.startswith("FACTS ")]
+    assert facts == [{"frozen": 0, "excepthook_kept": True, "atexit_added": 0}] * 2
+    for rank in (0, 1):
+        written = json.loads((metrics / f"rank{rank}.json").read_text())
+        assert written["steps"] == STEPS, (scheme, written["steps"])  # not STEPS * MICRO
