@@ -218,38 +218,41 @@ class Job:
         self._collectives.append(collective)
         return collective
 
-    def lossy_gradients(self, model, estimator: str = "unbiased"):
+    def lossy_gradients(self, model, estimator: str = "unbiased", *, scaler=None):
         """DDP's gradient all-reduce over the lossy transport (a communication hook):
         `zero_fill` (a lost packet contributes zeros) or `unbiased` (the mean of what
-        arrived). Returns the model."""
+        arrived). scaler: the GradScaler that steps the optimizer, if one does (every rank
+        skips the same steps: harness/ddp/amp.py). Returns the model."""
         from harness.ddp.hooks import LossyHookState, lossy_allreduce_hook
 
         ddp = _ddp(model, "lossy_gradients")
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator {estimator!r}: use one of {', '.join(ESTIMATORS)}")
-        state = LossyHookState(self._collective(ESTIMATORS[estimator]))
+        state = LossyHookState(self._collective(ESTIMATORS[estimator]),
+                               agree_skips=scaler is not None)
         ddp.register_comm_hook(state, lossy_allreduce_hook)
         self._watch(ddp, state)
         return model
 
-    def bounded_drift(self, model, optimizer, *, resync_every: int = 0):
+    def bounded_drift(self, model, optimizer, *, resync_every: int = 0, scaler=None):
         """unbiased_drift: DDP reduces nothing (the gradients stay local); the returned
         optimizer (a torch.optim.Optimizer with your optimizer's param_groups) reduces them
         to each shard's owner, steps your optimizer's class with your groups' settings
         there and broadcasts the parameters, a rank that misses a packet keeping its stale
         values (resync_every=K: a reliable resync every K steps). Use it as you would your
-        optimizer: schedulers, GradScaler, zero_grad, state_dict (each rank its own)."""
+        optimizer: schedulers, zero_grad, state_dict (each rank its own), GradScaler (given
+        as scaler=: every rank skips the same steps)."""
         from harness.ddp.sharded import ShardedOptimizer, check_wrappable
 
         check_wrappable(optimizer, "bounded_drift")  # (before DDP is changed)
         ddp = _ddp(model, "bounded_drift")
         wrapped = ShardedOptimizer(ddp.module, optimizer, self._collective("received_mean"),
-                                   resync_every=resync_every)
+                                   resync_every=resync_every, scaler=scaler)
         _keep_gradients_local(ddp)
         self._watch(ddp, wrapped)
         return wrapped
 
-    def rps(self, model, optimizer):
+    def rps(self, model, optimizer, *, scaler=None):
         """RPS: DDP reduces nothing; the returned optimizer (your optimizer, its groups and
         state) steps on the local gradients, then averages the model over the ranks the RPS
         way."""
@@ -265,7 +268,7 @@ class Job:
             options.setdefault("key_prefix", "lossbed/api/rps")
         rps = RPS(self.transport, self.store, **options)
         self._collectives.append(rps.collective)
-        wrapped = RPSOptimizer(ddp.module, optimizer, rps)
+        wrapped = RPSOptimizer(ddp.module, optimizer, rps, scaler=scaler)
         self._watch(ddp, wrapped)
         return wrapped
 
@@ -367,16 +370,16 @@ def reliable(model):
     return join().reliable(model)
 
 
-def lossy_gradients(model, estimator: str = "unbiased"):
-    return join().lossy_gradients(model, estimator)
+def lossy_gradients(model, estimator: str = "unbiased", *, scaler=None):
+    return join().lossy_gradients(model, estimator, scaler=scaler)
 
 
-def bounded_drift(model, optimizer, *, resync_every: int = 0):
-    return join().bounded_drift(model, optimizer, resync_every=resync_every)
+def bounded_drift(model, optimizer, *, resync_every: int = 0, scaler=None):
+    return join().bounded_drift(model, optimizer, resync_every=resync_every, scaler=scaler)
 
 
-def rps(model, optimizer):
-    return join().rps(model, optimizer)
+def rps(model, optimizer, *, scaler=None):
+    return join().rps(model, optimizer, scaler=scaler)
 
 
 def report(**figures) -> None:

@@ -17,16 +17,20 @@ import time
 import torch
 
 from harness.collectives.lossy import LossyCollective
+from harness.ddp import amp
 from harness.metrics.hdr import Histogram
 
 
 class LossyHookState:
     """What the hook needs between calls: the collective, staging buffers, timings."""
 
-    def __init__(self, collective: LossyCollective):
+    def __init__(self, collective: LossyCollective, agree_skips: bool = False,
+                 agree=amp.any_rank):
         if not isinstance(collective, LossyCollective):
             raise TypeError("LossyHookState needs a LossyCollective")
         self.collective = collective
+        # GradScaler's skips agreed (ddp/amp.py): a bucket of this step was not finite here
+        self.agree_skips, self.agree, self.not_finite = agree_skips, agree, False
         self.staging: dict[int, torch.Tensor] = {}
         self.collective_us = Histogram()
 
@@ -51,10 +55,22 @@ def lossy_allreduce_hook(state: LossyHookState, bucket) -> torch.futures.Future[
             torch.cuda.current_stream(grads.device).synchronize()
     else:
         state.collective.allreduce(grads.view(-1), bucket=bucket.index())
+    if state.agree_skips:
+        agree_on_skips(state, grads, bucket.is_last())
     state.collective_us.record((time.perf_counter() - started) * 1e6)
     future = torch.futures.Future()
     future.set_result(grads)
     return future
+
+
+def agree_on_skips(state: LossyHookState, grads: torch.Tensor, last: bool) -> None:
+    """Where any rank's reduced gradients were not finite this step, every rank's are made
+    so (its last bucket): GradScaler then skips the step on every rank alike."""
+    state.not_finite = state.not_finite or not bool(torch.isfinite(grads).all())
+    if last:
+        if state.agree(state.not_finite) and not state.not_finite:
+            grads.fill_(float("nan"))
+        state.not_finite = False
 
 
 class ReliableTiming:

@@ -18,13 +18,19 @@ import time
 import torch
 
 from harness.collectives.rps import RPS
+from harness.ddp import amp
 from harness.ddp.sharded import check_wrappable, refuse_closure
 from harness.metrics.hdr import Histogram
 
 
 class RPSOptimizer(torch.optim.Optimizer):
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rps: RPS):
+    # GradScaler hands the step to it, skip or not: the ranks agree on skips (ddp/amp.py)
+    _step_supports_amp_scaling = True
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rps: RPS,
+                 scaler=None, agree=amp.any_rank):
         check_wrappable(optimizer, "rps")
+        self.scaler, self.agree = scaler, agree
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self.inner = optimizer
         self._share()
@@ -50,6 +56,9 @@ class RPSOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None) -> None:
         refuse_closure(closure, "rps")
+        params = [p for group in self.param_groups for p in group["params"]]
+        if not amp.agreed_step(self, params, self.scaler, self.agree):
+            return  # (every rank skips it: no averaging)
         self.inner.step()
         offset = 0
         for p in self.model_params:

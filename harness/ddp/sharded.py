@@ -27,6 +27,7 @@ import time
 import torch
 
 from harness.collectives.layout import Layout
+from harness.ddp import amp
 from harness.metrics.hdr import Histogram
 
 STATE_KEY = "lossbed_bounded_drift"
@@ -65,8 +66,11 @@ def _hyper(group: dict) -> dict:
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
+    # GradScaler hands the step to it, skip or not: the ranks agree on skips (ddp/amp.py)
+    _step_supports_amp_scaling = True
+
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 collective, resync_every: int = 0):
+                 collective, resync_every: int = 0, scaler=None, agree=amp.any_rank):
         check_wrappable(optimizer, "bounded_drift")
         if resync_every < 0:
             raise ValueError("resync_every must be >= 0 (0: never)")
@@ -78,6 +82,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # the user's groups themselves (the same dicts: what a scheduler writes, step reads)
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self.user_optimizer = optimizer
+        self.scaler, self.agree = scaler, agree
         self.collective = collective
         self.resync_every = resync_every
         self.params = [p for g in self.param_groups for p in g["params"]]
@@ -146,6 +151,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None) -> None:
         refuse_closure(closure, "bounded_drift")
+        if not amp.agreed_step(self, self.params, self.scaler, self.agree):
+            return  # (every rank skips it: no collective)
         # From the model: what a load_state_dict of the model put there counts (in training
         # the model holds what the last step left, stale parts included: no change).
         self._load_flat_params(exact_only=True)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from harness.collectives.layout import Layout
+from harness.ddp.amp import SkipsDisagree
 from harness.ddp.rps import RPSOptimizer
 from harness.ddp.sharded import SchemeRefusal, ShardedOptimizer
 
@@ -140,19 +141,29 @@ def flat(m) -> torch.Tensor:
 
 
 def train_bounded_drift(world: int, steps: int, *, stop_after: int | None = None,
-                        scaler: bool = False):
-    """Each rank's (model, optimizer, scheduler) trained with bounded_drift's optimizer.
-    stop_after: save each rank's state there, build everything anew, load it and go on."""
+                        scaler: bool = False, tell_scaler: bool = True,
+                        overflow: tuple[int, int] | None = None, scheme: str = "drift"):
+    """Each rank's (model, optimizer, scheduler) trained with bounded_drift's optimizer (or
+    rps's). stop_after: save each rank's state there, build everything anew, load it and go
+    on. scaler: under a GradScaler (given to the optimizer unless not tell_scaler);
+    overflow=(rank, step): that rank's gradients are infinite at that step."""
     shared = LosslessWorld(world)
 
-    def build(rank):
+    def build(rank, amp):
         m = model()
-        opt = ShardedOptimizer(m, groups(m), ShardedMember(shared, rank))
+        given = amp if tell_scaler else None
+        agree = AgreeingMember(shared, rank).any
+        if scheme == "rps":
+            opt = RPSOptimizer(m, groups(m, torch.optim.SGD), RPSMember(shared, rank),
+                               scaler=given, agree=agree)
+        else:
+            opt = ShardedOptimizer(m, groups(m), ShardedMember(shared, rank), scaler=given,
+                                   agree=agree)
         return m, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
 
     def body(rank):
-        m, opt, sched = build(rank)
         amp = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) if scaler else None
+        m, opt, sched = build(rank, amp)
         for step in range(steps):
             if step == stop_after:
                 saved = io.BytesIO()
@@ -160,11 +171,13 @@ def train_bounded_drift(world: int, steps: int, *, stop_after: int | None = None
                             "sched": sched.state_dict()}, saved)
                 saved.seek(0)
                 state = torch.load(saved, weights_only=False)
-                m, opt, sched = build(rank)
+                m, opt, sched = build(rank, amp)
                 m.load_state_dict(state["model"])
                 opt.load_state_dict(state["opt"])
                 sched.load_state_dict(state["sched"])
             loss = loss_of(m, rank, step)
+            if overflow == (rank, step):
+                loss = loss * float("inf")
             opt.zero_grad(set_to_none=step % 2 == 0)
             if amp is None:
                 loss.backward()
@@ -174,9 +187,20 @@ def train_bounded_drift(world: int, steps: int, *, stop_after: int | None = None
                 amp.step(opt)
                 amp.update()
             sched.step()
-        return m, opt
+        return m, opt, amp
 
-    return run_ranks(world, body)
+    return [(m, opt) if not scaler else (m, opt, amp)
+            for m, opt, amp in run_ranks(world, body)]
+
+
+class AgreeingMember:
+    """The reliable agreement of a flag (GradScaler's skips) among the thread ranks."""
+
+    def __init__(self, world: LosslessWorld, rank: int):
+        self.w, self.rank = world, rank
+
+    def any(self, flag: bool) -> bool:
+        return bool(torch.stack(self.w.exchange(self.rank, torch.tensor(float(flag)))).max())
 
 
 def test_bounded_drift_is_a_torch_optimizer_with_the_users_groups():
@@ -228,8 +252,39 @@ def test_bounded_drift_resumes_from_each_ranks_checkpoint_bit_for_bit(world):
 
 def test_bounded_drift_steps_under_gradscaler():
     expected = reference(2, 6)
-    for m, _ in train_bounded_drift(2, 6, scaler=True):
+    for m, _, _ in train_bounded_drift(2, 6, scaler=True):
         assert torch.allclose(flat(m), expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("scheme", ["drift", "rps"])
+def test_an_overflow_on_one_rank_is_skipped_by_every_rank(scheme):
+    """Rank 1's gradients overflow at step 2: both ranks skip that step (without the
+    agreement rank 0 would step into a collective rank 1 skipped: here a barrier that
+    never fills), both scales back off alike, and both models stay one model."""
+    ranks = train_bounded_drift(2, 5, scaler=True, overflow=(1, 2), scheme=scheme)
+    (m0, _, amp0), (m1, _, amp1) = ranks
+    assert amp0.get_scale() == amp1.get_scale() == 2.0 ** 7  # backed off once, on both
+    assert torch.equal(flat(m0), flat(m1))
+    assert all(torch.isfinite(flat(m)).all() for m in (m0, m1))
+
+
+def test_a_gradscaler_lossbed_was_not_given_is_refused_with_the_call_to_write():
+    with pytest.raises(SkipsDisagree, match=r"bounded_drift\(model, optimizer, scaler=scaler\)"):
+        train_bounded_drift(1, 2, scaler=True, tell_scaler=False)
+
+
+def test_the_lossy_hook_makes_every_ranks_last_bucket_not_finite_where_one_was():
+    from harness.ddp.hooks import agree_on_skips
+
+    state = SimpleNamespace(agree=lambda flag: True, not_finite=False)  # another rank's was
+    first, last = torch.ones(4), torch.ones(3)
+    agree_on_skips(state, first, last=False)
+    agree_on_skips(state, last, last=True)
+    assert torch.isfinite(first).all() and torch.isnan(last).all()
+    state.agree = lambda flag: flag  # every rank finite: nothing changed, the flag reset
+    kept = torch.ones(3)
+    agree_on_skips(state, kept, last=True)
+    assert torch.isfinite(kept).all() and state.not_finite is False
 
 
 def test_what_bounded_drift_cannot_do_is_refused_with_the_reason():
