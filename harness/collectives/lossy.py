@@ -212,8 +212,7 @@ class LossyCollective:
                      infer_ends=self.end_copies > 0,
                      fragment_floats=self.buffers.fragment_floats,
                      staging=self.buffers.staging(contribution.size, layout))
-        stash, self.transport.stash = self.transport.stash, EarlyStash()
-        self._replay(state, stash)
+        self._replay(state, self.transport.take_stash())
         reliable = self.transport.semantics.reliable
         reduce_hit, reduce_since = self._reduce(state, layout, contribution, on_reduced)
         bcast_hit = self._broadcast(state, layout, shared, reduce_since)

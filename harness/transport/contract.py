@@ -37,15 +37,24 @@ class Transport(Protocol):
     """Whether received units reach the collective a batch at a time (receive_until's
     handle_batch) rather than one at a time."""
     counters: Counters
-    """What was sent, received, missing, late, refused: the verdicts' vocabulary."""
+    """What was sent, received, missing, late, refused: the verdicts' vocabulary. The
+    transport counts what it sent and received; its collective adds what each step missed
+    (`missing`, `messages_incomplete`): one record of the rank's traffic, read by both."""
     stash: EarlyStash
-    """Units of coming steps that arrived early, kept for them (bounded by the layout)."""
+    """Units of coming steps that arrived early, kept for them (bounded by the layout);
+    a step's handlers add to it, and the step takes what is there when it starts
+    (take_stash)."""
     use_lock: threading.RLock
     """Held by whoever uses the transport: a collective's step for its whole length, and a
     background sender for each send it makes between steps. close() takes it too."""
     closed: bool
     """True once close() ran: nothing may be sent any more (the socket's descriptor number
     may already be another's)."""
+
+    def take_stash(self) -> EarlyStash:
+        """The units kept for coming steps so far, for the step that starts now to replay;
+        the transport keeps those that come from now on in a new stash."""
+        ...
 
     @property
     def authenticated(self) -> bool:

@@ -12,7 +12,9 @@ the receiver reads (GoBackN._serve_batch) and whenever it goes idle. The compile
 takes a batch's datagrams in order (native.in_order); tests/reference/gobackn_receiver.py
 is the reference the tests hold it against.
 
-GoBackN is RC's endpoint on a UDP transport: a service thread owns the socket, as a NIC does
+GoBackN is RC's endpoint on a UDP transport, which it reaches through one declared joint
+(RcWire: what the transport lends it, and nothing else). A service thread owns the socket,
+as a NIC does
 the acknowledging and retransmitting while the rank computes or waits elsewhere, and hands
 the units delivered in order over through a queue. The decisions (ACK, NAK, when to send
 again) are Python's, per batch; the per-datagram work (screen, in_order, building and sealing
@@ -27,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +44,7 @@ RTO_MAX_S = 1.0
 
 @dataclass
 class Burst:
-    """The datagrams of one send (UdpTransport._send_reliable): packet i of them is
+    """The datagrams of one send (GoBackN.send): packet i of them is
     x[starts[i]:ends[i]], index index_first + i of `count`, its datagrams (fragments)
     psns packet_psn[i] on (packet_psn[-1]: one past the last). Kept, as that description
     and not as datagrams, to be sent again from any psn on by the compiled sender."""
@@ -127,14 +130,42 @@ def fragments_of(floats, fragment_floats: int):
     return np.maximum(1, -(-floats // fragment_floats))
 
 
-class GoBackN:
-    """RC semantics on one UdpTransport `t`: its send flows and their retransmissions, its
-    receiver's in-order state and answers, and the service thread that runs them. Lock
-    order: `lock` (the flows) is taken inside the transport's use_lock, never around it."""
+@dataclass(frozen=True)
+class RcWire:
+    """What go-back-N uses of its UDP transport (UdpTransport.rc_wire builds it), and nothing
+    else: who this rank is, the counters both keep, the socket's receiver and poller, the
+    compiled senders (the transport's, for first sends; the service thread's own, for
+    sending again) and the transport's screening, counting and sealing."""
 
-    def __init__(self, t):
+    rank: int
+    world: int
+    nonce: int
+    fragment_floats: int
+    counters: Any               # the transport's (its Counters): retransmitted, timeouts, ...
+    auth: Any                   # the job key's sealing (None: unsealed)
+    drop_mask: Any              # the transport's drop mask (None: none)
+    receiver: Any               # native.BatchReceiver on the transport's socket
+    poller: Any                 # select.poll of that socket
+    addresses: list             # each rank's native sockaddr
+    first_sender: Any           # native.Sender the transport sends with
+    spare_sender: Any           # native.Sender of the service thread's own
+    counted: Callable           # (native.Sent) -> None: a send counted as the transport's
+    send_control: Callable      # (dest, head) -> None: a control datagram, sealed and sent
+    screen: Callable            # (n) -> each received row's class (native.DATA, OTHER, ...)
+    unmasked: Callable          # (rows) -> the rows the drop mask keeps
+    take_control: Callable      # (size, view) -> None: an ACK or NAK, to on_control
+    count: Callable             # (verdict, n) -> None: a verdict counted
+
+
+class GoBackN:
+    """RC semantics on a UDP transport's wire `t` (RcWire): its send flows and their
+    retransmissions, its receiver's in-order state and answers, and the service thread that
+    runs them. Lock order: `lock` (the flows) is taken inside the transport's use_lock,
+    never around it."""
+
+    def __init__(self, t: RcWire):
         self.t = t
-        world, rx = t.world, t._rx
+        world, rx = t.world, t.receiver
         self.flows = [SendFlow() for _ in range(world)]
         self.controls_sent = [0] * world  # ACKs and NAKs, per peer (see _control)
         # the receiver, per source: the next psn in order (native.in_order moves it on),
@@ -150,8 +181,7 @@ class GoBackN:
         # the width of a delivered datagram's row (a header and one fragment)
         self._delivered_width = -(-(hdr.HEADER_BYTES + 4 * t.fragment_floats) // 64) * 64
         # the service thread sends again while the rank sends: its own compiled sender
-        self.tx_again = native.Sender(t.sock.fileno(), t.rank, t.nonce, t.segment_bytes,
-                                      t.segments_asked)
+        self.tx_again = t.spare_sender
         self.lock = threading.Lock()
         self.all_acked = threading.Condition(self.lock)  # notified when nothing is unacked
         self.delivered: queue.Queue = queue.Queue()
@@ -182,8 +212,8 @@ class GoBackN:
                             index_first))
             total = flow.next_psn - psn_first
             seq_first = t.auth.reserve(total) if t.auth is not None else 0
-        t._sent(t._tx.send(
-            to=t._sockaddrs[dest], dest=dest, mac=t.auth.mac if t.auth else None,
+        t.counted(t.first_sender.send(
+            to=t.addresses[dest], dest=dest, mac=t.auth.mac if t.auth else None,
             seq_first=seq_first, stage=stage, step=step, bucket=bucket, shard=shard, x=x,
             starts=starts, ends=ends, count=count, fragment_floats=t.fragment_floats,
             psn_first=psn_first, index_first=index_first))
@@ -198,14 +228,14 @@ class GoBackN:
             burst.copy = (burst.copy + 1) & 0xFFFF
             total = burst.psn_end - first
             sent = self.tx_again.send(
-                to=t._sockaddrs[dest], dest=dest, mac=auth.mac if auth else None,
+                to=t.addresses[dest], dest=dest, mac=auth.mac if auth else None,
                 seq_first=auth.reserve(total) if auth else 0, stage=burst.stage,
                 step=burst.step, bucket=burst.bucket, shard=burst.shard, x=burst.x,
                 starts=burst.starts[packet:], ends=burst.ends[packet:], count=burst.count,
                 fragment_floats=t.fragment_floats, psn_first=first,
                 index_first=burst.index_first + packet, first_fragment=fragment,
                 copy=burst.copy)
-            t._sent(sent)
+            t.counted(sent)
             t.counters.retransmitted += sent.data
 
     def _control(self, dest: int, stage: int, psn: int) -> None:
@@ -218,7 +248,7 @@ class GoBackN:
         self.controls_sent[dest] = (copy + 1) & 0xFFFF
         head = hdr.pack(stage, t.rank, t.nonce, 0, 0, 0, 0, 0, 0, psn=psn, copy=copy,
                         dest=dest)
-        t._transmit(dest, t._seal(head, b""), b"")
+        t.send_control(dest, head)
 
     # ---- receiving ----------------------------------------------------------------------
 
@@ -234,7 +264,7 @@ class GoBackN:
             except queue.Empty:
                 return
             for verdict, count in handle_batch(block, np.arange(len(block))).items():
-                self.t._count(verdict, count)
+                self.t.count(verdict, count)
 
     def flush(self, deadline: float) -> bool:
         """Wait until every datagram this rank sent was acknowledged, or the deadline."""
@@ -261,7 +291,7 @@ class GoBackN:
     def _service_loop(self) -> None:
         """Read the socket a batch at a time, answer with ACKs and NAKs, retransmit, hand
         units over."""
-        rx, poller = self.t._rx, self.t._poller
+        rx, poller = self.t.receiver, self.t.poller
         while not self.stopping.is_set():
             try:
                 n = rx.receive()
@@ -278,25 +308,25 @@ class GoBackN:
 
     def _serve_batch(self, n: int) -> None:
         """A received batch, screened by the compiled core (this job's, its source's tag,
-        addressed here). ACKs and NAKs go to the send flows one by one (the transport's
-        _datagram); the data datagrams the drop mask keeps are taken in order by the
+        addressed here). ACKs and NAKs go to the send flows one by one (the wire's
+        take_control); the data datagrams the drop mask keeps are taken in order by the
         compiled core (native.in_order) and those it delivers go to the collective as one
         batch. Then the answers, per source: a NAK for a gap still open (one per gap), and
         one cumulative ACK for everything newly in order (not one every few datagrams: each
         is a sealed datagram and a system call), or again for duplicates (the sender resent
         what we have: our ACK was lost)."""
         t = self.t
-        rx, c = t._rx, t.counters
-        classes = t._screen(n)
+        rx, c = t.receiver, t.counters
+        classes = t.screen(n)
         for row in np.flatnonzero(classes == native.OTHER).tolist():
             view = memoryview(rx.data[row])
             if view[hdr.STAGE_OFFSET] in (hdr.STAGE_ACK, hdr.STAGE_NAK):
-                t._datagram(int(rx.sizes[row]), None, None, view, checked=True)
+                t.take_control(int(rx.sizes[row]), view)
             else:
                 c.malformed += 1  # an RC peer sends data, ACKs and NAKs, nothing else
         rows = np.flatnonzero(classes == native.DATA)
         if len(rows) and t.drop_mask is not None:
-            rows = t._unmasked(rows)
+            rows = t.unmasked(rows)
         if not len(rows):
             self._acknowledge_all()
             return

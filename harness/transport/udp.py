@@ -41,7 +41,7 @@ from harness.transport import header as hdr
 from harness.transport.auth import PacketAuth
 from harness.transport.dropmask import DropMask
 from harness.transport.early import EarlyStash
-from harness.transport.gobackn import GoBackN, fragments_of
+from harness.transport.gobackn import GoBackN, RcWire, fragments_of
 from harness.transport.screening import screen
 from harness.transport.semantics import Semantics
 from harness.transport.verdicts import MALFORMED, Counters, count_verdict
@@ -126,13 +126,29 @@ class UdpTransport:
                                       dtype=np.uint32)
         self._peer_port = np.array([p for _, p in self.endpoints], dtype=np.uint16)
         # RC: go-back-N's flows and the service thread that runs them (gobackn.py)
-        self.rc = GoBackN(self) if self.semantics.reliable else None
+        self.rc = GoBackN(self.rc_wire()) if self.semantics.reliable else None
         sending = (f"UDP GSO, {self.segments} datagrams a send" if self.segments > 1
                    else "sendmmsg")
         log.info("rank %d: UDP transport on %s:%d, MTU %d, %s (%d floats per unit), nonce %x, "
                  "%s, %s", rank, host, bound_port, mtu, self.semantics, self.per_packet,
                  self.nonce, sending,
                  "authenticated" if self.auth else "NOT authenticated (no job key)")
+
+    def rc_wire(self) -> RcWire:
+        """What go-back-N may use of this transport (RC semantics), and nothing else."""
+        return RcWire(
+            rank=self.rank, world=self.world, nonce=self.nonce,
+            fragment_floats=self.fragment_floats, counters=self.counters, auth=self.auth,
+            drop_mask=self.drop_mask, receiver=self._rx, poller=self._poller,
+            addresses=self._sockaddrs, first_sender=self._tx,
+            spare_sender=native.Sender(self.sock.fileno(), self.rank, self.nonce,
+                                       self.segment_bytes, self.segments_asked),
+            counted=self._sent,
+            send_control=lambda dest, head: self._transmit(dest, self._seal(head, b""), b""),
+            screen=self._screen, unmasked=self._unmasked,
+            take_control=lambda size, view: self._datagram(size, None, None, view,
+                                                           checked=True),
+            count=self._count)
 
     @property
     def segments(self) -> int:
@@ -143,6 +159,11 @@ class UdpTransport:
     @property
     def authenticated(self) -> bool:
         return self.auth is not None
+
+    def take_stash(self) -> EarlyStash:
+        """The units kept for coming steps (the contract's take_stash)."""
+        stash, self.stash = self.stash, EarlyStash()
+        return stash
 
     def close(self) -> None:
         if self.rc is not None:

@@ -229,6 +229,11 @@ class VerbsTransport:
         for peer in remote:
             store.get(f"{prefix}/ready/{peer}")
 
+    def take_stash(self) -> EarlyStash:
+        """The units kept for coming steps (the contract's take_stash)."""
+        stash, self.stash = self.stash, EarlyStash()
+        return stash
+
     def close(self) -> None:
         """Give every resource back to the device (a process that exits does so too)."""
         with self.use_lock:

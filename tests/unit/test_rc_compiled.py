@@ -8,6 +8,7 @@ in Python. Loopback ranks only (127.0.0.1)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import time
 
@@ -59,6 +60,7 @@ def rc_sending_to_a_sink():
         t1.endpoints[0] = sink.getsockname()
         t1._sockaddrs[0] = native.sockaddr_in(*sink.getsockname())
         t1._tx = CountingSender(t1._tx, calls)
+        t1.rc.t = dataclasses.replace(t1.rc.t, first_sender=t1._tx)  # (the wire lends it)
         t1.rc.tx_again = CountingSender(t1.rc.tx_again, calls)
         yield t0, t1, sink, calls
     finally:

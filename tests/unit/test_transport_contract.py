@@ -77,3 +77,22 @@ def test_the_screening_chain_is_written_once():
         written
     for path in ("harness/transport/udp.py", "harness/verbs/transport.py"):
         assert "screen(head, " in (REPO / path).read_text(), path
+
+
+def test_go_back_n_and_the_collectives_use_the_transport_only_through_its_joints():
+    """#55 item 3: GoBackN gets an RcWire (what the transport lends it), and reads no
+    private member of the transport; no collective replaces the transport's stash (it
+    takes it: take_stash) or reaches for a private member."""
+    reaching = []
+    for path in [REPO / "harness/transport/gobackn.py",
+                 *sorted((REPO / "harness/collectives").glob("*.py"))]:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                    and not node.attr.startswith("__") and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr in ("t", "transport"):
+                reaching.append(f"{path.name}:{node.lineno} .{node.value.attr}.{node.attr}")
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Attribute) and t.attr == "stash" for t in node.targets):
+                reaching.append(f"{path.name}:{node.lineno} replaces a stash")
+    assert reaching == []
