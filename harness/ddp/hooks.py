@@ -5,13 +5,21 @@ DDP's own all-reduce, timed (the reliable baseline).
     model.register_comm_hook(LossyHookState(collective), lossy_allreduce_hook)
 
 DDP's contract: hook(state, bucket) -> Future[Tensor] holding the bucket's averaged
-gradients. The lossy collective works on CPU float32: CUDA buckets go through a pinned host
-buffer (one per bucket, reused), and the future completes once the result is back on the
-device's stream.
+gradients. The lossy hook returns it pending, as torch's own hooks do: the bucket is reduced
+on a thread of the hook's while backward goes on computing the buckets after it, so
+communication overlaps backward (the thread lives for one backward: started by its first
+bucket, ended after its last, so nothing of lossbed's runs between steps, when a DataLoader
+may fork). Buckets are reduced one after the other, in the order DDP hands them over (the
+collective's steps are numbered in that order on every rank). The lossy collective works on
+CPU float32: CUDA buckets go through a pinned host buffer (one per bucket, reused; the copy
+to it is made before the hook returns), and the future completes once the result is back on
+the device's stream.
 """
 
 # No `from __future__ import annotations` here: DDP checks the hook's return annotation
 # object, which must be torch.futures.Future[torch.Tensor] itself, not a string.
+import queue
+import threading
 import time
 
 import torch
@@ -33,6 +41,7 @@ class LossyHookState:
         self.agree_skips, self.agree, self.not_finite = agree_skips, agree, False
         self.staging: dict[int, torch.Tensor] = {}
         self.collective_us = Histogram()
+        self.overlap = Overlap()
 
     def host_buffer(self, index: int, like: torch.Tensor) -> torch.Tensor:
         buffer = self.staging.get(index)
@@ -43,23 +52,57 @@ class LossyHookState:
         return buffer
 
 
+class Overlap:
+    """The thread a backward's buckets are reduced on, one after the other, while backward
+    goes on: started by the first bucket, it ends after the last (is_last)."""
+
+    def __init__(self):
+        self.work: queue.SimpleQueue | None = None
+
+    def submit(self, reduce, future: torch.futures.Future, last: bool) -> None:
+        if self.work is None:
+            self.work = queue.SimpleQueue()
+            threading.Thread(target=self._reduce_each, args=(self.work,), daemon=True,
+                             name="lossbed-buckets").start()
+        self.work.put((reduce, future))
+        if last:
+            self.work.put(None)  # (the thread ends once it reduced this one)
+            self.work = None
+
+    @staticmethod
+    def _reduce_each(work: queue.SimpleQueue) -> None:
+        while (item := work.get()) is not None:
+            reduce, future = item
+            try:
+                future.set_result(reduce())
+            except BaseException as err:  # noqa: BLE001 - DDP raises it from backward
+                future.set_exception(err)
+
+
 def lossy_allreduce_hook(state: LossyHookState, bucket) -> torch.futures.Future[torch.Tensor]:
     grads = bucket.buffer()
+    index, last = bucket.index(), bucket.is_last()
     started = time.perf_counter()
-    if grads.is_cuda or grads.dtype != torch.float32:
-        host = state.host_buffer(bucket.index(), grads)
+    staged = grads.is_cuda or grads.dtype != torch.float32
+    if staged:
+        host = state.host_buffer(index, grads)
         host.copy_(grads.view(-1))  # synchronous: the bucket's gradients are final here
-        state.collective.allreduce(host, bucket=bucket.index())
-        grads.view(-1).copy_(host, non_blocking=grads.is_cuda)
-        if grads.is_cuda:
-            torch.cuda.current_stream(grads.device).synchronize()
-    else:
-        state.collective.allreduce(grads.view(-1), bucket=bucket.index())
-    if state.agree_skips:
-        agree_on_skips(state, grads, bucket.is_last())
-    state.collective_us.record((time.perf_counter() - started) * 1e6)
+
+    def reduce() -> torch.Tensor:
+        if staged:
+            state.collective.allreduce(host, bucket=index)
+            grads.view(-1).copy_(host, non_blocking=grads.is_cuda)
+            if grads.is_cuda:
+                torch.cuda.current_stream(grads.device).synchronize()
+        else:
+            state.collective.allreduce(grads.view(-1), bucket=index)
+        if state.agree_skips:
+            agree_on_skips(state, grads, last)
+        state.collective_us.record((time.perf_counter() - started) * 1e6)
+        return grads
+
     future = torch.futures.Future()
-    future.set_result(grads)
+    state.overlap.submit(reduce, future, last)
     return future
 
 

@@ -5,6 +5,9 @@ in place. Two ranks on loopback (127.0.0.1), no loss: the result is the exact me
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -17,11 +20,14 @@ from tests.unit.test_transport_hostile import make_pair
 class Bucket:
     """What the hook uses of DDP's GradBucket."""
 
-    def __init__(self, index: int, grads: torch.Tensor):
-        self._index, self._grads = index, grads
+    def __init__(self, index: int, grads: torch.Tensor, last: bool = True):
+        self._index, self._grads, self._last = index, grads, last
 
     def index(self) -> int:
         return self._index
+
+    def is_last(self) -> bool:
+        return self._last
 
     def buffer(self) -> torch.Tensor:
         return self._grads
@@ -39,7 +45,8 @@ def hooked(grads_of_rank, buckets=(0,), calls=1):
                 results = []
                 for index in buckets:
                     grads = grads_of_rank(rank, index)
-                    future = lossy_allreduce_hook(state, Bucket(index, grads))
+                    future = lossy_allreduce_hook(state, Bucket(index, grads,
+                                                                index == buckets[-1]))
                     results.append((grads, future.wait()))
             return state, results
 
@@ -91,3 +98,45 @@ def test_a_cuda_bucket_goes_through_a_pinned_buffer_and_comes_back_on_its_device
         assert result is grads_in and result.is_cuda
         assert torch.equal(result.cpu(), torch.full((3000,), 2.0))
         assert state.staging[0].is_pinned()
+
+
+class HeldCollective(LossyCollective):
+    """A collective whose reduce waits until the test lets it go (no network)."""
+
+    def __init__(self):  # (LossyCollective's own set-up is not needed)
+        self.go, self.reduced = threading.Event(), []
+
+    def allreduce(self, x, bucket=0):
+        assert self.go.wait(30)
+        if bucket == 99:
+            raise RuntimeError("the collective failed (injected)")
+        self.reduced.append(bucket)
+        x.mul_(2)
+
+
+def test_the_hook_returns_before_its_bucket_is_reduced_and_backward_goes_on():
+    """The future is pending when the hook returns (backward computes the next buckets
+    meanwhile), the buckets are reduced in DDP's order, and the thread that reduced them
+    is gone after the last."""
+    collective = HeldCollective()
+    state = LossyHookState(collective)
+    threads_before = threading.active_count()
+    futures = [lossy_allreduce_hook(state, Bucket(i, torch.ones(4), last=i == 2))
+               for i in range(3)]
+    assert not any(f.done() for f in futures)  # nothing reduced yet: backward went on
+    collective.go.set()
+    assert [float(f.wait()[0]) for f in futures] == [2.0, 2.0, 2.0]
+    assert collective.reduced == [0, 1, 2]
+    deadline = time.monotonic() + 5
+    while threading.active_count() > threads_before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == threads_before
+    assert state.collective_us.total == 3
+
+
+def test_a_failed_reduce_reaches_backward_through_the_future():
+    collective = HeldCollective()
+    collective.go.set()
+    future = lossy_allreduce_hook(LossyHookState(collective), Bucket(99, torch.ones(4)))
+    with pytest.raises(RuntimeError, match="injected"):
+        future.wait()
