@@ -472,6 +472,25 @@ def main(argv: list[str] | None = None, more=()) -> int:
     except KeyboardInterrupt:
         print("lossbed: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # noqa: BLE001 - a bug of lossbed's: one line, the rest in a log
+        if args.verbose:
+            raise
+        log_path = _write_traceback()
+        print(f"lossbed: internal error: {type(err).__name__}: {err} (the traceback is in "
+              f"{log_path}; -v prints it here). Please report it with that file",
+              file=sys.stderr)
+        return 1
+
+
+def _write_traceback() -> str:
+    """The current exception's traceback in a file of its own (this process's)."""
+    import tempfile
+    import traceback
+
+    path = os.path.join(tempfile.gettempdir(), f"lossbed-error-{os.getpid()}.log")
+    with open(path, "w") as f:
+        traceback.print_exc(file=f)
+    return path
 
 
 if __name__ == "__main__":

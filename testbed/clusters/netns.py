@@ -36,6 +36,7 @@ from testbed.progress import Progress
 log = logging.getLogger(__name__)
 
 KIND = "netns"
+MAX_HOSTS = 64  # namespace hosts one `up` builds on this machine
 MTU_MIN, MTU_MAX = 68, 65535
 NETNS_ETC = Path("/etc/netns")
 
@@ -173,6 +174,10 @@ def validate(spec: ClusterSpec) -> LocalCluster:
     """Check every option and resolve defaults; touches nothing."""
     if spec.hosts < 1:
         raise UsageError("--hosts", f"{spec.hosts} is too few", "A cluster needs --hosts 1 or more")
+    if spec.hosts > MAX_HOSTS:  # (a typo such as 1000 for 10 would build them all)
+        raise UsageError("--hosts", f"{spec.hosts} namespace hosts on one machine",
+                         f"Use --hosts {MAX_HOSTS} or fewer: they share this machine's cores "
+                         "and memory, each with ranks of its own")
     naming.validate_cluster_name(spec.name, spec.hosts)
     if not MTU_MIN <= spec.mtu <= MTU_MAX:
         raise UsageError(

@@ -133,3 +133,23 @@ def test_lossbeds_options_after_the_double_dash_are_refused_not_passed_on(capsys
     lossbed would take the only cluster up, which may be another user's."""
     err = _refused(["run", "--", "torchrun", "train.py", "--cluster", "c1"], capsys)
     assert "given after --" in err and "lossbed run --cluster NAME -- " in err, err
+
+
+def test_a_typo_in_the_number_of_hosts_is_refused_before_anything_is_built():
+    with pytest.raises(UsageError, match="--hosts 64 or fewer"):
+        netns_cluster.validate(netns_cluster.ClusterSpec(hosts=1000, name="t1"))
+
+
+def test_an_unexpected_error_is_one_line_and_its_traceback_a_file(monkeypatch, capsys):
+    from harness import cli as harness_cli
+
+    def broken(args):
+        raise KeyError("a bug of lossbed's (injected)")
+
+    monkeypatch.setattr(harness_cli, "_cmd_report", broken)
+    assert cli.main(["report", "somewhere"]) == 1
+    err = capsys.readouterr().err
+    assert "internal error: KeyError" in err and "Traceback" not in err, err
+    log = err.split("the traceback is in ")[1].split(";")[0]
+    assert "Traceback" in open(log).read()
+    os.remove(log)
