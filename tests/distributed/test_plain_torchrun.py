@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from harness import rank_protocol
-from tests.helpers import with_repo_on_path
+from tests.helpers import REPO, with_repo_on_path
 
 pytestmark = [pytest.mark.slow]
 
@@ -73,3 +73,29 @@ def test_plain_torchrun_changes_nothing_process_wide_and_counts_optimizer_steps(
     for rank in (0, 1):
         written = json.loads((metrics / f"rank{rank}.json").read_text())
         assert written["steps"] == STEPS, (scheme, written["steps"])  # not STEPS * MICRO
+
+
+def _llm_example(tmp_path, *args: str) -> dict[int, str]:
+    """examples/llm_training.py on two ranks over loopback (lossless): rank 0's loss of
+    each step it ran, as printed."""
+    env = {**os.environ, "PYTHONPATH": with_repo_on_path(), "LOSSBED_KEY": "cd" * 32,
+           "OMP_NUM_THREADS": "1"}
+    env.pop(rank_protocol.JOB, None)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", str(REPO / "examples/llm_training.py"),
+                           "--scheme", "bounded_drift", "--steps", "6", *args], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {int(line.split()[1]): line.split()[3] for line in done.stdout.splitlines()
+            if line.startswith("step ")}
+
+
+def test_the_llm_example_resumes_from_each_ranks_checkpoint_as_if_uninterrupted(tmp_path):
+    """bounded_drift's optimizer state is sharded (each rank saves its own): stopped after
+    3 steps and resumed from the checkpoints, the next steps' losses are the uninterrupted
+    run's, to the printed digit."""
+    uninterrupted = _llm_example(tmp_path)
+    stopped = _llm_example(tmp_path, "--checkpoint", "ckpt", "--stop-at", "3")
+    resumed = _llm_example(tmp_path, "--checkpoint", "ckpt")
+    assert sorted(stopped) == [0, 1, 2] and sorted(resumed) == [3, 4, 5]
+    assert {**stopped, **resumed} == uninterrupted

@@ -177,53 +177,41 @@ def test_an_interrupt_stops_the_job_and_clears_the_impairment(cluster, tmp_path)
     assert_nothing_left(cluster)
 
 
-USERS_SCRIPT = """
-import os, sys
-import torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-import harness.api as lossbed
-from helper import WIDTH            # beside the script: the user's own module
-
-dist.init_process_group("gloo")
-scale = float(open("data/scale.txt").read())  # relative to the folder it was started in
-torch.manual_seed(0)
-model = DDP(torch.nn.Linear(WIDTH, 1))
-optimizer = lossbed.rps(model, torch.optim.SGD(model.parameters(), lr=0.01))
-for step in range(10):
-    x = torch.randn(16, WIDTH)
-    loss = ((model(x) - scale * x.sum(1, keepdim=True)) ** 2).mean()
-    optimizer.zero_grad(); loss.backward(); optimizer.step()
-lossbed.report(final_loss=loss.item(), cwd=os.getcwd(), python=sys.executable)
-dist.destroy_process_group()
-"""
-
-
 def users_project(tmp_path) -> Path:
-    """A user's project outside the checkout: a script, a module of theirs beside it, a
-    data file it opens by a relative path, and their own torchrun on their PATH."""
+    """A user's project outside the checkout: the real training script (its module beside
+    it, its checkpoints in a folder of its own) and their own torchrun on their PATH."""
     project = tmp_path / "project"
-    (project / "data").mkdir(parents=True)
-    (project / "train.py").write_text(USERS_SCRIPT)
-    (project / "helper.py").write_text("WIDTH = 32\n")
-    (project / "data" / "scale.txt").write_text("0.5\n")
+    project.mkdir()
+    (project / "llm_training.py").write_text((REPO / "examples/llm_training.py").read_text())
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "torchrun").symlink_to(REPO / ".venv" / "bin" / "torchrun")
     return project
 
 
-def test_a_script_in_the_users_folder_runs_there_with_the_users_torchrun(cluster, tmp_path):
+@pytest.mark.parametrize("scheme", ["lossy_gradients", "bounded_drift", "rps"])
+def test_a_real_training_script_in_the_users_folder_goes_lossy(cluster, tmp_path, scheme):
+    """examples/llm_training.py (AdamW with weight-decay groups, a cosine schedule, bf16
+    autocast, 2 micro-batches a step, each rank's checkpoint) at 10% loss, started from
+    the user's folder with the torchrun on their PATH: it trains, its steps are optimizer
+    steps, its checkpoints are where it put them."""
     project = users_project(tmp_path)
     path = f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"
     done = lossbed("run", "--cluster", cluster.name, "--profile", "random-loss", "--loss",
-                   str(LOSS), "--out", str(tmp_path / "out"), "--", "torchrun", "train.py",
-                   cwd=project, env={**os.environ, "PATH": path}, timeout=600)
+                   str(LOSS), "--out", str(tmp_path / "out"), "--", "torchrun",
+                   "llm_training.py", "--scheme", scheme, "--steps", "12", "--checkpoint",
+                   "ckpt", "--save-every", "6", cwd=project, env={**os.environ, "PATH": path},
+                   timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["workdir"] == str(project)
     assert summary["torchrun"] == [str(tmp_path / "bin" / "torchrun")]
-    assert summary["script"]["cwd"] == str(project)
-    assert math.isfinite(summary["script"]["final_loss"]) and summary["ranks"] == 3
+    assert summary["ranks"] == 3 and summary["steps"] == 12  # not 24 micro-batches
     assert_lossy_as_the_kernel_says(summary)
+    losses = summary["script"]["losses"]
+    assert len(losses) == 12 and losses[-1] < losses[0] - 0.3, losses  # it learned
+    assert summary["script"]["heldout_ppl"] < 256  # below a uniform guess over bytes
+    assert sorted(p.name for p in (project / "ckpt").iterdir()) == [
+        "rank0.pt", "rank1.pt", "rank2.pt"]
     assert_nothing_left(cluster)
 
 
@@ -231,13 +219,13 @@ def test_a_script_that_is_not_there_is_refused_before_anything_is_impaired(clust
                                                                           tmp_path):
     project = users_project(tmp_path)
     done = lossbed("run", "--cluster", cluster.name, "--impair-from", "start", "--out",
-                   str(tmp_path / "out"), "--", "torchrun", "trian.py", cwd=project,
+                   str(tmp_path / "out"), "--", "torchrun", "llm_trainig.py", cwd=project,
                    timeout=60)
     assert done.returncode == 2, done.stderr
-    assert f"{project}/trian.py: no such file on {cluster.hosts[0].name}" in done.stderr
+    assert f"{project}/llm_trainig.py: no such file on {cluster.hosts[0].name}" in done.stderr
     assert "--workdir" in done.stderr and "Traceback" not in done.stderr
     assert engine.read_record(cluster) is None  # (--impair-from start: not applied either)
     # ... and found where --workdir says it is, from any folder
     done = lossbed("run", "--cluster", cluster.name, "--print", "--workdir", str(project),
-                   "--", "torchrun", "train.py", cwd=tmp_path, timeout=60)
+                   "--", "torchrun", "llm_training.py", cwd=tmp_path, timeout=60)
     assert done.returncode == 0 and f"cd {project} && env " in done.stdout, done.stderr
