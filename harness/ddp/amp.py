@@ -22,15 +22,15 @@ class SkipsDisagree(RuntimeError):
 
 
 def any_rank(flag: bool) -> bool:
-    """Whether `flag` holds on any rank: a reliable all-reduce (MAX) over the default
-    process group (the one the job's DDP uses)."""
+    """Whether `flag` holds on any rank: a reliable all-reduce over the default process
+    group (the one the job's DDP uses; process_group puts the flag where it wants it)."""
     import torch.distributed as dist
+
+    from harness.collectives import process_group
 
     if not dist.is_available() or not dist.is_initialized():
         return flag
-    value = torch.tensor([1.0 if flag else 0.0])
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item() > 0)
+    return bool(process_group.all_reduce_(torch.tensor([1.0 if flag else 0.0])).item() > 0)
 
 
 def record_skip(scaler, optimizer) -> None:

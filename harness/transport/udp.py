@@ -122,33 +122,15 @@ class UdpTransport:
         self._tx = native.Sender(self.sock.fileno(), rank, self.nonce, self.segment_bytes,
                                  self.segments_asked)
         self._sockaddrs = [native.sockaddr_in(h, p) for h, p in self.endpoints]
-        self._peer_address = np.array([native.ipv4(h) for h, _ in self.endpoints],
-                                      dtype=np.uint32)
+        self._peer_address = np.array([native.ipv4(h) for h, _ in self.endpoints], np.uint32)
         self._peer_port = np.array([p for _, p in self.endpoints], dtype=np.uint16)
         # RC: go-back-N's flows and the service thread that runs them (gobackn.py)
-        self.rc = GoBackN(self.rc_wire()) if self.semantics.reliable else None
-        sending = (f"UDP GSO, {self.segments} datagrams a send" if self.segments > 1
-                   else "sendmmsg")
+        self.rc = GoBackN(rc_wire(self)) if self.semantics.reliable else None
+        sending = f"UDP GSO, {self.segments} datagrams a send" if self.segments > 1 else "sendmmsg"
         log.info("rank %d: UDP transport on %s:%d, MTU %d, %s (%d floats per unit), nonce %x, "
                  "%s, %s", rank, host, bound_port, mtu, self.semantics, self.per_packet,
                  self.nonce, sending,
                  "authenticated" if self.auth else "NOT authenticated (no job key)")
-
-    def rc_wire(self) -> RcWire:
-        """What go-back-N may use of this transport (RC semantics), and nothing else."""
-        return RcWire(
-            rank=self.rank, world=self.world, nonce=self.nonce,
-            fragment_floats=self.fragment_floats, counters=self.counters, auth=self.auth,
-            drop_mask=self.drop_mask, receiver=self._rx, poller=self._poller,
-            addresses=self._sockaddrs, first_sender=self._tx,
-            spare_sender=native.Sender(self.sock.fileno(), self.rank, self.nonce,
-                                       self.segment_bytes, self.segments_asked),
-            counted=self._sent,
-            send_control=lambda dest, head: self._transmit(dest, self._seal(head, b""), b""),
-            screen=self._screen, unmasked=self._unmasked,
-            take_control=lambda size, view: self._datagram(size, None, None, view,
-                                                           checked=True),
-            count=self._count)
 
     @property
     def segments(self) -> int:
@@ -386,3 +368,17 @@ class UdpTransport:
 
     def _count(self, verdict: str, count: int = 1) -> None:
         count_verdict(self.counters, verdict, count)
+
+
+def rc_wire(t: UdpTransport) -> RcWire:
+    """What go-back-N may use of transport `t` (RC semantics), and nothing else."""
+    return RcWire(
+        rank=t.rank, world=t.world, nonce=t.nonce, fragment_floats=t.fragment_floats,
+        counters=t.counters, auth=t.auth, drop_mask=t.drop_mask, receiver=t._rx,
+        poller=t._poller, addresses=t._sockaddrs, first_sender=t._tx,
+        spare_sender=native.Sender(t.sock.fileno(), t.rank, t.nonce, t.segment_bytes,
+                                   t.segments_asked),
+        counted=t._sent, send_control=lambda dest, head: t._transmit(dest, t._seal(head, b""), b""),
+        screen=t._screen, unmasked=t._unmasked,
+        take_control=lambda size, view: t._datagram(size, None, None, view, checked=True),
+        count=t._count)
