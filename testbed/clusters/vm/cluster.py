@@ -229,10 +229,9 @@ def validate(spec: VMSpec):
     if spec.memory_mb < 256:
         raise UsageError("--memory-mb", f"{spec.memory_mb} MB is too little for a VM that "
                          "runs Python", "Use --memory-mb 512 or more")
-    base = netns_cluster.validate(netns_cluster.ClusterSpec(
+    _check_memory(spec)  # (before the namespaces' own limit: memory is what VMs run out of)
+    return netns_cluster.validate(netns_cluster.ClusterSpec(
         hosts=spec.hosts, name=spec.name, mtu=spec.mtu, subnet=spec.subnet, ssh=spec.ssh))
-    _check_memory(spec)
-    return base
 
 
 def up(spec: VMSpec) -> VMCluster:
