@@ -136,6 +136,25 @@ def _precheck(path: Path) -> None:
         raise UsageError("--inventory", f"{path} is not a YAML inventory (a mapping of groups)",
                          "Start the file with all: (see ansible/inventory.example.yml), or "
                          "write an INI inventory ([group] lines)")
+    # what load() would refuse after Ansible's second or so, refused from the file itself
+    names = _yaml_host_names(data)
+    if not names:
+        raise UsageError("--inventory", f"{path} lists no hosts", "Add hosts under all.hosts")
+    for name in names:
+        if "[" not in name:  # (web[01:10] is a range Ansible expands)
+            check_name(name, "host name")
+
+
+def _yaml_host_names(groups: dict) -> list:
+    """The host names a YAML inventory declares: every group's hosts, its children's too."""
+    names = []
+    for group in groups.values():
+        if isinstance(group, dict):
+            if isinstance(group.get("hosts"), dict):
+                names += list(group["hosts"])
+            if isinstance(group.get("children"), dict):
+                names += _yaml_host_names(group["children"])
+    return names
 
 
 def _ansible_hosts(path: Path) -> dict[str, dict]:

@@ -201,3 +201,21 @@ def test_reading_an_inventory_leaves_this_process_as_it_was(tmp_path):
     intern = sys.intern
     inventory.load(write(tmp_path, GOOD))
     assert sys.intern is intern and "ansible" not in sys.modules
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("all:\n  hosts: {}\n  children:\n    gpus:\n      hosts: {}\n", ["lists no hosts"]),
+    ("all:\n  children:\n    gpus:\n      hosts:\n        ../etc:\n", ["host name '../etc'"]),
+])
+def test_what_the_file_itself_shows_is_refused_before_ansible_reads_it(tmp_path, monkeypatch,
+                                                                       text, words):
+    """No hosts, or a host name lossbed refuses: said from the YAML at once, not after the
+    second Ansible's parser takes in a process of its own (#57: 1.5-1.8 s before)."""
+    def ansible(path):
+        raise AssertionError("Ansible was asked to read an inventory refused by its text")
+
+    monkeypatch.setattr(inventory, "_ansible_hosts", ansible)
+    with pytest.raises(UsageError) as err:
+        inventory.load(write(tmp_path, text))
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
