@@ -143,6 +143,59 @@ def _precheck(path: Path) -> None:
     for name in names:
         if "[" not in name:  # (web[01:10] is a range Ansible expands)
             check_name(name, "host name")
+    _precheck_host_variables(path, data)
+
+
+def _precheck_host_variables(path: Path, groups: dict) -> None:
+    """A host's own variable lossbed refuses, or a field nothing in the file sets: said
+    from the file before Ansible's reading (a second or so in a process of its own). Only
+    what Ansible cannot change: a host_vars/ folder beside the file may override a host's
+    own values (then nothing is judged here), a group_vars/ folder may supply a missing
+    field (then a missing one is left to Ansible); templated values and ranges are skipped."""
+    if (path.parent / "host_vars").exists():
+        return
+    own: dict[str, dict] = {}
+    set_by_groups: set = set()
+    _collect_host_variables(groups, own, set_by_groups)
+    may_be_supplied = (path.parent / "group_vars").exists()
+    for name, values in own.items():
+        view = _lossbed_view({k: v for k, v in values.items() if v is not _CONFLICT})
+        try:
+            HostEntry.model_validate(view)
+        except ValidationError as err:
+            sure = [e for e in err.errors() if (
+                e["type"] == "missing" and not may_be_supplied
+                and e["loc"][0] not in set_by_groups and e["loc"][0] not in values) or (
+                e["type"] != "missing" and e["loc"] and e["loc"][0] in view)]
+            if sure:
+                raise UsageError("--inventory", f"{path}: host {name}: "
+                                 + "; ".join(_explain(e) for e in sure),
+                                 "Fix the host's variables") from None
+
+
+_CONFLICT = object()  # a host listed twice with two values of one variable: Ansible's choice
+
+
+def _collect_host_variables(groups: dict, own: dict, set_by_groups: set) -> None:
+    """Each host's own variables (a host listed in several groups: all its entries), and the
+    names of the variables any group sets (which may reach any host)."""
+    for group in groups.values():
+        if not isinstance(group, dict):
+            continue
+        if isinstance(group.get("vars"), dict):
+            set_by_groups.update(group["vars"])
+        hosts = group.get("hosts") if isinstance(group.get("hosts"), dict) else {}
+        for name, values in hosts.items():
+            if "[" in str(name):  # a range: Ansible expands it, to hosts named elsewhere too
+                set_by_groups.update(values if isinstance(values, dict) else ())
+                continue
+            mine = own.setdefault(str(name), {})
+            for key, value in (values.items() if isinstance(values, dict) else ()):
+                templated = isinstance(value, str) and "{{" in value
+                seen_other = key in mine and mine[key] != value
+                mine[key] = _CONFLICT if templated or seen_other else value
+        if isinstance(group.get("children"), dict):
+            _collect_host_variables(group["children"], own, set_by_groups)
 
 
 def _yaml_host_names(groups: dict) -> list:
