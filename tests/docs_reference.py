@@ -15,6 +15,10 @@ from pydantic import BaseModel
 REPO = Path(__file__).resolve().parents[1]
 CLI_PAGE = REPO / "docs" / "reference" / "cli.md"
 PROFILES_PAGE = REPO / "docs" / "reference" / "profiles.md"
+OUTPUTS_PAGE = REPO / "docs" / "reference" / "outputs.md"
+# outputs.md is written by hand but for the table of results.jsonl's fields between these
+FIELDS_BEGIN = "<!-- generated from harness/bench/fields.py: python -m tests.docs_reference -->"
+FIELDS_END = "<!-- end of the generated table -->"
 
 
 def cli_page() -> str:
@@ -113,11 +117,26 @@ def profiles_page() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def outputs_page() -> str:
+    """outputs.md with its table of results.jsonl's fields made again from RESULT_FIELDS."""
+    from harness.bench.fields import RESULT_FIELDS
+
+    text = OUTPUTS_PAGE.read_text()
+    before, rest = text.split(FIELDS_BEGIN, 1)
+    after = rest.split(FIELDS_END, 1)[1]
+    rows = [f"| `{name}` | {' '.join(meaning.split()).replace('|', '/')} |"
+            for name, meaning in RESULT_FIELDS.items()]
+    table = "\n".join(["| field | what it holds |", "|---|---|", *rows])
+    return f"{before}{FIELDS_BEGIN}\n{table}\n{FIELDS_END}{after}"
+
+
 def main() -> int:
     CLI_PAGE.parent.mkdir(parents=True, exist_ok=True)
     CLI_PAGE.write_text(cli_page())
     PROFILES_PAGE.write_text(profiles_page())
-    print(f"wrote {CLI_PAGE.relative_to(REPO)} and {PROFILES_PAGE.relative_to(REPO)}")
+    OUTPUTS_PAGE.write_text(outputs_page())
+    print(f"wrote {CLI_PAGE.relative_to(REPO)}, {PROFILES_PAGE.relative_to(REPO)} and the "
+          f"fields' table of {OUTPUTS_PAGE.relative_to(REPO)}")
     return 0
 
 

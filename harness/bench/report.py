@@ -12,26 +12,12 @@ import json
 import platform
 from pathlib import Path
 
+from harness.bench.fields import RESULT_FIELDS
 from harness.bench.plots import plots
 from harness.bench.summary import verdict_cell
 from harness.bench.table import table
 from harness.metrics.verdict import BAND_PCT
 from testbed import version
-
-RESULT_FIELDS = ("variant", "regime", "tokens_seen", "role", "profile", "loss", "loss_seed",
-                 "seed", "steps", "hosts",
-                 "tokens_per_s", "step_ms", "collective_ms", "warmup_step_ms", "slow_steps",
-                 "ppl", "headline", "ppl_rank0", "ppl_ranks", "ppl_rank_mean",
-                 "ppl_rank_worst", "ppl_average_model", "ppl_owners", "ce_per_token",
-                 "bytes_per_token", "bits_per_byte", "eval_tokens", "tokenizer", "vocab_size",
-                 "corpus_sha", "split_sha", "heldout_windows", "heldout_dropped", "epochs",
-                 "transport_counters", "ppl_delta_pct",
-                 "measured_loss", "measured_loss_interval", "measured_packets", "rcvbuf_drops",
-                 "measured_window", "coverage", "invalid", "loss_applied_by", "drift",
-                 "drift_steps", "drift_max", "progress_steps", "backend",
-                 "packets_sent", "packets_lost", "bytes_sent", "losses", "model_sha",
-                 "authenticated", "wire_warning", "rank_max_rss_mb", "exempt", "run_s",
-                 "wait_for_all", "step_hist")
 
 
 def write_outputs(out: Path, records: list[dict], summary: dict) -> None:

@@ -201,6 +201,8 @@ def test_the_generated_reference_pages_are_current():
         "docs/reference/cli.md is stale: python -m tests.docs_reference"
     assert docs_reference.PROFILES_PAGE.read_text() == docs_reference.profiles_page(), \
         "docs/reference/profiles.md is stale: python -m tests.docs_reference"
+    assert docs_reference.OUTPUTS_PAGE.read_text() == docs_reference.outputs_page(), \
+        "docs/reference/outputs.md's table of fields is stale: python -m tests.docs_reference"
 
 
 def test_every_link_between_the_documents_resolves():
