@@ -1,7 +1,14 @@
 # lossbed: every target sets itself up first. Run as root for the kernel features (namespaces,
 # tc, nftables); `make setup` installs missing system packages with apt when run as root.
 
-PYTHON ?= python3
+# The Python that makes the venv: the first of these that is 3.11 or newer (Ubuntu 22.04's
+# python3 is 3.10, its python3.11 package is not); none: python3, which setup refuses with the
+# fix. PYTHON=... chooses.
+ifndef PYTHON
+PYTHON := $(shell for p in python3 python3.13 python3.12 python3.11; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 \
+	&& { echo $$p; exit 0; }; done; echo python3)
+endif
 # Where lossbed is installed. By default a .venv of its own, pinned by requirements.lock.
 # On a GPU host whose Python already holds torch (a CUDA build):
 #   make setup SYSTEM_SITE_PACKAGES=1   a .venv that also sees the system's packages

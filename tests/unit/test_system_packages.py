@@ -14,6 +14,7 @@ import pytest
 from testbed import system_packages
 from testbed.clusters.vm import image, kernel
 from testbed.errors import EnvironmentProblem
+from tests.helpers import REPO
 
 RELEASES = {
     "debian-12": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n',
@@ -153,3 +154,31 @@ def test_a_python_too_old_for_lossbed_is_refused_with_the_distributions_fix(monk
     path.write_text(RELEASES["ubuntu-22.04"])
     assert system_packages.main(["bench", "--print", "--os-release", str(path)]) == 2
     assert "python3.11-venv" in capsys.readouterr().err and ran == []
+
+
+def test_make_chooses_a_python_new_enough_when_python3_is_too_old(tmp_path):
+    """Ubuntu 22.04: python3 is 3.10, python3.12 installed beside it. make takes the first of
+    python3, python3.13, python3.12, python3.11 that is 3.11 or newer (a PYTHON given is kept);
+    with none, python3, which setup refuses with the fix (the test above)."""
+    import os
+
+    too_old = "#!/bin/sh\nexit 1\n"  # what a 3.10 answers to the version check
+    for name in ("python3", "python3.13", "python3.11"):
+        (tmp_path / name).write_text(too_old)
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "python3.12").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}
+    env.pop("PYTHON", None)
+
+    def dry_run(*args):
+        done = subprocess.run(["make", "-n", "--no-print-directory", "setup", "PRINT=1", *args],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "python3.12 -m testbed.system_packages test --print" in dry_run()
+    assert "/opt/py -m testbed.system_packages" in dry_run("PYTHON=/opt/py")
+    (tmp_path / "python3.12").unlink()
+    (tmp_path / "python3.12").write_text(too_old)
+    (tmp_path / "python3.12").chmod(0o755)
+    assert "python3 -m testbed.system_packages test --print" in dry_run()
