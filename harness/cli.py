@@ -61,15 +61,11 @@ def _cmd_collective_bench(args) -> int:
 def _cmd_train(args) -> int:
     checks.loss_fraction("--loss", args.loss)  # (before torch is imported)
     checks.seconds("--grace-s", args.grace_s, FAILURE_GRACE_S, FAILURE_GRACE_MEANS)
+    from harness import options
     from harness.train.config import TrainConfig
 
-    cfg = TrainConfig(variant=args.variant, steps=args.steps, seed=args.seed,
-                      transport=args.transport, resync_every=args.resync_every,
-                      eval_tokens=args.eval_tokens, corpus=args.corpus,
-                      hf_dataset=args.hf_dataset, hf_text_field=args.hf_text_field,
-                      warmup_steps=args.warmup_steps, lossy_stage=args.lossy_stage,
-                      save_model=_new_folder(args.save_model, "--save-model"),
-                      **_training_options(args))
+    cfg = TrainConfig(**{**options.values(TrainConfig, args),
+                         "save_model": _new_folder(args.save_model, "--save-model")})
     cfg.validate()  # the options and LOSSBED_* settings first, before any cluster is touched
     from harness import launch
 
@@ -136,14 +132,17 @@ def _cmd_bench(args) -> int:
     import time
     from pathlib import Path
 
+    from harness import options
     from harness.bench.spec import DEFAULT_VARIANTS, BenchSpec
     from harness.bench.table import table
+    from harness.train.config import TrainConfig
 
     same = ("hosts", "steps", "seeds", "mtu", "realisations", "speed_steps", "speed_seeds",
             "stability", "band_pct", "min_coverage", "sgd_lr", "profile")
     spec = BenchSpec(losses=args.loss, variants=args.variants or list(DEFAULT_VARIANTS),
                      isolated=args.unsealed, **{k: getattr(args, k) for k in same},
-                     **_regime_options(args), **_training_options(args))
+                     **_regime_options(args),
+                     **options.values(TrainConfig, args, TRAINING_OPTIONS))
     spec.validate()  # bad input is refused before anything is built
     # absolute: ranks on remote hosts write under it from their own working folder
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -257,24 +256,9 @@ def _cmd_compare(args) -> int:
     return 1 if any(f.regressed for f in findings) else 0
 
 
-def _add_training_options(p, defaults, sizes_note: str = "", optimizer_note: str = "") -> None:
-    """The model, data and optimisation options `train` and `bench` share."""
-    p.add_argument("--preset", default=defaults.preset,
-                   help="tiny, small, or a local HF model folder")
-    p.add_argument("--device", default=defaults.device, choices=["cpu", "cuda"],
-                   help="where ranks train (cuda: GPU hosts)")
-    p.add_argument("--batch", type=int, default=defaults.batch,
-                   help="sequences per rank per step" + sizes_note)
-    p.add_argument("--seq-len", type=int, default=defaults.seq_len,
-                   help="tokens per sequence" + sizes_note)
-    p.add_argument("--lr", type=float, default=defaults.lr, help="the peak learning rate")
-    p.add_argument("--optimizer", default=defaults.optimizer, choices=["adamw", "sgd"],
-                   help="sgd: momentum 0.9, as RPS's paper trains" + optimizer_note)
-    p.add_argument("--schedule", default=defaults.schedule, choices=["cosine", "constant"],
-                   help="cosine: warm-up, then decay to 10%%")
-    p.add_argument("--tokenizer", default=defaults.tokenizer,
-                   help="bpe (subword, trained on the training split), bpe:N, bytes, or a "
-                        "local HF tokenizer folder")
+# The model, data and optimisation options `train` and `bench` share (TrainConfig's)
+TRAINING_OPTIONS = ("preset", "device", "batch", "seq_len", "lr", "optimizer", "schedule",
+                    "tokenizer")
 
 
 def _add_regime_options(p, default: str) -> None:
@@ -297,48 +281,20 @@ def _regime_options(args) -> dict:
                 pretrain_steps=args.pretrain_steps)
 
 
-def _training_options(args) -> dict:
-    return {k: getattr(args, k) for k in ("preset", "device", "batch", "seq_len", "lr",
-                                          "optimizer", "schedule", "tokenizer")}
-
-
 def add_commands(sub) -> None:
     """Register the experiment commands on testbed's subparsers."""
+    from harness import options
     from harness.bench.spec import SGD_LR, VARIANT_FORM, BenchSpec
-    from harness.train.config import VARIANTS, TrainConfig
+    from harness.train.config import TrainConfig
 
     p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
     p.add_argument("--cluster", help="default: the only cluster up")
     add_inventory(p)
-    p.add_argument("--variant", default="reliable", choices=list(VARIANTS),
-                   help="the training scheme")
     p.add_argument("--profile", default="clean", help="impairment profile: a name in "
                    "netem_profiles/ or a YAML path")
     add_profile_changes(p)
-    p.add_argument("--steps", type=int, default=TrainConfig.steps, help="training steps")
     p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
-    p.add_argument("--seed", type=int, default=0,
-                   help="the initialisation and data order's seed")
-    _add_training_options(p, TrainConfig)
-    p.add_argument("--warmup-steps", type=int,
-                   help="learning-rate warm-up (default: 5%% of the steps)")
-    p.add_argument("--transport", default="udp",
-                   help="loss semantics of the lossy variants: udp, roce-ud, roce-uc[:BYTES], "
-                        "roce-rc[:BYTES]; or real RDMA queue pairs: verbs-ud, verbs-uc[:BYTES], "
-                        "verbs-rc[:BYTES] (verbs = verbs-uc)")
-    p.add_argument("--resync-every", type=int, default=0,
-                   help="unbiased_drift: reliable parameter resync every K steps (0: never)")
-    p.add_argument("--save-model", metavar="DIR",
-                   help="write rank 0's trained model and its tokenizer to DIR (on rank 0's "
-                        "host), for a later --preset DIR --tokenizer DIR")
-    p.add_argument("--lossy-stage", default="both", choices=["both", "reduce", "broadcast"],
-                   help="lossy variants: the stage that crosses the lossy transport; the "
-                        "other goes over gloo, delivered in full (default: both)")
-    p.add_argument("--eval-tokens", type=int, default=0, help="0: the whole held-out split")
-    p.add_argument("--corpus", help="a text file (default: pydoc_data.topics)")
-    p.add_argument("--hf-dataset", help="an HF dataset in the local cache, or a saved folder")
-    p.add_argument("--hf-text-field", default="text",
-                   help="the HF dataset's column with the text (default: text)")
+    options.add_options(p, TrainConfig)  # every setting of a run: declared in TrainConfig
     p.add_argument("--out", help="folder for the ranks' metrics (default: a temporary one)")
     p.add_argument("--json", metavar="FILE", help="append the run's record to this file")
     add_min_coverage(p)
@@ -376,10 +332,10 @@ def add_commands(sub) -> None:
                    help="each lossy row's Δppl is judged against ±this many percent: holds "
                         "when its whole 95%% interval is inside, does not hold when outside "
                         f"(default: {BenchSpec.band_pct:g}, arXiv 2507.07114's bound)")
-    _add_training_options(p, BenchSpec, optimizer_note="; the variants' but rps's, which "
-                          "trains under SGD at --sgd-lr unless written rps/adamw",
-                          sizes_note="; train's is larger: a bench runs tens "
-                          "of runs")
+    sizes = "; train's is larger: a bench runs tens of runs"
+    options.add_options(p, TrainConfig, TRAINING_OPTIONS, defaults=BenchSpec, notes={
+        "optimizer": "; the variants' but rps's, which trains under SGD at --sgd-lr unless "
+                     "written rps/adamw", "batch": sizes, "seq_len": sizes})
     _add_regime_options(p, None)
     p.add_argument("--sgd-lr", type=float, default=None,
                    help="the peak rate of every run under SGD (rps's, its reference's; all "

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field, replace
 
 from harness import launch
 from harness.bench import stability
-from harness.collectives.lossy import LOSSY_STAGES
 from harness.metrics.verdict import BAND_PCT
 from harness.model import presets
-from harness.train.config import VARIANTS, TrainConfig
+from harness.names import LOSSY_STAGES, OPTIMIZERS, REGIMES, VARIANTS
+from harness.train.config import TrainConfig
 from harness.transport.semantics import Semantics
 from testbed import checks, profiles
 from testbed.errors import UsageError
@@ -66,7 +66,6 @@ PROGRESS_EVERY = 15
 # ablations (zero_fill, unbiased) cost runs the question does not need: --variants adds them
 DEFAULT_VARIANTS = ("reliable", "unbiased_drift", "rps")
 REALISATION_VARIANTS = ("unbiased_drift", "rps")
-REGIMES = ("scratch", "finetune")
 # --regime finetune: every variant starts from a lossless checkpoint of its seed (trained
 # for pretrain_steps at --lr, cached: harness/bench/checkpoints.py) and trains at this peak
 # rate, a twentieth of the scratch default, where one step moves the parameters little
@@ -80,7 +79,6 @@ SGD_LR = {"scratch": 0.01, "finetune": 0.1}
 VARIANT_FORM = ("NAME[/reduce|/broadcast][/resync=K][/adamw|/sgd][@TRANSPORT], e.g. "
                 "unbiased_drift, unbiased_drift/reduce, unbiased_drift/resync=5, rps/adamw, "
                 "unbiased@roce-uc")
-OPTIMIZERS = ("adamw", "sgd")
 # The optimizer a variant trains with unless its text names another: RPS's paper analyses
 # SGD (with momentum), where RPS without loss is reliable training (model averaging after
 # a linear step is gradient averaging); under AdamW it is another algorithm. The others

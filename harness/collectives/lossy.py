@@ -45,6 +45,7 @@ from harness.collectives.end_markers import END_COPIES, LateEndSender
 from harness.collectives.layout import Layout
 from harness.collectives.rebuild import ESTIMATORS, rebuild
 from harness.collectives.step import Stage, Step, StepBuffers, StepStats, as_batch
+from harness.names import LOSSY_STAGES
 from harness.transport import header as hdr
 from harness.transport.early import EarlyStash
 from harness.transport.verdicts import EARLY, count_verdict
@@ -62,7 +63,6 @@ RC_STAGE_TIMEOUT_S = 60.0  # reliable semantics wait for everything, but not for
 # Which stages cross the lossy transport (lossy_stage): the other one goes over
 # torch.distributed (gloo: TCP, which retransmits what the kernel drops), so that a Δppl can
 # be attributed to the stage that caused it. "both" is the scheme itself.
-LOSSY_STAGES = ("both", "reduce", "broadcast")
 
 
 class LossyCollective:

@@ -7,7 +7,17 @@ from dataclasses import asdict, dataclass
 
 from harness.model import presets
 from harness.model import tokenizer as tokenizers
-from harness.train.schedule import SCHEDULES
+from harness.names import (
+    LOSSY_STAGES,
+    SCHEDULES,
+    VARIANTS,
+    Device,
+    LossyStage,
+    Optimizer,
+    Schedule,
+    Variant,
+)
+from harness.options import option
 from testbed import checks
 from testbed.errors import UsageError
 
@@ -15,31 +25,52 @@ from testbed.errors import UsageError
 # and how; the estimator (harness/collectives/rebuild.py) how a missing contribution is
 # rebuilt. collective-bench times the same names, and `rescale`, an estimator no training
 # variant uses.
-VARIANTS = ("reliable", "zero_fill", "unbiased", "unbiased_drift", "rps")
 ESTIMATOR_OF = {"zero_fill": "zero_fill", "unbiased": "received_mean",
                 "unbiased_drift": "received_mean", "rescale": "rescale"}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainConfig:
-    variant: str = "reliable"
-    preset: str = "tiny"
-    steps: int = 300
-    seed: int = 0
-    batch: int = 16
-    seq_len: int = 128
-    lr: float = 2e-3
-    optimizer: str = "adamw"  # or "sgd" (momentum 0.9): RPS's own setting
+    """A run's settings. Those made with option() are `lossbed train`'s options too (the CLI
+    is built from them: harness/options.py); the others are set by the bench and the tests."""
+
+    variant: Variant = option("reliable", "the training scheme")
+    steps: int = option(300, "training steps")
+    seed: int = option(0, "the initialisation and data order's seed")
+    preset: str = option("tiny", "tiny, small, or a local HF model folder")
+    device: Device = option("cpu", "where ranks train (cuda: GPU hosts; rank r uses GPU r %% "
+                            "the GPUs on its host)")
+    batch: int = option(16, "sequences per rank per step")
+    seq_len: int = option(128, "tokens per sequence")
+    lr: float = option(2e-3, "the peak learning rate")
+    optimizer: Optimizer = option("adamw", "sgd: momentum 0.9, as RPS's paper trains")
+    schedule: Schedule = option("cosine", "cosine: warm-up, then decay to 10%%")
+    tokenizer: str = option("bpe", "bpe (subword, trained on the training split), bpe:N, "
+                            "bytes, or a local HF tokenizer folder")
+    warmup_steps: int | None = option(None, "learning-rate warm-up (default: 5%% of the "
+                                      "steps)")
+    transport: str = option("udp", "loss semantics of the lossy variants: udp, roce-ud, "
+                            "roce-uc[:BYTES], roce-rc[:BYTES]; or real RDMA queue pairs: "
+                            "verbs-ud, verbs-uc[:BYTES], verbs-rc[:BYTES] (verbs = verbs-uc)")
+    resync_every: int = option(0, "unbiased_drift: reliable parameter resync every K steps "
+                               "(0: never)")
+    # Write rank 0's trained model here (HF save_pretrained, with the tokenizer), for a
+    # later run's --preset DIR (a warm start); an absolute path on the ranks' file system
+    save_model: str | None = option(None, "write rank 0's trained model and its tokenizer "
+                                    "to DIR (on rank 0's host), for a later --preset DIR "
+                                    "--tokenizer DIR", metavar="DIR")
+    # Lossy variants: which stage crosses the lossy transport ("both": the scheme; "reduce"
+    # or "broadcast": that stage alone, the other over gloo, delivered in full), to tell
+    # which stage a Δppl comes from (harness/collectives/lossy.py)
+    lossy_stage: LossyStage = option("both", "lossy variants: the stage that crosses the "
+                                     "lossy transport; the other goes over gloo, delivered "
+                                     "in full")
+    eval_tokens: int = option(0, "0: the whole held-out split")
+    corpus: str | None = option(None, "a text file (default: pydoc_data.topics)")
+    hf_dataset: str | None = option(None, "an HF dataset in the local cache, or a saved "
+                                    "folder")
+    hf_text_field: str = option("text", "the HF dataset's column with the text")
     plain_ddp: bool = False   # reliable without lossbed's timing hook (to check it changes nothing)
-    transport: str = "udp"    # loss semantics of the lossy variants: udp, roce-ud, roce-uc, roce-rc
-    device: str = "cpu"       # or "cuda": rank r uses GPU r % (GPUs on its host)
-    resync_every: int = 0
-    eval_tokens: int = 0  # 0: the whole held-out split
-    corpus: str | None = None
-    hf_dataset: str | None = None
-    hf_text_field: str = "text"  # the HF dataset's column that holds the text
-    tokenizer: str = "bpe"    # bpe (subword, trained on the training split), bpe:N, bytes, PATH
-    schedule: str = "cosine"  # warm-up then cosine decay to 10%; or constant
     # Lossy variants: every align_every-th step starts together, through the rendezvous
     # store (1: every step; 0: never, past the first). Never by default: training impairs the
     # store's port (a fair control path), and TCP's recovery on it makes ranks start late,
@@ -52,13 +83,6 @@ class TrainConfig:
     # lossless reference of rps, whose packets a rank that falls behind would make late,
     # and late is lost): harness/collectives/lossy.py
     wait_for_all: bool = False
-    # Lossy variants: which stage crosses the lossy transport ("both": the scheme; "reduce"
-    # or "broadcast": that stage alone, the other over gloo, delivered in full), to tell
-    # which stage a Δppl comes from (harness/collectives/lossy.py)
-    lossy_stage: str = "both"
-    # Write rank 0's trained model here (HF save_pretrained, with the tokenizer), for a
-    # later run's --preset DIR (a warm start); an absolute path on the ranks' file system
-    save_model: str | None = None
     # Add this much Gaussian noise (sd) to every initial weight, seeded apart from the
     # model's seed: the twin of a run for the chaos check (harness/bench/stability.py)
     init_noise: float = 0.0
@@ -73,7 +97,6 @@ class TrainConfig:
     # perplexity, outside the timed step: the curve a lossy run's final perplexity is placed
     # on, in steps (the bench's iso-progress; harness/bench/progress.py). 0: none
     progress_every: int = 0
-    warmup_steps: int | None = None  # None: 5% of the steps
     log_every: int = 10
 
     def validate(self) -> None:
@@ -109,8 +132,6 @@ class TrainConfig:
                              f"{self.steps - 1} (the run has {self.steps} steps)",
                              "Leave it out for 5% of the steps")
         tokenizers.check(self.tokenizer)
-        from harness.collectives.lossy import LOSSY_STAGES
-
         if self.lossy_stage not in LOSSY_STAGES:
             raise UsageError("--lossy-stage", f"unknown stage {self.lossy_stage!r}",
                              f"Use one of: {', '.join(LOSSY_STAGES)}")

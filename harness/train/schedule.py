@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-SCHEDULES = ("cosine", "constant")
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak, as LLaMA does
 
 

@@ -1,0 +1,71 @@
+"""Command-line options made from a settings dataclass's fields (as torchtitan builds its CLI
+from its config classes): a field that carries `option(...)`'s metadata is an option, its
+default, type and choices the field's own, so each is declared once, where the setting is.
+
+    add_options(parser, TrainConfig)          --steps, --seed, ... with TrainConfig's defaults
+    TrainConfig(**values(TrainConfig, args))  the settings the user gave, back into the class
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any
+
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def option(default: Any, help: str, *, metavar: str | None = None,
+           flag: str | None = None) -> Any:
+    """A dataclass field that is also a command-line option (--NAME, or `flag`)."""
+    return dataclasses.field(default=default, metadata={"help": help, "metavar": metavar,
+                                                        "flag": flag})
+
+
+def options(cls) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+
+def flag_of(field: dataclasses.Field) -> str:
+    return field.metadata["flag"] or "--" + field.name.replace("_", "-")
+
+
+def add_options(parser: argparse.ArgumentParser, cls, names: tuple[str, ...] | None = None,
+                defaults=None, notes: dict[str, str] | None = None) -> None:
+    """cls's options (those in `names`, or all) on parser, with the defaults of `defaults`
+    (another class or instance holding the same names; cls by default) and a note appended
+    to a help where one is given."""
+    hints = typing.get_type_hints(cls)
+    for f in options(cls):
+        if names is not None and f.name not in names:
+            continue
+        hint = hints[f.name]
+        choices = _choices(hint)
+        kind = None if choices else _type(hint)
+        default = getattr(defaults, f.name) if defaults is not None else f.default
+        parser.add_argument(flag_of(f), dest=f.name, default=default,
+                            type=kind, choices=choices,
+                            metavar=f.metadata["metavar"],
+                            help=f.metadata["help"] + (notes or {}).get(f.name, ""))
+
+
+def values(cls, args: argparse.Namespace, names: tuple[str, ...] | None = None) -> dict:
+    """The options of cls that args holds (those in `names`, or all)."""
+    return {f.name: getattr(args, f.name) for f in options(cls)
+            if (names is None or f.name in names) and hasattr(args, f.name)}
+
+
+def _choices(hint) -> list[str] | None:
+    if typing.get_origin(hint) is typing.Literal:
+        return list(typing.get_args(hint))
+    return None
+
+
+def _type(hint):
+    """int, float or str from `int`, `float | None`, ..."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    kind = args[0]
+    if kind not in (int, float, str):
+        raise TypeError(f"an option's type must be int, float or str (or a Literal), not {hint}")
+    return kind

@@ -1,0 +1,74 @@
+"""`lossbed train`'s options are TrainConfig's fields (harness/options.py builds them), each
+declared once: its default, type and choices in the field, nowhere else (#55)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from harness import options
+from harness.cli import TRAINING_OPTIONS
+from harness.train.config import TrainConfig
+from tests.helpers import REPO
+
+
+def _subparser(name: str) -> argparse.ArgumentParser:
+    from harness import cli
+
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command")
+    return commands.choices[name]
+
+
+def test_every_setting_of_train_is_a_field_with_the_fields_default_and_choices():
+    train = {a.dest: a for a in _subparser("train")._actions}
+    declared = options.options(TrainConfig)
+    assert len(declared) >= 20
+    for field in declared:
+        action = train[field.name]
+        assert action.option_strings == [options.flag_of(field)]
+        assert action.default == field.default, field.name
+    assert train["variant"].choices == ["reliable", "zero_fill", "unbiased", "unbiased_drift",
+                                        "rps"]
+    assert train["lossy_stage"].choices == ["both", "reduce", "broadcast"]
+    assert train["steps"].type is int and train["lr"].type is float
+    assert train["warmup_steps"].type is int and train["warmup_steps"].default is None
+
+
+def test_no_option_of_train_is_written_by_hand_in_the_cli():
+    """The train parser's code names none of TrainConfig's flags: adding a setting to
+    TrainConfig with option() is the whole change (a flag written again would also clash)."""
+    text = (REPO / "harness" / "cli.py").read_text()
+    start = text.index('sub.add_parser("train"')
+    block = text[start:text.index("sub.add_parser(", start + 1)]
+    assert "options.add_options(p, TrainConfig)" in block
+    assert [options.flag_of(f) for f in options.options(TrainConfig)
+            if f'"{options.flag_of(f)}"' in block] == []
+
+
+def test_the_bench_shares_the_training_options_with_its_own_defaults():
+    from harness.bench.spec import BenchSpec
+
+    bench = {a.dest: a for a in _subparser("bench")._actions}
+    for name in TRAINING_OPTIONS:
+        assert bench[name].default == getattr(BenchSpec, name), name
+    assert bench["batch"].default != TrainConfig.batch  # the bench's own, smaller
+    assert "a bench runs tens of runs" in bench["batch"].help
+
+
+def test_a_parsed_command_line_gives_back_the_settings():
+    train = _subparser("train")
+    args = train.parse_args(["--variant", "rps", "--steps", "7", "--lr", "0.01",
+                             "--warmup-steps", "2", "--lossy-stage", "reduce"])
+    cfg = TrainConfig(**options.values(TrainConfig, args))
+    assert (cfg.variant, cfg.steps, cfg.lr, cfg.warmup_steps, cfg.lossy_stage) == (
+        "rps", 7, 0.01, 2, "reduce")
+    assert cfg.preset == TrainConfig.preset
+
+
+def test_the_settings_are_given_by_name():
+    with pytest.raises(TypeError):
+        TrainConfig("rps")  # the record is keyword-only
+    assert dataclasses.fields(TrainConfig)[0].kw_only
