@@ -254,9 +254,9 @@ def _cmd_doctor(args) -> int:
     profile = loading.load(args.profile, args.set) if args.profile else None
     cluster = cluster_of(args)
     report = doctor.examine(cluster, doctor.Request(
-        profile, args.device, args.process_group, args.transport,
-        doctor.ranks_per_host(cluster), args.loss_backend,
-        args.force_interface))
+        profile=profile, device=args.device, backend=args.process_group,
+        transport=args.transport, ranks_per_host=doctor.ranks_per_host(cluster),
+        loss_backend=args.loss_backend, force_interface=args.force_interface))
     print(json.dumps(report.to_dict(), indent=2) if args.json else doctor.render(report))
     return 3 if report.blocking else 0
 

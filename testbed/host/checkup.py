@@ -1,4 +1,4 @@
-"""What one host has of what lossbed needs: the facts `lossbed doctor` judges (testbed/doctor.py).
+"""What one host has of what lossbed needs: the facts `lossbed doctor` judges (testbed/doctor/).
 
 Runs on the host (the `checkup` agent operation: in this process for a namespace host, on the
 machine itself for VM and remote hosts), reads and never changes anything but the probes'

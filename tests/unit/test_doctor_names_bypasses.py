@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from testbed import doctor
+from testbed.doctor import judge
 
 
 def _cluster(shares_this_machine=True):
@@ -17,15 +18,14 @@ def _cluster(shares_this_machine=True):
 
 
 def _facts(other=None, rdma=()):
-    return {f"h{i}": {"nic": {"addresses": [f"10.201.0.{i}"]},
+    return {f"h{i}": {"host": f"h{i}", "nic": {"addresses": [f"10.201.0.{i}"]},
                       "other_interfaces": {"mgmt0": [f"10.202.0.{i}/24"]} if other else {},
                       "hardware_rdma": list(rdma)} for i in (1, 2)}
 
 
 def _judged(cluster, facts, environ=None):
-    found = []
-    doctor._judge_bypasses(found.append, cluster, facts, doctor.Request(), environ or {})
-    return found
+    typed = {name: doctor.HostFacts.from_dict(f) for name, f in facts.items()}
+    return judge.bypass_findings(cluster, typed, environ or {})
 
 
 def test_a_management_network_that_reaches_the_peers_is_named_with_the_fix():

@@ -96,7 +96,7 @@ def test_imports_run_one_way_between_rooms():
 def test_the_rooms_are_folders_a_newcomer_finds():
     top = sorted(p.name for p in (REPO / "testbed").iterdir()
                  if p.name != "__pycache__" and not p.name.startswith("."))
-    assert top == ["__init__.py", "checks.py", "cli.py", "clusters", "doctor.py", "errors.py",
+    assert top == ["__init__.py", "checks.py", "cli.py", "clusters", "doctor", "errors.py",
                    "host", "impair", "ports.py", "profiles", "progress.py", "python_packages.py",
                    "stats.py", "system_packages.py", "version.py", "yamlfile.py"]
 
