@@ -12,8 +12,8 @@ In three rooms, one job each:
 
 from __future__ import annotations
 
-from testbed.doctor.facts import HostFacts, gather
 from testbed.doctor import judge
+from testbed.doctor.facts import HostFacts, gather
 from testbed.doctor.render import refusal, render
 from testbed.doctor.request import Finding, Report, Request
 
