@@ -38,8 +38,9 @@ from testbed.errors import NotAResult, UsageError
 from testbed.host import lease
 from testbed.impair import bypass, coverage, engine, verify
 
-if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
+if TYPE_CHECKING:  # (the contracts, for annotations: no import at run time)
     from testbed.clusters.contract import Cluster
+    from testbed.profiles.model import Profile
 
 # torchrun's options that lossbed run sets from the cluster: given by the user, refused
 OURS = ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank",
@@ -59,7 +60,7 @@ class Checked(NamedTuple):
 
     torchrun_options: list[str]
     script: list[str]           # the script and its arguments
-    profile: object             # the profile, loaded once (testbed.profiles.model.Profile)
+    profile: Profile            # the profile, loaded once
 
 
 @dataclass

@@ -234,8 +234,10 @@ class LossyCollective:
         self.totals["reduce_deadlines_hit"] += int(reduce_hit)
         self.totals["broadcast_deadlines_hit"] += int(bcast_hit)
         self.totals["collective_steps"] += 1
-        return StepStats(step, time.monotonic() - state.started, reduce_expected,
-                         reduce_missing, bcast_expected, bcast_missing, reduce_hit, bcast_hit)
+        return StepStats(step=step, seconds=time.monotonic() - state.started,
+                         reduce_expected=reduce_expected, reduce_missing=reduce_missing,
+                         broadcast_expected=bcast_expected, broadcast_missing=bcast_missing,
+                         reduce_deadline_hit=reduce_hit, broadcast_deadline_hit=bcast_hit)
 
     def _patient(self) -> bool:
         """Whether a stage waits for everything (reliable semantics, a lossless reference)

@@ -33,8 +33,11 @@ from harness.transport.verdicts import (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepStats:
+    """What one step of a lossy collective saw: packets expected and missing per stage, and
+    whether each stage ended by its deadline."""
+
     step: int
     seconds: float
     reduce_expected: int

@@ -4,8 +4,12 @@ answers (findings, each with the fix)."""
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from testbed.errors import UsageError
+
+if TYPE_CHECKING:  # (for annotations: the profile model loads pydantic)
+    from testbed.profiles.model import Profile
 
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl")
@@ -15,7 +19,7 @@ BACKENDS = ("gloo", "nccl")
 class Request:
     """The run the checks are judged against."""
 
-    profile: object | None = None  # a testbed.profiles.model.Profile, or None: any loss
+    profile: Profile | None = None  # None: any loss
     device: str = "cpu"
     backend: str = "gloo"
     transport: str = "udp"
