@@ -3,9 +3,19 @@ do something refuses the profile instead of approximating it."""
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from testbed.profiles.model import Impairment
 
-DESCRIPTIONS = {
+# Every feature a profile can need and a backend can offer (each backend's SUPPORTS is a
+# set of these; a test holds them to this list)
+Feature = Literal[
+    "loss:bernoulli", "loss:correlation", "loss:gilbert_elliott", "loss:four_state",
+    "loss:burst_time_limit", "delay", "jitter", "delay_correlation", "delay_distribution",
+    "rate", "reorder", "duplicate", "corrupt", "ecn", "slot", "seed", "limit"]
+FEATURES: tuple[str, ...] = get_args(Feature)
+
+DESCRIPTIONS: dict[Feature, str] = {
     "loss:bernoulli": "random (Bernoulli) loss",
     "loss:correlation": "loss correlation",
     "loss:gilbert_elliott": "Gilbert-Elliott loss",
@@ -26,7 +36,7 @@ DESCRIPTIONS = {
 }
 
 
-def needed(imp: Impairment) -> set[str]:
+def needed(imp: Impairment) -> set[Feature]:
     needs = set()
     if imp.loss is not None:
         needs.add(f"loss:{imp.loss.model}")
@@ -46,5 +56,5 @@ def needed(imp: Impairment) -> set[str]:
     return needs
 
 
-def describe(features: set[str]) -> str:
+def describe(features: set[Feature]) -> str:
     return ", ".join(DESCRIPTIONS.get(f, f) for f in sorted(features))

@@ -48,3 +48,21 @@ def test_a_line_with_its_sample_count_is_read_like_one_without():
     percent and the object must not be taken for the object."""
     counted = "     9.96%   511  libc.so.6  [.] __memmove_avx512_unaligned_erms\n"
     assert categorise(counted)["C library"] == pytest.approx(9.96)
+
+
+def test_every_feature_a_backend_offers_or_a_profile_needs_is_a_declared_one():
+    """The features are a declared set (testbed/impair/features.py): a backend offering
+    'loss:bernouli' would never match what a profile needs, and is caught here."""
+    from testbed.impair import features
+    from testbed.impair.registry import BACKENDS
+    from testbed.profiles.model import Impairment
+
+    assert set(features.DESCRIPTIONS) == set(features.FEATURES)
+    for name, backend in BACKENDS.items():
+        assert backend.SUPPORTS <= set(features.FEATURES), (name, backend.SUPPORTS)
+    everything = Impairment.model_validate({
+        "loss": {"model": "gilbert_elliott", "p_pct": 1, "r_pct": 50, "max_burst_ms": 5},
+        "delay_ms": 5, "jitter_ms": 1, "rate_mbit": 100, "reorder_pct": 1,
+        "duplicate_pct": 1, "corrupt_pct": 1, "seed": 1, "limit_packets": 100})
+    assert features.needed(everything) <= set(features.FEATURES)
+    assert len(features.needed(everything)) >= 9
