@@ -64,6 +64,22 @@ class Checked(NamedTuple):
 
 
 @dataclass
+class Impaired:
+    """What the run applied and what the kernel counted of it: the counters when the profile
+    went on (start: None until it did), its backend, and at the end the loss report and the
+    coverage (what of the hosts' traffic met the impairment)."""
+
+    start: object | None = None
+    backend: str | None = None
+    report: object | None = None
+    coverage: object | None = None
+
+    @property
+    def on(self) -> bool:
+        return self.start is not None
+
+
+@dataclass
 class RunSpec:
     command: list[str]                    # torchrun [options] script.py [args]
     profile: str = "random-loss"
@@ -256,7 +272,7 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
     metrics_dir = str(out / "ranks") if cluster.shares_this_machine else None
     hosts = commands(cluster, spec, checked, job_id, key, gate, metrics_dir)
     check_script(cluster, checked, hosts)  # (before anything is impaired or started)
-    job, procs, threads, applied = _Job(), [], [], {}
+    job, procs, threads, applied = _Job(), [], [], Impaired()
     keeper = (lease.Keeper(cluster, cluster.lease_s / 3) if cluster.lease_s is not None
               else contextlib.nullcontext())
     started = time.monotonic()
@@ -287,11 +303,11 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
         _kill_left_behind(cluster, job_id)
         for t in threads:
             t.join(5)
-        if applied:  # the kernel's count of the impaired part, before it is cleared
+        if applied.on:  # the kernel's count of the impaired part, before it is cleared
             with contextlib.suppress(Exception):
                 end = verify.read(cluster)
-                applied["report"] = verify.report(cluster, end, applied["start"])
-                applied["coverage"] = verify.measure_coverage(cluster, end, applied["start"],
+                applied.report = verify.report(cluster, end, applied.start)
+                applied.coverage = verify.measure_coverage(cluster, end, applied.start,
                                                               spec.min_coverage)
         engine.clear(cluster)
         if gate:
@@ -312,16 +328,16 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
     return code
 
 
-def not_a_result(spec: RunSpec, profile, applied: dict, code: int) -> str | None:
+def not_a_result(spec: RunSpec, profile, applied: Impaired, code: int) -> str | None:
     """Why the run measured something other than the profile it names, or None."""
     if profile.impairs_nothing() or code != 0:
         return None  # nothing to miss; or the job's own failure, which its exit code says
-    if "start" not in applied:
+    if not applied.on:
         return (f"the profile {spec.profile} was never applied: the job never joined "
                 "(harness.api's lossbed.join(), or a scheme it wraps its model with), and "
                 "--impair-from joined waits for that. Run a script that does not use "
                 "harness.api with --impair-from start")
-    covered = applied.get("coverage")
+    covered = applied.coverage
     if covered is None:
         return "the impairment's counters could not be read at the end of the job"
     return covered.no_result(profile)
@@ -383,16 +399,16 @@ def _pump(stream, job: _Job, sink) -> None:
         job.take(line.rstrip("\n"), sink)
 
 
-def _impair(cluster: Cluster, the_plan, choice, applied: dict, echo) -> None:
+def _impair(cluster: Cluster, the_plan, choice, applied: Impaired, echo) -> None:
     engine.apply(cluster, the_plan, choice)
-    applied["start"] = verify.read(cluster)
-    applied["backend"] = the_plan.backend
+    applied.start = verify.read(cluster)
+    applied.backend = the_plan.backend
     echo(f"[run] profile {the_plan.profile.name} applied ({the_plan.backend})")
 
 
-def _on_joined(cluster: Cluster, the_plan, choice, applied, gate, echo) -> None:
+def _on_joined(cluster: Cluster, the_plan, choice, applied: Impaired, gate, echo) -> None:
     """The job joined: apply the profile, then open every host's gate."""
-    if not applied:
+    if not applied.on:
         _impair(cluster, the_plan, choice, applied, echo)
     for host in _one_per_machine(cluster):
         host.run(["touch", gate], check=True)
@@ -416,8 +432,8 @@ def _wait(procs, job: _Job, on_joined, gate, grace_s: float) -> int:
     return next((c for c in codes if c not in (None, 0)), 0 if None not in codes else 1)
 
 
-def summarise(cluster: Cluster, spec: RunSpec, job: _Job, applied: dict, code: int, wall_s: float,
-              hosts: list[HostCommand]) -> dict:
+def summarise(cluster: Cluster, spec: RunSpec, job: _Job, applied: Impaired, code: int,
+              wall_s: float, hosts: list[HostCommand]) -> dict:
     """The run's report: what the kernel lost, what the ranks measured, who failed."""
     ranks = sorted(job.metrics, key=lambda m: m.rank)
     step_us = Histogram.merged(m.step_us for m in ranks)
@@ -425,7 +441,7 @@ def summarise(cluster: Cluster, spec: RunSpec, job: _Job, applied: dict, code: i
     counters = summed(m.counters for m in ranks)
     totals = summed(m.collective_totals for m in ranks)
     measured, interval = None, None
-    report = applied.get("report")
+    report = applied.report
     if report is not None:
         if report.total_seen:
             measured = report.total_dropped / report.total_seen
@@ -442,9 +458,9 @@ def summarise(cluster: Cluster, spec: RunSpec, job: _Job, applied: dict, code: i
         "hosts": [h.host.name for h in hosts], "ranks": len(ranks), "exit_code": code,
         "workdir": hosts[0].cwd if hosts else None,
         "torchrun": hosts[0].argv[:hosts[0].argv.index("--nnodes")] if hosts else None,
-        "joined": job.joined.is_set(), "applied": "start" in applied,
-        "coverage": applied["coverage"].to_dict() if "coverage" in applied else None,
-        "loss_applied_by": verify.loss_applied_by(applied.get("backend"), cluster,
+        "joined": job.joined.is_set(), "applied": applied.on,
+        "coverage": applied.coverage.to_dict() if applied.coverage is not None else None,
+        "loss_applied_by": verify.loss_applied_by(applied.backend, cluster,
                                                   ControllerEnv.from_env().drop_mask),
         "measured_loss": measured, "measured_loss_interval": interval,
         "missing_fraction": missing / (received + missing) if received + missing else None,

@@ -58,3 +58,22 @@ def test_only_the_rules_module_writes_a_rules_message():
             if pattern.search(path.read_text()):
                 written.append(str(path.relative_to(REPO)))
     assert written == []
+
+
+def test_what_lossbed_run_applied_is_a_record_and_decides_whether_it_is_a_result():
+    """torchrun.Impaired (#55: a bag of keys before): never applied, applied but not read
+    back, read back; each answered by not_a_result."""
+    from types import SimpleNamespace
+
+    from harness.torchrun import Impaired, not_a_result
+
+    spec = RunSpec(command=["torchrun", "x.py"], profile="random-loss")
+    lossy = SimpleNamespace(impairs_nothing=lambda: False)
+    never = Impaired()
+    assert not never.on and "never applied" in not_a_result(spec, lossy, never, 0)
+    unread = Impaired(start=object(), backend="bpf")
+    assert unread.on and "could not be read" in not_a_result(spec, lossy, unread, 0)
+    covered = Impaired(start=object(), backend="bpf",
+                       coverage=SimpleNamespace(no_result=lambda profile: None))
+    assert not_a_result(spec, lossy, covered, 0) is None
+    assert not_a_result(spec, lossy, never, 3) is None  # the job's own failure says it
