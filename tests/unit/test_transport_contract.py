@@ -96,3 +96,20 @@ def test_go_back_n_and_the_collectives_use_the_transport_only_through_its_joints
                     isinstance(t, ast.Attribute) and t.attr == "stash" for t in node.targets):
                 reaching.append(f"{path.name}:{node.lineno} replaces a stash")
     assert reaching == []
+
+
+def test_every_verdict_counts_into_a_declared_counter():
+    """count_verdict adds to the Counters field its verdict names (by setattr): each name is
+    a field, so a renamed counter fails here rather than at the first packet of that kind."""
+    import dataclasses
+
+    from harness.transport import verdicts
+
+    fields = {f.name for f in dataclasses.fields(verdicts.Counters)}
+    assert set(verdicts.COUNTER_OF_VERDICT.values()) | {"malformed"} <= fields
+    c = verdicts.Counters()
+    for verdict in verdicts.COUNTER_OF_VERDICT:
+        verdicts.count_verdict(c, verdict, 2)
+    verdicts.count_verdict(c, "something else")
+    verdicts.count_verdict(c, verdicts.HELD)  # counted with its message
+    assert c.packets_received == 2 and c.malformed == 1 and c.masked == 2
