@@ -1,0 +1,185 @@
+"""The lossy collective of N ranks that live in one process (the many-rank mode), without
+sockets and without deadlines: what each packet's fate is comes from a loss process, not
+from a clock, so 64 ranks on 2 cores lose what the process drops and nothing more.
+
+Each rank's MemoryCollective offers what lossbed's optimizers call on the real one
+(harness/collectives/lossy.py): allreduce (RPS's averaging, the gradient variants),
+sharded_update (bounded drift's owners) and resync. The stages are the real ones: the same
+layout (harness/collectives/layout.py: shards, MTU-sized packets), the same step numbers,
+the owner's rebuild by the production estimator (harness/collectives/rebuild.py) from the
+packets that arrived, its own always included; in the broadcast a rank that misses a packet
+keeps its own values there. Which packets arrive is a Fate's answer per (receiver, source,
+step, stage, shard, packet): fates.py.
+
+The ranks call in lockstep, as ranks of a job do; each call passes barriers at the points
+where the real stages wait for their packets, so what a rank reads of another's buffers is
+what that rank sent. Sums are made in source order (own first): the real transport sums in
+arrival order, so the two differ by float32 rounding only.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+
+from harness.collectives.layout import Layout
+from harness.collectives.rebuild import rebuild
+from harness.collectives.step import StepStats
+from harness.transport import header as hdr
+
+
+def per_packet_at(mtu: int, transport: str = "udp") -> int:
+    """float32 values per packet at an MTU: what the transport puts in one unit it loses
+    or keeps whole (harness/transport/semantics.py)."""
+    from harness.transport.semantics import Semantics
+
+    return Semantics.parse(transport).slot_floats(mtu)
+
+
+class MemoryExchange:
+    """Where the N ranks' calls meet: one per run. fate: which packets arrive (fates.py)."""
+
+    def __init__(self, world: int, per_packet: int, fate, estimator: str = "received_mean"):
+        if world < 2:
+            raise ValueError("a lossy collective needs 2 ranks or more")
+        self.world, self.per_packet, self.fate, self.estimator = world, per_packet, fate, estimator
+        self.barrier = threading.Barrier(world)
+        self.sent: list[np.ndarray | None] = [None] * world    # what each rank contributes
+        self.shared: list[np.ndarray | None] = [None] * world  # what each receives into
+        self._layouts: dict[int, Layout] = {}
+
+    def layout(self, numel: int) -> Layout:
+        if numel not in self._layouts:
+            self._layouts[numel] = Layout(numel, self.world, self.per_packet)
+        return self._layouts[numel]
+
+    def collective(self, rank: int) -> MemoryCollective:
+        return MemoryCollective(self, rank)
+
+
+class MemoryCollective:
+    """One rank's side of the exchange, with the interface of LossyCollective that
+    ShardedOptimizer and RPSOptimizer use."""
+
+    def __init__(self, exchange: MemoryExchange, rank: int):
+        self.exchange, self.rank, self.world = exchange, rank, exchange.world
+        self.estimator = exchange.estimator
+        # what the optimizers read of the transport: the values per packet
+        self.transport = SimpleNamespace(per_packet=exchange.per_packet, rank=rank,
+                                         world=exchange.world)
+        self.step = 0  # numbered as the transport numbers them: every call is one step
+        self._reduce_expected = 0
+        self._reduce_missing = 0
+        self.missing = 0   # packets this rank did not receive, both stages
+        self.expected = 0
+        self.totals = {"align_s": 0.0, "reduce_deadlines_hit": 0, "broadcast_deadlines_hit": 0,
+                       "collective_steps": 0}
+
+    @property
+    def loss_rate(self) -> float:
+        if not self._reduce_expected:
+            return 0.0
+        return self._reduce_missing / self._reduce_expected
+
+    # ---- what callers use (LossyCollective's) ----------------------------------------------
+
+    def allreduce(self, tensor, bucket: int = 0) -> StepStats:
+        x = _flat_numpy(tensor)
+
+        def write_mean(start, end, estimate):
+            x[start:end] = estimate
+
+        return self._run(x, x, write_mean)
+
+    def sharded_update(self, grads, params, step_fn, bucket: int = 0) -> StepStats:
+        import torch
+
+        if grads.numel() != params.numel():
+            raise ValueError("grads and params must have the same number of elements")
+
+        def owner_step(start, end, estimate):
+            step_fn(start, end, torch.from_numpy(np.array(estimate, dtype=np.float32)))
+
+        return self._run(_flat_numpy(grads), _flat_numpy(params), owner_step)
+
+    def resync(self, params) -> None:
+        """Every rank's parameters equal to the owners' shards (reliably)."""
+        flat = _flat_numpy(params)
+        ex = self.exchange
+        layout = ex.layout(flat.size)
+        ex.shared[self.rank] = flat
+        ex.barrier.wait()
+        for owner in range(self.world):
+            if owner != self.rank:
+                start, end = layout.shard_bounds(owner)
+                flat[start:end] = ex.shared[owner][start:end]
+        ex.barrier.wait()
+
+    def finish(self) -> None:
+        pass
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def _run(self, contribution: np.ndarray, shared: np.ndarray, on_reduced) -> StepStats:
+        ex, rank = self.exchange, self.rank
+        layout = ex.layout(contribution.size)
+        step = self.step
+        self.step += 1
+        start, end = layout.shard_bounds(rank)
+        ex.sent[rank], ex.shared[rank] = contribution, shared
+        ex.barrier.wait()  # every rank's contribution is out
+        total = contribution[start:end].copy()
+        got_per_packet = np.ones(layout.packets(rank), dtype=np.float32)  # own included
+        starts, ends = layout.packet_arrays(rank)
+        expected = missing = 0
+        for source in range(self.world):
+            if source == rank or end == start:
+                continue
+            arrived = ex.fate.arrived(rank, source, step, hdr.STAGE_REDUCE, rank, len(starts))
+            expected += len(starts)
+            missing += int((~arrived).sum())
+            theirs = ex.sent[source]
+            for i in np.flatnonzero(arrived):
+                a, b = starts[i], ends[i]
+                total[a - start:b - start] += theirs[a:b]
+            got_per_packet += arrived
+        self._reduce_expected += expected
+        self._reduce_missing += missing
+        counts = (np.float32(self.world) if missing == 0 else
+                  np.repeat(got_per_packet, layout.per_packet)[:end - start])
+        estimate = rebuild(self.estimator, total, counts, contribution[start:end], self.world,
+                           self.loss_rate, out=total)
+        ex.barrier.wait()  # every owner has read what it was sent: the buffers may change
+        on_reduced(start, end, estimate)
+        ex.barrier.wait()  # every owner's shard is written
+        b_expected = b_missing = 0
+        for owner in range(self.world):
+            if owner == rank:
+                continue
+            o_starts, o_ends = layout.packet_arrays(owner)
+            if not len(o_starts):
+                continue
+            arrived = ex.fate.arrived(rank, owner, step, hdr.STAGE_BROADCAST, owner,
+                                      len(o_starts))
+            b_expected += len(o_starts)
+            b_missing += int((~arrived).sum())
+            theirs = ex.shared[owner]
+            for i in np.flatnonzero(arrived):  # a missed packet: our own values stay
+                a, b = o_starts[i], o_ends[i]
+                shared[a:b] = theirs[a:b]
+        ex.barrier.wait()  # every rank has read the owners' shards: the step is over
+        self.expected += expected + b_expected
+        self.missing += missing + b_missing
+        self.totals["collective_steps"] += 1
+        return StepStats(step=step, seconds=0.0, reduce_expected=expected,
+                         reduce_missing=missing, broadcast_expected=b_expected,
+                         broadcast_missing=b_missing, reduce_deadline_hit=False,
+                         broadcast_deadline_hit=False)
+
+
+def _flat_numpy(tensor) -> np.ndarray:
+    if isinstance(tensor, np.ndarray):
+        return tensor.reshape(-1)
+    return tensor.detach().view(-1).numpy()

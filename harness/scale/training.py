@@ -1,0 +1,260 @@
+"""N ranks' data-parallel training in one process (the many-rank mode): one thread and one
+model replica per rank, each with the production optimizer lossbed returns to a user
+(ShardedOptimizer for unbiased_drift, RPSOptimizer for rps; reliable: the exact mean
+gradient), their collective the in-memory one (memory.py) with its packets' fates drawn
+from the loss process (fates.py).
+
+What is the same as a run over the real transport: the model and its initialisation per
+seed, the data each rank draws (harness/data/sampler.py, the DistributedSampler way), the
+optimizers and their settings (harness/train/worker.py's), the learning-rate schedule, the
+layout and packetisation at the MTU, the rebuild, and which model is scored
+(harness/eval/models.py's headline). What is not: no clock. Nothing is late, so the loss
+a run sees is the loss process's alone; speed and tails are not measured here and are never
+extrapolated from it (the real transport's runs measure those).
+
+The global batch is fixed across n (`global_batch` sequences per step, split over the
+ranks), so the compute per step does not grow with n.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import threading
+import time
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+from harness.collectives.layout import Layout
+from harness.data.corpus import load_documents, prepare
+from harness.data.sampler import Batches
+from harness.ddp.rps import RPSOptimizer
+from harness.ddp.sharded import ShardedOptimizer
+from harness.eval import models
+from harness.eval.perplexity import evaluate
+from harness.model import presets
+from harness.names import Optimizer, Schedule
+from harness.scale.fates import NoLoss, SeededFate
+from harness.scale.memory import MemoryExchange, per_packet_at
+from harness.train import schedule
+from harness.transport.dropmask import DropMask
+
+VARIANTS = ("reliable", "unbiased_drift", "rps")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ManyRankConfig:
+    world: int
+    variant: str = "reliable"
+    steps: int = 150
+    seed: int = 0
+    global_batch: int = 64        # sequences per step over all ranks
+    seq_len: int = 64
+    preset: str = "tiny"
+    tokenizer: str = "bpe"
+    lr: float = 2e-3
+    optimizer: Optimizer = "adamw"
+    schedule: Schedule = "cosine"
+    warmup_steps: int | None = None
+    loss: float = 0.0             # each packet's drop probability (Bernoulli, seeded)
+    loss_seed: int = 0
+    mtu: int = 1500
+    eval_tokens: int = 0          # 0: the whole held-out split
+    drift_every: int = 0          # measure the replicas' drift every K steps (0: at the end)
+    scored_ranks: int = 8         # rank_mean over this many ranks (evenly spread), at most n
+
+    def validate(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"the many-rank mode runs {', '.join(VARIANTS)}, not "
+                             f"{self.variant!r}")
+        if self.world < 2 or self.global_batch % self.world:
+            raise ValueError(f"{self.global_batch} sequences per step do not split over "
+                             f"{self.world} ranks: use a world that divides the global batch")
+        if not 0 <= self.loss < 1:
+            raise ValueError(f"loss {self.loss} is not a fraction in [0, 1)")
+
+
+def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
+    """One run: its per-step training loss (rank 0's), the headline perplexity and the
+    others, the drift, what the loss process dropped, wall time and peak memory."""
+    cfg.validate()
+    started = time.monotonic()
+    documents, source = load_documents()
+    tok, corpus = prepare(documents, source, cfg.tokenizer, cfg.seq_len)
+    per_packet = per_packet_at(cfg.mtu)
+    fate = (SeededFate(DropMask(cfg.loss_seed, cfg.loss), cfg.world) if cfg.loss > 0
+            else NoLoss())
+    exchange = MemoryExchange(cfg.world, per_packet, fate)
+    replicas = [presets.build(cfg.preset, tok.vocab_size, cfg.seed) for _ in range(cfg.world)]
+    optimizers = [_optimizer(cfg, replicas[r], exchange.collective(r))
+                  for r in range(cfg.world)]
+    losses: list[float] = []
+    drift_steps: list[list] = []
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the ranks' threads are the parallelism
+    try:
+        def rank_work(rank: int):
+            batches = Batches(corpus.train, rank, cfg.world, cfg.global_batch // cfg.world,
+                              cfg.seq_len, cfg.seed)
+            model, optimizer = replicas[rank], optimizers[rank]
+            for step in range(cfg.steps):
+                schedule.set_lr(optimizer, schedule.lr_at(step, cfg.steps, cfg.lr,
+                                                          cfg.schedule, cfg.warmup_steps))
+                inputs, targets = batches.next()
+                logits = model(input_ids=inputs).logits
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                       targets.reshape(-1))
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise FloatingPointError(f"rank {rank}: loss {value} at step {step}")
+                if rank == 0:
+                    losses.append(value)
+                    if step % 10 == 0 or step == cfg.steps - 1:
+                        echo(f"[many-rank n={cfg.world} {cfg.variant}] step {step + 1}/"
+                             f"{cfg.steps} loss {value:.3f}")
+                if cfg.drift_every and (step + 1) % cfg.drift_every == 0:
+                    _barrier(exchange)
+                    if rank == 0:
+                        drift_steps.append([step + 1, _drift(cfg, replicas, per_packet)])
+                    _barrier(exchange)
+
+        _on_every_rank(cfg.world, rank_work, abort=exchange.barrier.abort)
+    finally:
+        torch.set_num_threads(threads_before)
+    collectives = [getattr(o, "collective", None) or o.rps.collective for o in optimizers]
+    expected = sum(c.expected for c in collectives)
+    missing = sum(c.missing for c in collectives)
+    scores = _scores(cfg, replicas, corpus, tok, per_packet)
+    return {
+        "mode": "many-rank", "config": asdict(cfg), "world": cfg.world,
+        "variant": cfg.variant, "seed": cfg.seed, "loss": cfg.loss, "steps": cfg.steps,
+        "losses": losses, **scores,
+        "drift": _drift(cfg, replicas, per_packet), "drift_steps": drift_steps,
+        "drift_max": max((d for _, d in drift_steps), default=None),
+        "packets_expected": expected, "packets_missing": missing,
+        "measured_loss": missing / expected if expected else 0.0,
+        "wall_s": time.monotonic() - started,
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def _optimizer(cfg: ManyRankConfig, model, collective):
+    """The user's optimizer as harness/train/worker.py makes it, wrapped as lossbed wraps
+    it for the variant."""
+    if cfg.optimizer == "sgd":
+        inner = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    else:
+        inner = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                                  weight_decay=0.0)
+    if cfg.variant == "unbiased_drift":
+        return ShardedOptimizer(model, inner, collective)
+    if cfg.variant == "rps":
+        return RPSOptimizer(model, inner, SimpleNamespace(average=collective.allreduce,
+                                                          collective=collective))
+    return _ExactMean(model, inner, collective)
+
+
+class _ExactMean:
+    """reliable: the exact mean gradient over the ranks (every packet arrives), then the
+    optimizer's step on every rank alike."""
+
+    def __init__(self, model, inner, collective):
+        self.inner, self.collective = inner, collective
+        self.param_groups = inner.param_groups
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.flat = torch.zeros(sum(p.numel() for p in self.params), dtype=torch.float32)
+
+    def step(self) -> None:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            self.flat[offset:offset + n] = 0 if p.grad is None else p.grad.reshape(-1)
+            offset += n
+        self.collective.allreduce(self.flat)
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = self.flat[offset:offset + n].view_as(p).clone()
+            offset += n
+        self.inner.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+
+def _barrier(exchange: MemoryExchange) -> None:
+    exchange.barrier.wait()
+
+
+def _drift(cfg: ManyRankConfig, replicas, per_packet: int) -> float:
+    """The largest L2 distance of a replica from the model the variant bounds it by: the
+    owners' (unbiased_drift) or the ranks' mean (the others), as models.replica_distance."""
+    flats = [models.flat(m) for m in replicas]
+    target = (_owners(flats, cfg.world, per_packet) if cfg.variant == "unbiased_drift"
+              else torch.stack(flats).mean(dim=0))
+    return max(float((f - target).norm()) for f in flats)
+
+
+def _owners(flats: list[torch.Tensor], world: int, per_packet: int) -> torch.Tensor:
+    layout = Layout(flats[0].numel(), world, per_packet)
+    assembled = flats[0].clone()
+    for owner in range(world):
+        start, end = layout.shard_bounds(owner)
+        assembled[start:end] = flats[owner][start:end]
+    return assembled
+
+
+def _scores(cfg: ManyRankConfig, replicas, corpus, tok, per_packet: int) -> dict:
+    """The held-out scores harness/eval/models.py gives, its headline per variant; the ranks'
+    mean over `scored_ranks` ranks spread evenly (scoring 64 replicas costs 64 evaluations:
+    the ranks scored are named)."""
+    windows, sizes, limit = corpus.heldout, tok.token_bytes, cfg.eval_tokens or None
+    count = min(cfg.scored_ranks, cfg.world)
+    scored = sorted({round(i * (cfg.world - 1) / max(count - 1, 1)) for i in range(count)})
+    ranks = {r: evaluate(replicas[r], windows, sizes, limit) for r in scored}
+    probe = presets.build(cfg.preset, tok.vocab_size, cfg.seed)
+    flats = [models.flat(m) for m in replicas]
+    models.load_flat(probe, torch.stack(flats).mean(dim=0))
+    averaged = evaluate(probe, windows, sizes, limit)
+    owners = None
+    if cfg.variant == "unbiased_drift":
+        models.load_flat(probe, _owners(flats, cfg.world, per_packet))
+        owners = evaluate(probe, windows, sizes, limit)
+    mean_ce = sum(s.ce_per_token for s in ranks.values()) / len(ranks)
+    headline = models.HEADLINE[cfg.variant]
+    ppl = {"rank0": ranks[0].ppl, "rank_mean": math.exp(mean_ce),
+           "owners": owners.ppl if owners else None}[headline]
+    return {"headline": headline, "ppl": ppl, "ppl_rank0": ranks[0].ppl,
+            "ppl_scored_ranks": {r: s.ppl for r, s in ranks.items()},
+            "ppl_rank_mean": math.exp(mean_ce), "ppl_average_model": averaged.ppl,
+            "ppl_owners": owners.ppl if owners else None}
+
+
+def _on_every_rank(world: int, work, abort) -> None:
+    """work(rank) on a thread per rank; the first error is raised here once all have ended.
+    A rank that fails breaks the exchange's barrier (abort), so the others stop there
+    instead of waiting for it forever."""
+    errors: list[BaseException] = []
+
+    def one(rank):
+        try:
+            work(rank)
+        except threading.BrokenBarrierError as err:
+            errors.append(err)  # (another rank's failure: raised after its own)
+        except BaseException as err:  # noqa: BLE001 - re-raised below
+            errors.insert(0, err)
+            abort()
+
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

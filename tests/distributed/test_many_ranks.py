@@ -1,0 +1,136 @@
+"""The many-rank mode's collective (harness/scale/memory.py) held to the real one: the same
+seeded drop mask over the UDP transport on loopback (harness/collectives/lossy.py, three rank
+threads with their deadlines) and in memory give the same results, step by step, for RPS's
+averaging and bounded drift's sharded update (#58). The two sum what arrived in different
+orders (arrival order, source order), so they agree to float32 rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from harness.collectives.lossy import LossyCollective
+from harness.reproduce import loopback
+from harness.scale.fates import NoLoss, SeededFate
+from harness.scale.memory import MemoryExchange, per_packet_at
+from harness.transport.dropmask import DropMask
+
+pytestmark = pytest.mark.slow
+
+WORLD, NUMEL, STEPS = 3, 3 * 7 * 350 + 5, 6
+
+
+def _inputs(seed: int = 3):
+    rng = np.random.default_rng(seed)
+    grads = rng.standard_normal((STEPS, WORLD, NUMEL)).astype(np.float32)
+    params = rng.standard_normal((WORLD, NUMEL)).astype(np.float32)
+    return grads, params
+
+
+def _run(collectives, grads, params):
+    """STEPS of RPS's averaging, then STEPS of bounded drift's sharded update (SGD at 0.1
+    by each owner), on every rank's thread: each rank's arrays after each step, and the
+    packets each rank missed per step."""
+    averaged = params.copy()
+    updated = params.copy()
+    seen, missed = [], []
+
+    def rank_work(r):
+        mine_avg = torch.from_numpy(averaged[r])
+        mine_upd = torch.from_numpy(updated[r])
+        steps, lost = [], []
+        for s in range(STEPS):
+            mine_avg += torch.from_numpy(grads[s, r]) * 0.01  # a local step, then average
+            stats = collectives[r].allreduce(mine_avg)
+            lost.append((stats.reduce_missing, stats.broadcast_missing))
+            steps.append(mine_avg.clone())
+
+        def owner_step(start, end, mean_grad):
+            mine_upd[start:end] -= 0.1 * mean_grad
+
+        for s in range(STEPS):
+            stats = collectives[r].sharded_update(torch.from_numpy(grads[s, r]), mine_upd,
+                                                  owner_step)
+            lost.append((stats.reduce_missing, stats.broadcast_missing))
+            steps.append(mine_upd.clone())
+        return steps, lost
+
+    for steps, lost in loopback.on_every_rank(WORLD, rank_work):
+        seen.append(torch.stack(steps).numpy())
+        missed.append(lost)
+    return np.stack(seen), missed
+
+
+def _real(mask, grads, params):
+    with loopback.transports(WORLD, drop_mask=mask) as (store, transports):
+        collectives = [LossyCollective(t, store) for t in transports]
+        return _run(collectives, grads, params)
+
+
+def _in_memory(fate, grads, params):
+    exchange = MemoryExchange(WORLD, per_packet_at(1500), fate)
+    return _run([exchange.collective(r) for r in range(WORLD)], grads, params)
+
+
+def test_in_memory_equals_the_udp_transport_under_the_same_seeded_mask():
+    grads, params = _inputs()
+    mask = DropMask(11, 0.1)
+    memory, memory_missed = _in_memory(SeededFate(mask, WORLD), grads, params)
+    assert sum(m for rank in memory_missed for pair in rank for m in pair) > 20  # it lost
+    for _ in range(3):  # the real one may also lose a late packet on a busy machine
+        real, real_missed = _real(mask, grads, params)
+        if real_missed == memory_missed:
+            break
+    else:
+        pytest.fail(f"the UDP run lost other packets than the mask three times: "
+                    f"{real_missed} against {memory_missed}")
+    scale = np.abs(real).max()
+    assert np.abs(real - memory).max() <= 1e-6 * scale
+    # and the replicas really differ where broadcasts were lost (the comparison is not
+    # between identical arrays)
+    assert np.abs(memory[0] - memory[1]).max() > 1e-3
+
+
+def test_without_loss_every_rank_holds_the_exact_mean():
+    grads, params = _inputs(4)
+    memory, missed = _in_memory(NoLoss(), grads, params)
+    assert all(m == (0, 0) for rank in missed for m in rank)
+    assert np.abs(memory[0] - memory[1]).max() == 0 and np.abs(memory[0] - memory[2]).max() == 0
+    first = params.mean(axis=0) + 0.01 * grads[0].mean(axis=0)  # the first average
+    assert np.allclose(memory[0][0], first, atol=1e-5)
+
+
+def test_many_ranks_train_the_reliable_model_without_loss_and_drift_under_it():
+    """At 0% every scheme is reliable training (the same model to float rounding: the
+    schemes sum the same gradients in other orders); at 10% the replicas drift and what was
+    dropped is the loss process's rate."""
+    from harness.scale.training import ManyRankConfig, run
+
+    common = dict(world=4, steps=6, global_batch=8, seq_len=32, tokenizer="bytes",
+                  eval_tokens=2048, optimizer="sgd", lr=0.05, scored_ranks=4)
+    reliable = run(ManyRankConfig(variant="reliable", **common))
+    for variant in ("rps", "unbiased_drift"):
+        lossless = run(ManyRankConfig(variant=variant, **common))
+        assert lossless["packets_missing"] == 0 and lossless["drift"] < 1e-4
+        assert np.allclose(lossless["losses"], reliable["losses"], rtol=1e-4)
+        assert abs(lossless["ppl"] / reliable["ppl"] - 1) < 1e-3
+        lossy = run(ManyRankConfig(variant=variant, loss=0.1, loss_seed=3, drift_every=3,
+                                   **common))
+        assert 0.07 < lossy["measured_loss"] < 0.13, lossy["measured_loss"]
+        assert lossy["drift"] > 1e-4 and len(lossy["drift_steps"]) == 2
+        assert lossy["losses"][0] == reliable["losses"][0]  # the first step's loss: before
+        assert lossy["losses"] != reliable["losses"]        # any packet could be lost
+
+
+def test_a_rank_that_fails_stops_the_others_with_its_error():
+    from harness.scale import training
+
+    def work(rank):
+        if rank == 2:
+            raise FloatingPointError("rank 2: loss nan at step 0")
+        exchange.barrier.wait()
+
+    exchange = MemoryExchange(4, 350, NoLoss())
+    with pytest.raises(FloatingPointError, match="rank 2"):
+        training._on_every_rank(4, work, abort=exchange.barrier.abort)
