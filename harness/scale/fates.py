@@ -1,6 +1,7 @@
 """Which packets of the many-rank mode arrive: a Fate answers, per receiver, source, step,
 stage and shard, a boolean per packet.
 
+    BernoulliFate(seed, rate)          random loss, drawn a stage at a time (fast)
     SeededFate(DropMask(seed, rate))   the transport's own seeded mask (dropmask.py): the
                                        same identities, so the same seed drops the same
                                        packets as a run over the UDP transport with
@@ -17,16 +18,50 @@ from __future__ import annotations
 import numpy as np
 
 from harness.transport.dropmask import DropMask
-from harness.transport.header import Header
+from harness.transport.header import STAGE_REDUCE, Header
 
 
-class NoLoss:
+class Fate:
+    """arrivals(receiver, step, stage, sends): for each source s, a boolean per packet of
+    the sends[s] it sends this receiver in that stage (0: none). A stage's packets of source
+    s are those of one shard: the receiver's own in the reduce, the source's in the
+    broadcast."""
+
+    def arrivals(self, receiver: int, step: int, stage: int,
+                 sends: list[int]) -> list[np.ndarray]:
+        return [self.arrived(receiver, s, step, stage,
+                             receiver if stage == STAGE_REDUCE else s, n)
+                for s, n in enumerate(sends)]
+
     def arrived(self, receiver: int, source: int, step: int, stage: int, shard: int,
                 packets: int) -> np.ndarray:
-        return np.ones(packets, dtype=bool)
+        raise NotImplementedError
 
 
-class SeededFate:
+class NoLoss(Fate):
+    def arrivals(self, receiver, step, stage, sends):
+        return [np.ones(n, dtype=bool) for n in sends]
+
+
+class BernoulliFate(Fate):
+    """Each packet lost with probability `rate`, independently per link and packet: one
+    draw per receiver, step and stage from a generator seeded by them (the same seed drops
+    the same packets in every variant that sends them). The fast fate of the many-rank mode;
+    SeededFate gives the transport's own identities instead."""
+
+    def __init__(self, seed: int, rate: float):
+        if not 0 <= rate < 1:
+            raise ValueError(f"drop rate {rate} must be in [0, 1)")
+        self.seed, self.rate = seed, rate
+
+    def arrivals(self, receiver, step, stage, sends):
+        most = max(sends, default=0)
+        draws = np.random.default_rng([self.seed, receiver, step, stage]).random(
+            (len(sends), most))
+        return [draws[s, :n] >= self.rate for s, n in enumerate(sends)]
+
+
+class SeededFate(Fate):
     """The receivers' seeded drop mask: packet i of a (source, step, stage, shard) has the
     identity the UDP transport gives it (fragment 0, first copy). Each receiver keeps its own
     copy of the mask (its counts are its own), as each transport does."""
@@ -41,7 +76,7 @@ class SeededFate:
                          for i in range(packets)], dtype=bool)
 
 
-class GilbertElliottFate:
+class GilbertElliottFate(Fate):
     """Gilbert-Elliott loss on every link (source -> receiver) of its own: good -> bad with
     probability p, bad -> good with r, a packet lost with 1 - k in good and 1 - h in bad
     (netem's `loss gemodel p r 1-h 1-k`), drawn packet by packet in the order the link
@@ -59,6 +94,8 @@ class GilbertElliottFate:
 
     def arrived(self, receiver: int, source: int, step: int, stage: int, shard: int,
                 packets: int) -> np.ndarray:
+        if not packets:
+            return np.ones(0, dtype=bool)
         link = (source, receiver)
         rng, bad = self.rngs[link], self.bad[link]
         draws = rng.random((packets, 2))

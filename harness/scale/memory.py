@@ -123,52 +123,52 @@ class MemoryCollective:
     # ---- one step ----------------------------------------------------------------------------
 
     def _run(self, contribution: np.ndarray, shared: np.ndarray, on_reduced) -> StepStats:
-        ex, rank = self.exchange, self.rank
+        ex, rank, world = self.exchange, self.rank, self.world
         layout = ex.layout(contribution.size)
         step = self.step
         self.step += 1
         start, end = layout.shard_bounds(rank)
         ex.sent[rank], ex.shared[rank] = contribution, shared
         ex.barrier.wait()  # every rank's contribution is out
-        total = contribution[start:end].copy()
-        got_per_packet = np.ones(layout.packets(rank), dtype=np.float32)  # own included
-        starts, ends = layout.packet_arrays(rank)
-        expected = missing = 0
-        for source in range(self.world):
-            if source == rank or end == start:
+        # the reduce stage: every other rank's packets of our shard, each arrived or not
+        own_packets = layout.packets(rank)
+        sends = [0 if s == rank else own_packets for s in range(world)]
+        arrived = ex.fate.arrivals(rank, step, hdr.STAGE_REDUCE, sends)
+        expected = sum(sends)
+        missing = expected - sum(int(a.sum()) for a in arrived)
+        total = contribution[start:end].copy()  # own first, then the sources in order
+        got_per_packet = np.ones(own_packets, dtype=np.float32)  # own included
+        for source in range(world):
+            if source == rank or not own_packets:
                 continue
-            arrived = ex.fate.arrived(rank, source, step, hdr.STAGE_REDUCE, rank, len(starts))
-            expected += len(starts)
-            missing += int((~arrived).sum())
-            theirs = ex.sent[source]
-            for i in np.flatnonzero(arrived):
-                a, b = starts[i], ends[i]
-                total[a - start:b - start] += theirs[a:b]
-            got_per_packet += arrived
+            theirs = ex.sent[source][start:end]
+            if arrived[source].all():
+                total += theirs
+            else:
+                keep = _elements(arrived[source], layout.per_packet, end - start)
+                total += np.where(keep, theirs, np.float32(0))
+            got_per_packet += arrived[source]
         self._reduce_expected += expected
         self._reduce_missing += missing
-        counts = (np.float32(self.world) if missing == 0 else
+        counts = (np.float32(world) if missing == 0 else
                   np.repeat(got_per_packet, layout.per_packet)[:end - start])
-        estimate = rebuild(self.estimator, total, counts, contribution[start:end], self.world,
+        estimate = rebuild(self.estimator, total, counts, contribution[start:end], world,
                            self.loss_rate, out=total)
         ex.barrier.wait()  # every owner has read what it was sent: the buffers may change
         on_reduced(start, end, estimate)
         ex.barrier.wait()  # every owner's shard is written
-        b_expected = b_missing = 0
-        for owner in range(self.world):
-            if owner == rank:
+        # the broadcast stage: every other owner's packets of its shard; a missed one
+        # leaves our own values there
+        sends = [0 if o == rank else layout.packets(o) for o in range(world)]
+        arrived = ex.fate.arrivals(rank, step, hdr.STAGE_BROADCAST, sends)
+        b_expected = sum(sends)
+        b_missing = b_expected - sum(int(a.sum()) for a in arrived)
+        for owner in range(world):
+            if owner == rank or not sends[owner]:
                 continue
-            o_starts, o_ends = layout.packet_arrays(owner)
-            if not len(o_starts):
-                continue
-            arrived = ex.fate.arrived(rank, owner, step, hdr.STAGE_BROADCAST, owner,
-                                      len(o_starts))
-            b_expected += len(o_starts)
-            b_missing += int((~arrived).sum())
-            theirs = ex.shared[owner]
-            for i in np.flatnonzero(arrived):  # a missed packet: our own values stay
-                a, b = o_starts[i], o_ends[i]
-                shared[a:b] = theirs[a:b]
+            o_start, o_end = layout.shard_bounds(owner)
+            keep = _elements(arrived[owner], layout.per_packet, o_end - o_start)
+            np.copyto(shared[o_start:o_end], ex.shared[owner][o_start:o_end], where=keep)
         ex.barrier.wait()  # every rank has read the owners' shards: the step is over
         self.expected += expected + b_expected
         self.missing += missing + b_missing
@@ -177,6 +177,11 @@ class MemoryCollective:
                          reduce_missing=missing, broadcast_expected=b_expected,
                          broadcast_missing=b_missing, reduce_deadline_hit=False,
                          broadcast_deadline_hit=False)
+
+
+def _elements(packets: np.ndarray, per_packet: int, size: int) -> np.ndarray:
+    """A shard's per-packet booleans as per-element ones (its last packet may be short)."""
+    return np.repeat(packets, per_packet)[:size]
 
 
 def _flat_numpy(tensor) -> np.ndarray:

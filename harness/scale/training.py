@@ -37,10 +37,9 @@ from harness.eval import models
 from harness.eval.perplexity import evaluate
 from harness.model import presets
 from harness.names import Optimizer, Schedule
-from harness.scale.fates import NoLoss, SeededFate
+from harness.scale.fates import BernoulliFate, NoLoss
 from harness.scale.memory import MemoryExchange, per_packet_at
 from harness.train import schedule
-from harness.transport.dropmask import DropMask
 
 VARIANTS = ("reliable", "unbiased_drift", "rps")
 
@@ -85,8 +84,7 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
     documents, source = load_documents()
     tok, corpus = prepare(documents, source, cfg.tokenizer, cfg.seq_len)
     per_packet = per_packet_at(cfg.mtu)
-    fate = (SeededFate(DropMask(cfg.loss_seed, cfg.loss), cfg.world) if cfg.loss > 0
-            else NoLoss())
+    fate = BernoulliFate(cfg.loss_seed, cfg.loss) if cfg.loss > 0 else NoLoss()
     exchange = MemoryExchange(cfg.world, per_packet, fate)
     replicas = [presets.build(cfg.preset, tok.vocab_size, cfg.seed) for _ in range(cfg.world)]
     optimizers = [_optimizer(cfg, replicas[r], exchange.collective(r))
