@@ -101,11 +101,12 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
             for step in range(cfg.steps):
                 schedule.set_lr(optimizer, schedule.lr_at(step, cfg.steps, cfg.lr,
                                                           cfg.schedule, cfg.warmup_steps))
-                inputs, targets = batches.next()
-                logits = model(input_ids=inputs).logits
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                       targets.reshape(-1))
-                loss.backward()
+                with exchange.turn:  # (one rank computes at a time: memory.py says why)
+                    inputs, targets = batches.next()
+                    logits = model(input_ids=inputs).logits
+                    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                           targets.reshape(-1))
+                    loss.backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 value = float(loss.detach())
