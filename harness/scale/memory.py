@@ -128,7 +128,7 @@ class MemoryCollective:
     # ---- one step ----------------------------------------------------------------------------
 
     def _run(self, contribution: np.ndarray, shared: np.ndarray, on_reduced) -> StepStats:
-        ex, rank, world = self.exchange, self.rank, self.world
+        ex, rank = self.exchange, self.rank
         layout = ex.layout(contribution.size)
         step = self.step
         self.step += 1
