@@ -176,7 +176,8 @@ def _cmd_reproduce(args) -> int:
     if unknown:
         raise UsageError("--rows", f"no row {', '.join(unknown)}",
                          f"Use some of {' '.join(report.ROWS)} (4: the training rows 4 and 5; "
-                         "6: the regime map; 7: RPS training at n = 2, 4, 8)")
+                         "6: the regime map; 7: RPS training at n = 2, 4, 8; 8: n = 4 to 64, "
+                         "many-rank mode)")
     out = Path(args.out or f"results/reproduce-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     # rows 1-3 start many loopback transports in this process: their start-up lines are
     # noise here (the bench's ranks log in their own processes)
@@ -402,7 +403,8 @@ def add_commands(sub) -> None:
     p.add_argument("--rows", nargs="+", metavar="ROW",
                    help="only these rows: 1 aggregation, 2 drift, 3 RPS scaling, "
                         "4 training (rows 4 and 5), 6 the regime map, 7 RPS training at "
-                        "n = 2, 4, 8; default all")
+                        "n = 2, 4, 8, 8 the schemes at n = 4 to 64 (many-rank mode, one "
+                        "process); default all")
     _add_regime_options(p, "scratch")
     p.add_argument("--out", help="results folder (default: results/reproduce-TIME)")
     p.set_defaults(func=_cmd_reproduce)

@@ -10,8 +10,8 @@ from pathlib import Path
 from harness.metrics.verdict import FAILS, HOLDS, INCONCLUSIVE
 
 # 4: the training rows (4 and 5), 6: the regime map and 7: RPS training at n = 2, 4, 8,
-# which need clusters
-ROWS = ("1", "2", "3", "4", "6", "7")
+# which need clusters; 8: the schemes at n = 4 to 64 in the many-rank mode (one process)
+ROWS = ("1", "2", "3", "4", "6", "7", "8")
 
 
 def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
@@ -25,6 +25,7 @@ def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
         regime_map,
         rps_scaling,
         rps_servers,
+        scale_rows,
         training,
     )
 
@@ -41,6 +42,8 @@ def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
                                                         commit=result["commit"])),
         "7": ("RPS training at n = 2, 4, 8", lambda: rps_servers.run(
             make_cluster, quick, out, echo=echo, regime=regime)),
+        "8": ("the schemes at n = 4 to 64, many-rank mode",
+              lambda: scale_rows.run(quick, out / "many-rank", echo=echo)),
     }
     for row in rows:
         name, work = steps[row]

@@ -64,6 +64,8 @@ class ManyRankConfig:
     eval_tokens: int = 0          # 0: the whole held-out split
     drift_every: int = 0          # measure the replicas' drift every K steps (0: at the end)
     scored_ranks: int = 8         # rank_mean over this many ranks (evenly spread), at most n
+    start_from: str | None = None  # every replica starts from these flat values (torch.save)
+    save_to: str | None = None     # rank 0's flat values after training, saved here
 
     def validate(self) -> None:
         if self.variant not in VARIANTS:
@@ -77,8 +79,8 @@ class ManyRankConfig:
 
 
 def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
-    """One run: its per-step training loss (rank 0's), the headline perplexity and the
-    others, the drift, what the loss process dropped, wall time and peak memory."""
+    """One run: its per-step training loss (over the global batch), the headline perplexity
+    and the others, the drift, what the loss process dropped, wall time and peak memory."""
     cfg.validate()
     started = time.monotonic()
     documents, source = load_documents()
@@ -87,9 +89,13 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
     fate = BernoulliFate(cfg.loss_seed, cfg.loss) if cfg.loss > 0 else NoLoss()
     exchange = MemoryExchange(cfg.world, per_packet, fate)
     replicas = [presets.build(cfg.preset, tok.vocab_size, cfg.seed) for _ in range(cfg.world)]
+    if cfg.start_from:  # a warm start: the same values in every replica
+        start = torch.load(cfg.start_from, weights_only=True)
+        for model in replicas:
+            models.load_flat(model, start)
     optimizers = [_optimizer(cfg, replicas[r], exchange.collective(r))
                   for r in range(cfg.world)]
-    losses: list[float] = []
+    per_rank_losses = [[0.0] * cfg.world for _ in range(cfg.steps)]
     drift_steps: list[list] = []
     threads_before = torch.get_num_threads()
     torch.set_num_threads(1)  # the ranks' threads are the parallelism
@@ -112,8 +118,8 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
                 value = float(loss.detach())
                 if not math.isfinite(value):
                     raise FloatingPointError(f"rank {rank}: loss {value} at step {step}")
+                per_rank_losses[step][rank] = value
                 if rank == 0:
-                    losses.append(value)
                     if step % 10 == 0 or step == cfg.steps - 1:
                         echo(f"[many-rank n={cfg.world} {cfg.variant}] step {step + 1}/"
                              f"{cfg.steps} loss {value:.3f}")
@@ -126,6 +132,8 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
         _on_every_rank(cfg.world, rank_work, abort=exchange.barrier.abort)
     finally:
         torch.set_num_threads(threads_before)
+    if cfg.save_to:
+        torch.save(models.flat(replicas[0]), cfg.save_to)
     collectives = [getattr(o, "collective", None) or o.rps.collective for o in optimizers]
     expected = sum(c.expected for c in collectives)
     missing = sum(c.missing for c in collectives)
@@ -133,7 +141,8 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
     return {
         "mode": "many-rank", "config": asdict(cfg), "world": cfg.world,
         "variant": cfg.variant, "seed": cfg.seed, "loss": cfg.loss, "steps": cfg.steps,
-        "losses": losses, **scores,
+        # each step's training loss over the global batch (the ranks' mean: n-independent)
+        "losses": [sum(step) / cfg.world for step in per_rank_losses], **scores,
         "drift": _drift(cfg, replicas, per_packet), "drift_steps": drift_steps,
         "drift_max": max((d for _, d in drift_steps), default=None),
         "packets_expected": expected, "packets_missing": missing,

@@ -134,3 +134,21 @@ def test_a_rank_that_fails_stops_the_others_with_its_error():
     exchange = MemoryExchange(4, 350, NoLoss())
     with pytest.raises(FloatingPointError, match="rank 2"):
         training._on_every_rank(4, work, abort=exchange.barrier.abort)
+
+
+def test_lossless_reliable_training_is_the_same_at_every_n_and_starts_from_a_checkpoint(
+        tmp_path):
+    """The global batch fixed, reliable training is the same arithmetic at n = 2 and 4 (to
+    the sums' order): reproduce's row 8 runs a seed's reference once for every n. A run saved
+    with save_to starts the next one (the fine-tune regime's checkpoint)."""
+    from harness.scale.training import ManyRankConfig, run
+
+    common = dict(steps=5, global_batch=8, seq_len=32, tokenizer="bytes", eval_tokens=2048)
+    saved = tmp_path / "start.pt"
+    two = run(ManyRankConfig(world=2, save_to=str(saved), **common))
+    four = run(ManyRankConfig(world=4, **common))
+    assert np.allclose(two["losses"], four["losses"], rtol=1e-5)
+    assert abs(two["ppl"] / four["ppl"] - 1) < 1e-4
+    warm = run(ManyRankConfig(world=2, start_from=str(saved), lr=1e-9, **common))
+    assert abs(warm["ppl"] / two["ppl"] - 1) < 1e-4  # (a rate too small to move it)
+    assert warm["losses"][0] < two["losses"][0] - 0.1

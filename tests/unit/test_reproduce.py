@@ -477,3 +477,28 @@ def test_row_7_judges_each_n_against_the_band_and_the_trend_with_n(deltas, per_n
     assert claims["7a"]["verdict"] == per_n
     assert claims["7b"]["verdict"] == trend
     assert sorted(claims["7a"]["per_n"]) == [2, 4, 8]
+
+
+def test_row_8_judges_every_n_against_the_band_and_the_trend_of_rps():
+    """The many-rank rows from planted runs: Δppl per seed against the same seed's
+    reference, one check per n, labelled as the many-rank mode's."""
+    from harness.reproduce import scale_rows
+
+    def record(role, variant, n, seed, ppl, optimizer="adamw"):
+        return {"role": role, "variant": variant, "world": n, "seed": seed, "ppl": ppl,
+                "drift": 0.1, "drift_max": 0.2 * n,
+                "config": {"optimizer": optimizer, "seq_len": 64, "steps": 40}}
+
+    records = []
+    for seed in (0, 1, 2):
+        records += [record("reference", "reliable", 4, seed, 100.0),
+                    record("reference", "reliable", 4, seed, 110.0, "sgd")]
+        for n, ud, rps in ((4, 100.1, 110.05), (64, 100.2 + 0.01 * seed, 112.0 + 0.1 * seed)):
+            records += [record("lossy", "unbiased_drift", n, seed, ud),
+                        record("lossy", "rps", n, seed, rps, "sgd")]
+    claims = {c["row"]: c for c in scale_rows.rows(records)}
+    assert claims["8a"]["verdict"] == "holds" and claims["8a"]["mode"] == "many-rank"
+    assert claims["8a"]["per_n"][64]["drift_max"] == 12.8
+    assert claims["8b"]["verdict"] == "does not hold"  # +1.8 to +3.6% at n = 64
+    assert claims["8c"]["verdict"] != "holds"           # the harm grew with n
+    assert "many-rank mode" in claims["8b"]["measured"]["quantity"]
