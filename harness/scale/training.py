@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +38,10 @@ from harness.eval import models
 from harness.eval.perplexity import evaluate
 from harness.model import presets
 from harness.names import Optimizer, Schedule
-from harness.scale.fates import BernoulliFate, NoLoss
+from harness.scale.fates import BernoulliFate, NoLoss, SeededFate
 from harness.scale.memory import MemoryExchange, per_packet_at
 from harness.train import schedule
+from harness.transport.dropmask import DropMask
 
 VARIANTS = ("reliable", "unbiased_drift", "rps")
 
@@ -60,6 +62,9 @@ class ManyRankConfig:
     warmup_steps: int | None = None
     loss: float = 0.0             # each packet's drop probability (Bernoulli, seeded)
     loss_seed: int = 0
+    # bernoulli: drawn a stage at a time (fast); mask: the UDP transport's own seeded drop
+    # mask (LOSSBED_DROP_MASK=loss_seed:loss drops the same packets on real hosts)
+    fate: Literal["bernoulli", "mask"] = "bernoulli"
     mtu: int = 1500
     eval_tokens: int = 0          # 0: the whole held-out split
     drift_every: int = 0          # measure the replicas' drift every K steps (0: at the end)
@@ -86,7 +91,12 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
     documents, source = load_documents()
     tok, corpus = prepare(documents, source, cfg.tokenizer, cfg.seq_len)
     per_packet = per_packet_at(cfg.mtu)
-    fate = BernoulliFate(cfg.loss_seed, cfg.loss) if cfg.loss > 0 else NoLoss()
+    if cfg.loss == 0:
+        fate = NoLoss()
+    elif cfg.fate == "mask":
+        fate = SeededFate(DropMask(cfg.loss_seed, cfg.loss), cfg.world)
+    else:
+        fate = BernoulliFate(cfg.loss_seed, cfg.loss)
     exchange = MemoryExchange(cfg.world, per_packet, fate)
     replicas = [presets.build(cfg.preset, tok.vocab_size, cfg.seed) for _ in range(cfg.world)]
     if cfg.start_from:  # a warm start: the same values in every replica
@@ -142,7 +152,8 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
         "mode": "many-rank", "config": asdict(cfg), "world": cfg.world,
         "variant": cfg.variant, "seed": cfg.seed, "loss": cfg.loss, "steps": cfg.steps,
         # each step's training loss over the global batch (the ranks' mean: n-independent)
-        "losses": [sum(step) / cfg.world for step in per_rank_losses], **scores,
+        "losses": [sum(step) / cfg.world for step in per_rank_losses],
+        "losses_rank0": [step[0] for step in per_rank_losses], **scores,
         "drift": _drift(cfg, replicas, per_packet), "drift_steps": drift_steps,
         "drift_max": max((d for _, d in drift_steps), default=None),
         "packets_expected": expected, "packets_missing": missing,

@@ -152,3 +152,43 @@ def test_lossless_reliable_training_is_the_same_at_every_n_and_starts_from_a_che
     warm = run(ManyRankConfig(world=2, start_from=str(saved), lr=1e-9, **common))
     assert abs(warm["ppl"] / two["ppl"] - 1) < 1e-4  # (a rate too small to move it)
     assert warm["losses"][0] < two["losses"][0] - 0.1
+
+
+def test_a_training_run_over_the_udp_transport_replays_in_the_many_rank_mode(tmp_path,
+                                                                             monkeypatch):
+    """unbiased_drift on three namespace hosts over the UDP transport, its loss the
+    receivers' seeded drop mask (LOSSBED_DROP_MASK), and the many-rank mode fed the same
+    mask: the same packets lost, the same per-step training loss (rank 0's) and the same
+    final perplexity, to the float rounding of the sums' order (own first, then sources in
+    order in memory; arrival order on the wire)."""
+    from harness.scale.training import ManyRankConfig
+    from harness.scale.training import run as many_ranks
+    from harness.train import run as train
+    from harness.train.config import TrainConfig
+    from testbed import clusters
+    from testbed.clusters import netns as netns_cluster
+    from tests.helpers import unique_name
+
+    monkeypatch.setenv("LOSSBED_DROP_MASK", "7:0.1")
+    settings = dict(variant="unbiased_drift", steps=8, seq_len=32, tokenizer="bytes",
+                    eval_tokens=2048, lr=2e-3)
+    memory = many_ranks(ManyRankConfig(world=3, global_batch=12, loss=0.1, loss_seed=7,
+                                       fate="mask", **settings))
+    cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=3, name=unique_name()))
+    try:
+        for _ in range(3):  # a packet late on a busy machine is loss the mask did not draw
+            real = train.train(cluster, TrainConfig(batch=4, log_every=100, align_every=1,
+                                                    **settings),
+                               "clean", [], tmp_path / "real", echo=lambda _: None)
+            if real["packets_lost"] == memory["packets_missing"]:
+                break
+        else:
+            pytest.fail(f"the UDP runs lost {real['packets_lost']} packets, the mask "
+                        f"{memory['packets_missing']}")
+    finally:
+        clusters.down(cluster.name)
+    assert memory["packets_missing"] > 100
+    assert np.allclose(real["losses"], memory["losses_rank0"], rtol=1e-4, atol=0), (
+        real["losses"], memory["losses_rank0"])
+    assert abs(real["ppl"] / memory["ppl"] - 1) < 1e-4, (real["ppl"], memory["ppl"])
+    assert real["headline"] == memory["headline"] == "owners"
