@@ -9,6 +9,7 @@ import threading
 from contextlib import contextmanager
 from datetime import timedelta
 
+from harness.scale.memory import on_every_rank  # (one implementation, the many-rank mode's)
 from harness.transport.dropmask import DropMask
 from harness.transport.udp import UdpTransport
 
@@ -50,27 +51,6 @@ class MemoryStore:
     def delete_key(self, key):
         with self.cond:
             self.data.pop(key, None)
-
-
-def on_every_rank(world: int, work) -> list:
-    """work(rank) in one thread per rank; their results in rank order. The first error
-    any rank raised is raised here, after every thread has ended."""
-    results, errors = [None] * world, []
-
-    def one(rank):
-        try:
-            results[rank] = work(rank)
-        except BaseException as err:  # noqa: BLE001 - re-raised below
-            errors.append(err)
-
-    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
 
 
 @contextmanager

@@ -210,3 +210,29 @@ def _flat_numpy(tensor) -> np.ndarray:
     if isinstance(tensor, np.ndarray):
         return tensor.reshape(-1)
     return tensor.detach().view(-1).numpy()
+
+
+def on_every_rank(world: int, work, abort=None) -> list:
+    """work(rank) in one thread per rank; their results in rank order. The first error a
+    rank raised is raised here, after every thread has ended; abort() is called when a rank
+    fails (an exchange's barrier.abort: the others stop there instead of waiting for it)."""
+    results, errors = [None] * world, []
+
+    def one(rank):
+        try:
+            results[rank] = work(rank)
+        except threading.BrokenBarrierError as err:
+            errors.append(err)  # (another rank's failure: raised after its own)
+        except BaseException as err:  # noqa: BLE001 - re-raised below
+            errors.insert(0, err)
+            if abort is not None:
+                abort()
+
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import resource
-import threading
 import time
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
@@ -39,7 +38,7 @@ from harness.eval.perplexity import evaluate
 from harness.model import presets
 from harness.names import Optimizer, Schedule
 from harness.scale.fates import BernoulliFate, NoLoss, SeededFate
-from harness.scale.memory import MemoryExchange, per_packet_at
+from harness.scale.memory import MemoryExchange, on_every_rank, per_packet_at
 from harness.train import schedule
 from harness.transport.dropmask import DropMask
 
@@ -139,7 +138,7 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
                         drift_steps.append([step + 1, _drift(cfg, replicas, per_packet)])
                     _barrier(exchange)
 
-        _on_every_rank(cfg.world, rank_work, abort=exchange.barrier.abort)
+        on_every_rank(cfg.world, rank_work, abort=exchange.barrier.abort)
     finally:
         torch.set_num_threads(threads_before)
     if cfg.save_to:
@@ -253,27 +252,3 @@ def _scores(cfg: ManyRankConfig, replicas, corpus, tok, per_packet: int) -> dict
             "ppl_scored_ranks": {r: s.ppl for r, s in ranks.items()},
             "ppl_rank_mean": math.exp(mean_ce), "ppl_average_model": averaged.ppl,
             "ppl_owners": owners.ppl if owners else None}
-
-
-def _on_every_rank(world: int, work, abort) -> None:
-    """work(rank) on a thread per rank; the first error is raised here once all have ended.
-    A rank that fails breaks the exchange's barrier (abort), so the others stop there
-    instead of waiting for it forever."""
-    errors: list[BaseException] = []
-
-    def one(rank):
-        try:
-            work(rank)
-        except threading.BrokenBarrierError as err:
-            errors.append(err)  # (another rank's failure: raised after its own)
-        except BaseException as err:  # noqa: BLE001 - re-raised below
-            errors.insert(0, err)
-            abort()
-
-    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]

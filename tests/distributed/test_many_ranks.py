@@ -124,7 +124,7 @@ def test_many_ranks_train_the_reliable_model_without_loss_and_drift_under_it():
 
 
 def test_a_rank_that_fails_stops_the_others_with_its_error():
-    from harness.scale import training
+    from harness.scale.memory import on_every_rank
 
     def work(rank):
         if rank == 2:
@@ -133,7 +133,7 @@ def test_a_rank_that_fails_stops_the_others_with_its_error():
 
     exchange = MemoryExchange(4, 350, NoLoss())
     with pytest.raises(FloatingPointError, match="rank 2"):
-        training._on_every_rank(4, work, abort=exchange.barrier.abort)
+        on_every_rank(4, work, abort=exchange.barrier.abort)
 
 
 def test_lossless_reliable_training_is_the_same_at_every_n_and_starts_from_a_checkpoint(
