@@ -1,7 +1,7 @@
 """N ranks' data-parallel training in one process (the many-rank mode): one thread and one
 model replica per rank, each with the production optimizer lossbed returns to a user
-(ShardedOptimizer for unbiased_drift, RPSOptimizer for rps; reliable: the exact mean
-gradient), their collective the in-memory one (memory.py) with its packets' fates drawn
+(ShardedOptimizer for unbiased_drift, RPSOptimizer for rps; the gradient variants the
+all-reduced gradient: exact for reliable, lossy for zero_fill and unbiased), their collective the in-memory one (memory.py) with its packets' fates drawn
 from the loss process (fates.py).
 
 What is the same as a run over the real transport: the model and its initialisation per
@@ -40,9 +40,10 @@ from harness.names import Optimizer, Schedule
 from harness.scale.fates import BernoulliFate, NoLoss, SeededFate
 from harness.scale.memory import MemoryExchange, on_every_rank, per_packet_at
 from harness.train import schedule
+from harness.train.config import ESTIMATOR_OF
 from harness.transport.dropmask import DropMask
 
-VARIANTS = ("reliable", "unbiased_drift", "rps")
+VARIANTS = ("reliable", "zero_fill", "unbiased", "unbiased_drift", "rps")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,7 +97,8 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
         fate = SeededFate(DropMask(cfg.loss_seed, cfg.loss), cfg.world)
     else:
         fate = BernoulliFate(cfg.loss_seed, cfg.loss)
-    exchange = MemoryExchange(cfg.world, per_packet, fate)
+    exchange = MemoryExchange(cfg.world, per_packet, fate,
+                              ESTIMATOR_OF.get(cfg.variant, "received_mean"))
     replicas = [presets.build(cfg.preset, tok.vocab_size, cfg.seed) for _ in range(cfg.world)]
     if cfg.start_from:  # a warm start: the same values in every replica
         start = torch.load(cfg.start_from, weights_only=True)
@@ -175,12 +177,16 @@ def _optimizer(cfg: ManyRankConfig, model, collective):
     if cfg.variant == "rps":
         return RPSOptimizer(model, inner, SimpleNamespace(average=collective.allreduce,
                                                           collective=collective))
-    return _ExactMean(model, inner, collective)
+    return _MeanGradient(model, inner, collective)
 
 
-class _ExactMean:
-    """reliable: the exact mean gradient over the ranks (every packet arrives), then the
-    optimizer's step on every rank alike."""
+class _MeanGradient:
+    """The gradient variants: the ranks' gradients all-reduced by the collective, then the
+    optimizer's step on every rank. reliable: every packet arrives, the exact mean, every rank
+    alike; zero_fill and unbiased: the lossy all-reduce with their estimator, where a rank
+    that misses a broadcast packet keeps its own gradient there (as the real hook does; the
+    real hook reduces DDP's buckets one by one, this the whole gradient in one step, so
+    the packets are the same but their step numbers are not)."""
 
     def __init__(self, model, inner, collective):
         self.inner, self.collective = inner, collective

@@ -110,7 +110,7 @@ def test_many_ranks_train_the_reliable_model_without_loss_and_drift_under_it():
     common = dict(world=4, steps=6, global_batch=8, seq_len=32, tokenizer="bytes",
                   eval_tokens=2048, optimizer="sgd", lr=0.05, scored_ranks=4)
     reliable = run(ManyRankConfig(variant="reliable", **common))
-    for variant in ("rps", "unbiased_drift"):
+    for variant in ("rps", "unbiased_drift", "unbiased"):
         lossless = run(ManyRankConfig(variant=variant, **common))
         assert lossless["packets_missing"] == 0 and lossless["drift"] < 1e-4
         assert np.allclose(lossless["losses"], reliable["losses"], rtol=1e-4)
