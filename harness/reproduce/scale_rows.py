@@ -39,7 +39,11 @@ LOSS = 0.1
 GLOBAL_BATCH = 64   # one sequence per rank at n = 64
 SEQ_LEN = 64
 PRETRAIN_STEPS, PRETRAIN_LR = 300, 2e-3   # the bench's checkpoints' (harness/bench/spec.py)
-FINETUNE_LR, SGD_LR = 1e-4, 0.1           # the bench's fine-tune rates (AdamW, SGD)
+# The fine-tune rates: AdamW's the default bench's; SGD's not the bench's 0.1, which these
+# checkpoints (64 sequences a step, 300 steps: ppl 73.3 at seed 0) do not survive: 40 steps
+# of reliable SGD from seed 0's, ppl 104.0 at 0.1, 73.25 at 0.03, 73.23 at 0.01, 73.15 at
+# 0.003 (AdamW 1e-4: 73.10), measured 2026-12-06 at 6d01f82 (docs/results.md)
+FINETUNE_LR, SGD_LR = 1e-4, 0.03
 TREND_TOLERANCE = BAND_PCT / 2
 QUICK = {"worlds": (4, 16, 64), "steps": 40, "seeds": 2}
 FULL = {"worlds": (4, 8, 16, 32, 64), "steps": 150, "seeds": 4}
@@ -54,7 +58,8 @@ def run(quick: bool, out: Path, echo=print) -> list[dict]:
         base = ManyRankConfig(world=min(size["worlds"]), steps=size["steps"], seed=seed,
                               global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, lr=FINETUNE_LR,
                               start_from=str(start), drift_every=10)
-        plans = [("reference", base), ("reference", replace(base, optimizer="sgd", lr=SGD_LR))]
+        plans = [("start", replace(base, steps=0)), ("reference", base),
+                 ("reference", replace(base, optimizer="sgd", lr=SGD_LR))]
         for n in size["worlds"]:
             plans += [("lossy", replace(base, world=n, variant="unbiased_drift", loss=LOSS,
                                         loss_seed=seed)),
@@ -90,6 +95,16 @@ def rows(records: list[dict]) -> list[dict]:
         return next(x for x in records if x["role"] == "reference" and x["seed"] == r["seed"]
                     and x["config"]["optimizer"] == optimizer)
 
+    # how far lossless fine-tuning itself moved each seed's model: a Δppl inside the band
+    # says little where this is smaller than the band
+    gains = {}
+    for r in records:
+        if r["role"] == "reference":
+            start = next((x for x in records if x["role"] == "start" and x["seed"] == r["seed"]),
+                         None)
+            if start is not None:
+                gains.setdefault(r["config"]["optimizer"], []).append(
+                    100 * (r["ppl"] / start["ppl"] - 1))
     per = {}  # (variant, n) -> [Δppl %] over seeds, and the drifts
     for r in records:
         if r["role"] == "lossy":
@@ -112,11 +127,16 @@ def rows(records: list[dict]) -> list[dict]:
             detail[n] = {"ppl_delta_pct": mean, "ppl_delta_ci95": half,
                          "ppl_deltas": e["deltas"], "drift_max": max(e["drift"])}
         against = "reliable SGD" if variant == "rps" else "reliable AdamW"
+        gain = gains.get("sgd" if variant == "rps" else "adamw")
+        moved = ("" if not gain else "; lossless fine-tuning itself moved ppl by "
+                 + ", ".join(f"{g:+.2f}%" for g in gain) + " (per seed: a Δppl inside the "
+                 "band says little where this is smaller than the band)")
         out.append(claim(row, PAPERS[variant],
                          f"{variant} at 10% random loss trains as well as {against} at "
                          f"n = {', '.join(map(str, points))} ranks (many-rank mode)",
-                         f"Δppl within ±{BAND_PCT}% at every n", checks, setting=setting,
-                         mode="many-rank", per_n=detail))
+                         f"Δppl within ±{BAND_PCT}% at every n", checks,
+                         setting=setting + moved,
+                         mode="many-rank", per_n=detail, reference_gain_pct=gain))
         if variant == "rps" and len(points) > 1:
             small, large = min(points), max(points)
             a, ha = stats.mean_interval(points[small]["deltas"])

@@ -79,6 +79,8 @@ class ManyRankConfig:
         if self.world < 2 or self.global_batch % self.world:
             raise ValueError(f"{self.global_batch} sequences per step do not split over "
                              f"{self.world} ranks: use a world that divides the global batch")
+        if self.steps < 0:
+            raise ValueError(f"steps {self.steps} is negative (0: score the start alone)")
         if not 0 <= self.loss < 1:
             raise ValueError(f"loss {self.loss} is not a fraction in [0, 1)")
 

@@ -491,7 +491,8 @@ def test_row_8_judges_every_n_against_the_band_and_the_trend_of_rps():
 
     records = []
     for seed in (0, 1, 2):
-        records += [record("reference", "reliable", 4, seed, 100.0),
+        records += [record("start", "reliable", 4, seed, 102.0),
+                    record("reference", "reliable", 4, seed, 100.0),
                     record("reference", "reliable", 4, seed, 110.0, "sgd")]
         for n, ud, rps in ((4, 100.1, 110.05), (64, 100.2 + 0.01 * seed, 112.0 + 0.1 * seed)):
             records += [record("lossy", "unbiased_drift", n, seed, ud),
@@ -499,6 +500,9 @@ def test_row_8_judges_every_n_against_the_band_and_the_trend_of_rps():
     claims = {c["row"]: c for c in scale_rows.rows(records)}
     assert claims["8a"]["verdict"] == "holds" and claims["8a"]["mode"] == "many-rank"
     assert claims["8a"]["per_n"][64]["drift_max"] == 12.8
+    # lossless fine-tuning's own move beside it (102 -> 100: -1.96%, and 110 for SGD)
+    assert [round(g, 2) for g in claims["8a"]["reference_gain_pct"]] == [-1.96] * 3
+    assert [round(g, 2) for g in claims["8b"]["reference_gain_pct"]] == [7.84] * 3
     assert claims["8b"]["verdict"] == "does not hold"  # +1.8 to +3.6% at n = 64
     assert claims["8c"]["verdict"] != "holds"           # the harm grew with n
     assert "many-rank mode" in claims["8b"]["measured"]["quantity"]
