@@ -1,8 +1,9 @@
 """N ranks' data-parallel training in one process (the many-rank mode): one thread and one
 model replica per rank, each with the production optimizer lossbed returns to a user
-(ShardedOptimizer for unbiased_drift, RPSOptimizer for rps; the gradient variants the
-all-reduced gradient: exact for reliable, lossy for zero_fill and unbiased), their collective the in-memory one (memory.py) with its packets' fates drawn
-from the loss process (fates.py).
+(ShardedOptimizer for unbiased_drift, RPSOptimizer for rps; for the gradient variants the
+all-reduced gradient: exact for reliable, lossy for zero_fill and unbiased), their
+collective the in-memory one (memory.py) with its packets' fates drawn from the loss
+process (fates.py).
 
 What is the same as a run over the real transport: the model and its initialisation per
 seed, the data each rank draws (harness/data/sampler.py, the DistributedSampler way), the
