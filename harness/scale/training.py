@@ -43,6 +43,7 @@ from harness.scale.memory import MemoryExchange, on_every_rank, per_packet_at
 from harness.train import schedule
 from harness.train.config import ESTIMATOR_OF
 from harness.transport.dropmask import DropMask
+from testbed import checks
 
 VARIANTS = ("reliable", "zero_fill", "unbiased", "unbiased_drift", "rps")
 
@@ -82,8 +83,7 @@ class ManyRankConfig:
                              f"{self.world} ranks: use a world that divides the global batch")
         if self.steps < 0:
             raise ValueError(f"steps {self.steps} is negative (0: score the start alone)")
-        if not 0 <= self.loss < 1:
-            raise ValueError(f"loss {self.loss} is not a fraction in [0, 1)")
+        checks.loss_fraction("loss", self.loss)
 
 
 def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
