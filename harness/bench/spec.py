@@ -35,7 +35,17 @@ from harness import launch
 from harness.bench import stability
 from harness.metrics.verdict import BAND_PCT
 from harness.model import presets
-from harness.names import LOSSY_STAGES, OPTIMIZERS, REGIMES, VARIANTS
+from harness.names import (
+    LOSSY_STAGES,
+    OPTIMIZERS,
+    REGIMES,
+    VARIANTS,
+    Device,
+    LossyStage,
+    Optimizer,
+    Regime,
+    Schedule,
+)
 from harness.train.config import TrainConfig
 from harness.transport.semantics import Semantics
 from testbed import checks, profiles
@@ -95,10 +105,10 @@ class Variant:
     others: adamw)."""
 
     name: str
-    lossy_stage: str = "both"
+    lossy_stage: LossyStage = "both"
     resync_every: int = 0
     transport: str = "udp"
-    optimizer: str | None = None   # None: not written (resolved: the bench's choice)
+    optimizer: Optimizer | None = None  # None: not written (resolved: the bench's choice)
 
     @classmethod
     def parse(cls, text: str) -> Variant:
@@ -171,20 +181,20 @@ class BenchSpec:
     seeds: int = DEFAULT_SEEDS
     variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
     preset: str = "tiny"
-    device: str = "cpu"
+    device: Device = "cpu"
     batch: int = 8
     seq_len: int = 64
     lr: float = 2e-3           # AdamW's peak rate (scratch, and the checkpoints' training)
-    optimizer: str = "adamw"   # the variants' but rps's (rps: SGD unless rps/adamw)
+    optimizer: Optimizer = "adamw"  # the variants' but rps's (rps: SGD unless rps/adamw)
     sgd_lr: float | None = None  # every SGD run's peak rate (None: SGD_LR of the regime)
-    schedule: str = "cosine"
+    schedule: Schedule = "cosine"
     tokenizer: str = "bpe"
     # loss seeds at seed 0 for REALISATION_VARIANTS (1: none more). The default spends the
     # runs on seeds instead: each seed has a loss realisation of its own already
     realisations: int = 1
     # scratch: every run from the seed's initialisation at --lr; finetune: from the seed's
     # cached lossless checkpoint (pretrain_steps at --lr) at finetune_lr
-    regime: str = "finetune"
+    regime: Regime = "finetune"
     finetune_lr: float = FINETUNE_LR
     pretrain_steps: int = PRETRAIN_STEPS
     # filled in by run_bench in the finetune regime: seed -> the checkpoint's folder
