@@ -129,6 +129,10 @@ def _bench_cluster(prefix: str, spec):
 def _cmd_bench(args) -> int:
     checks.loss_fraction("--loss", *args.loss)  # (before torch is imported)
     _check_at_least(args, ("hosts", 2), ("steps", 1), ("seeds", 1), ("mtu", 68))
+    if args.many_rank:  # the question at n ranks, in this process (no cluster)
+        from harness.reproduce import scale_rows
+
+        return scale_rows.bench(args)
     import time
     from pathlib import Path
 
@@ -318,6 +322,10 @@ def add_commands(sub) -> None:
                    help="default: reliable unbiased_drift rps; the ablations zero_fill and "
                         "unbiased on request (or all five: make bench-full); each "
                         + VARIANT_FORM)
+    p.add_argument("--many-rank", type=int, nargs="+", metavar="N",
+                   help="the question at N ranks in the many-rank mode instead (one process, "
+                        "no cluster and no clock: Δppl and drift, not speed; reproduce row "
+                        "8's method), e.g. --many-rank 4 16 64")
     p.add_argument("--realisations", type=int, default=BenchSpec.realisations,
                    help="loss seeds at seed 0 for unbiased_drift and rps (1: no more)")
     p.add_argument("--speed-steps", type=int, default=BenchSpec.speed_steps,

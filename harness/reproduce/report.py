@@ -30,7 +30,7 @@ def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
     )
 
     out.mkdir(parents=True, exist_ok=True)
-    result = {"mode": "quick" if quick else "full", "commit": _commit(),
+    result = {"mode": "quick" if quick else "full", "commit": current_commit(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "claims": [], "seconds": {}}
     steps = {
         "1": ("unbiased aggregation", lambda: aggregation.run(quick)),
@@ -105,7 +105,7 @@ def _number(x) -> str:
     return f"{x:.4g}"
 
 
-def _commit() -> str:
+def current_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, cwd=Path(__file__).parent, timeout=10,

@@ -30,8 +30,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.metrics.verdict import BAND_PCT, Check, claim, delta_ppl
-from harness.scale.training import ManyRankConfig
-from harness.scale.training import run as run_many
 from testbed import stats
 
 PAPERS = {"unbiased_drift": "arXiv 2507.07114", "rps": "arXiv 1810.07766"}
@@ -49,22 +47,30 @@ QUICK = {"worlds": (4, 16, 64), "steps": 40, "seeds": 2}
 FULL = {"worlds": (4, 8, 16, 32, 64), "steps": 150, "seeds": 4}
 
 
-def run(quick: bool, out: Path, echo=print) -> list[dict]:
-    size = QUICK if quick else FULL
+def run(quick: bool, out: Path, echo=print, size: dict | None = None,
+        loss: float = LOSS) -> list[dict]:
+    """The runs and their claims; size: worlds, steps and seeds (QUICK or FULL by `quick`,
+    or the caller's: `lossbed bench --many-rank`)."""
+    from harness.scale.training import ManyRankConfig  # (torch: once the input is checked)
+    from harness.scale.training import run as run_many
+
+    size = size or (QUICK if quick else FULL)
+    global_batch = global_batch_for(size["worlds"])
+    model = {"seq_len": SEQ_LEN, **size.get("model", {})}
     out.mkdir(parents=True, exist_ok=True)
     records = []
     for seed in range(size["seeds"]):
-        start = _checkpoint(seed, out, echo)
+        start = _checkpoint(seed, out, echo, size.get("pretrain_steps", PRETRAIN_STEPS), model)
         base = ManyRankConfig(world=min(size["worlds"]), steps=size["steps"], seed=seed,
-                              global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, lr=FINETUNE_LR,
-                              start_from=str(start), drift_every=10)
+                              global_batch=global_batch, lr=FINETUNE_LR,
+                              start_from=str(start), drift_every=10, **model)
         plans = [("start", replace(base, steps=0)), ("reference", base),
                  ("reference", replace(base, optimizer="sgd", lr=SGD_LR))]
         for n in size["worlds"]:
-            plans += [("lossy", replace(base, world=n, variant="unbiased_drift", loss=LOSS,
+            plans += [("lossy", replace(base, world=n, variant="unbiased_drift", loss=loss,
                                         loss_seed=seed)),
                       ("lossy", replace(base, world=n, variant="rps", optimizer="sgd",
-                                        lr=SGD_LR, loss=LOSS, loss_seed=seed))]
+                                        lr=SGD_LR, loss=loss, loss_seed=seed))]
         for role, cfg in plans:
             echo(f"[reproduce] row 8: seed {seed}, {role} {cfg.variant}/{cfg.optimizer} at "
                  f"n={cfg.world}")
@@ -76,20 +82,30 @@ def run(quick: bool, out: Path, echo=print) -> list[dict]:
     return rows(records)
 
 
-def _checkpoint(seed: int, out: Path, echo) -> Path:
+def global_batch_for(worlds) -> int:
+    """GLOBAL_BATCH sequences a step, or one per rank where there are more ranks; every n
+    must divide it (the same global batch at every n)."""
+    return max(GLOBAL_BATCH, *worlds)
+
+
+def _checkpoint(seed: int, out: Path, echo, steps: int = PRETRAIN_STEPS,
+                model: dict | None = None) -> Path:
     """The seed's lossless model (reliable AdamW from its initialisation), as flat values."""
-    path = out / f"checkpoint-seed{seed}.pt"
+    from harness.scale.training import ManyRankConfig
+    from harness.scale.training import run as run_many
+
+    path = out / f"checkpoint-seed{seed}-{steps}.pt"
     if not path.exists():
-        echo(f"[reproduce] row 8: seed {seed}, its lossless checkpoint ({PRETRAIN_STEPS} "
-             "steps)")
-        run_many(ManyRankConfig(world=4, steps=PRETRAIN_STEPS, seed=seed,
-                                global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, lr=PRETRAIN_LR,
+        echo(f"[reproduce] row 8: seed {seed}, its lossless checkpoint ({steps} steps)")
+        run_many(ManyRankConfig(world=4, steps=steps, seed=seed, global_batch=GLOBAL_BATCH,
+                                lr=PRETRAIN_LR, **{"seq_len": SEQ_LEN, **(model or {})},
                                 save_to=str(path), eval_tokens=1))
     return path
 
 
 def rows(records: list[dict]) -> list[dict]:
     """The claims from the runs: Δppl per seed against the same seed's reference."""
+    rate = next((r["loss"] for r in records if r["role"] == "lossy"), LOSS)
     def reference(r):
         optimizer = r["config"]["optimizer"]
         return next(x for x in records if x["role"] == "reference" and x["seed"] == r["seed"]
@@ -123,7 +139,8 @@ def rows(records: list[dict]) -> list[dict]:
             mean, half = stats.mean_interval(e["deltas"])
             checks.append(delta_ppl(mean, half if math.isfinite(half) else None,
                                     len(e["deltas"]), BAND_PCT,
-                                    f"Δppl % of {variant} at 10% (n={n}, many-rank mode)"))
+                                    f"Δppl % of {variant} at {rate:.0%} (n={n}, many-rank "
+                                    "mode)"))
             detail[n] = {"ppl_delta_pct": mean, "ppl_delta_ci95": half,
                          "ppl_deltas": e["deltas"], "drift_max": max(e["drift"])}
         against = "reliable SGD" if variant == "rps" else "reliable AdamW"
@@ -132,7 +149,7 @@ def rows(records: list[dict]) -> list[dict]:
                  + ", ".join(f"{g:+.2f}%" for g in gain) + " (per seed: a Δppl inside the "
                  "band says little where this is smaller than the band)")
         out.append(claim(row, PAPERS[variant],
-                         f"{variant} at 10% random loss trains as well as {against} at "
+                         f"{variant} at {rate:.0%} random loss trains as well as {against} at "
                          f"n = {', '.join(map(str, points))} ranks (many-rank mode)",
                          f"Δppl within ±{BAND_PCT}% at every n", checks,
                          setting=setting + moved,
@@ -145,8 +162,8 @@ def rows(records: list[dict]) -> list[dict]:
                              "number of servers grows (in training, many-rank mode)",
                              f"Δppl at n={large} minus at n={small} at most {TREND_TOLERANCE} "
                              "points (a negative difference counted as 0)",
-                             [Check(f"Δppl % of rps at n={large} minus at n={small} (10% loss, "
-                                    "many-rank mode)", max(b - a, 0.0), math.hypot(ha, hb),
+                             [Check(f"Δppl % of rps at n={large} minus at n={small} ({rate:.0%} "
+                                    "loss, many-rank mode)", max(b - a, 0.0), math.hypot(ha, hb),
                                     0.0, TREND_TOLERANCE, len(points[small]["deltas"]))],
                              setting=setting, mode="many-rank"))
     return out
@@ -157,8 +174,63 @@ def _setting(records: list[dict]) -> str:
     c = first["config"]
     worlds = sorted({r["world"] for r in records if r["role"] == "lossy"})
     return (f"many-rank mode (one process, no clock: loss is the process's alone), n = "
-            f"{', '.join(map(str, worlds))}, {GLOBAL_BATCH} sequences of {c['seq_len']} per "
-            f"step over the ranks, {c['steps']} steps fine-tuning from each seed's "
+            f"{', '.join(map(str, worlds))}, {c['global_batch']} sequences of {c['seq_len']} "
+            f"per step over the ranks, {c['steps']} steps fine-tuning from each seed's "
             f"{PRETRAIN_STEPS}-step lossless checkpoint (AdamW {FINETUNE_LR:g}, rps under SGD "
-            f"{SGD_LR:g}), {len({r['seed'] for r in records})} seeds, 10% Bernoulli loss per "
-            "packet")
+            f"{SGD_LR:g}), {len({r['seed'] for r in records})} seeds, {first['loss']:.0%} "
+            "Bernoulli loss per packet")
+
+
+# `lossbed bench --many-rank`: the bench's options this mode takes, and those it cannot
+# (each refused when given: a silently ignored option would answer another question)
+BENCH_TAKES = ("steps", "seeds", "pretrain_steps", "preset", "tokenizer", "seq_len", "loss",
+               "out", "many_rank")
+BENCH_REFUSES = ("hosts", "mtu", "profile", "realisations", "speed_steps", "speed_seeds",
+                 "band_pct", "min_coverage", "sgd_lr", "batch", "lr", "optimizer", "schedule",
+                 "device", "finetune_lr", "variants", "unsealed", "regime", "cluster",
+                 "inventory")
+
+
+def bench(args) -> int:
+    """bench --many-rank N ...: the question at n ranks in the many-rank mode, row 8's way
+    (unbiased_drift and rps against their references, each n against the band)."""
+    import sys
+    import time
+
+    from harness.bench.spec import BenchSpec
+    from harness.reproduce import report
+    from testbed.errors import UsageError
+
+    defaults = {**{f: getattr(BenchSpec, f) for f in BENCH_REFUSES if hasattr(BenchSpec, f)},
+                "variants": None, "unsealed": False, "regime": None, "cluster": None,
+                "inventory": None, "sgd_lr": None}
+    given = [f for f in BENCH_REFUSES if getattr(args, f, None) != defaults.get(f)]
+    if given:
+        flags = ", ".join("--" + f.replace("_", "-") for f in given)
+        raise UsageError("--many-rank", f"runs its own question in this process, so {flags} "
+                         "would be ignored", "Leave them out (it takes --steps, --seeds, "
+                         "--pretrain-steps, --preset, --tokenizer, --seq-len, one --loss)")
+    worlds = sorted(set(args.many_rank))
+    batch = global_batch_for(worlds)
+    if min(worlds) < 2 or any(batch % n for n in worlds):
+        raise UsageError("--many-rank", f"{' '.join(map(str, args.many_rank))}: every n must "
+                         f"be 2 or more and divide the {batch} sequences of a step",
+                         "e.g. --many-rank 4 16 64")
+    if len(args.loss) != 1 or not args.loss[0]:
+        raise UsageError("--loss", f"{' '.join(map(str, args.loss))}: --many-rank runs one "
+                         "loss rate above 0", "e.g. --many-rank 4 16 64 --loss 0.1")
+    out = Path(args.out or f"results/bench-many-rank-{time.strftime('%Y%m%d-%H%M%S')}")
+    started = time.monotonic()
+    claims = run(False, out.resolve(), loss=args.loss[0],
+                 size={"worlds": tuple(worlds), "steps": args.steps, "seeds": args.seeds,
+                       "pretrain_steps": args.pretrain_steps,
+                       "model": {"preset": args.preset, "tokenizer": args.tokenizer,
+                                 "seq_len": args.seq_len}},
+                 echo=lambda line: print(line, file=sys.stderr, flush=True))
+    result = {"mode": "bench --many-rank", "commit": report.current_commit(),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "claims": claims,
+              "seconds": {"8": round(time.monotonic() - started, 1)}}
+    report.write(out, result)
+    print(report.markdown(result))
+    print(f"results in {out}/ (reproduction.md, reproduction.json, many_rank.jsonl)")
+    return 0

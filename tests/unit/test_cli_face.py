@@ -93,6 +93,14 @@ def lossbed_bare(*args: str) -> subprocess.CompletedProcess:
     (["run", "--grace-s", "-1", "--", "torchrun", "x.py"], "--grace-s", "--grace-s 30"),
     (["run", "--grace-s", "nan", "--", "torchrun", "x.py"], "--grace-s", "--grace-s 30"),
     (["train", "--grace-s", "-5"], "--grace-s", "--grace-s 30"),
+    # the many-rank mode: what it cannot take is refused, not ignored
+    (["bench", "--many-rank", "3", "4"], "--many-rank", "--many-rank 4 16 64"),
+    (["bench", "--many-rank", "4", "16", "--hosts", "8"], "--hosts would be ignored",
+     "Leave them out"),
+    (["bench", "--many-rank", "4", "--lr", "0.01", "--variants", "rps"], "--lr, --variants",
+     "Leave them out"),
+    (["bench", "--many-rank", "4", "--loss", "0.01", "0.1"], "--loss", "one loss rate"),
+    (["bench", "--many-rank", "4", "--cluster", "c1"], "--cluster", "Leave them out"),
 ])
 def test_bad_arguments_are_refused_before_torch_is_imported(args, option, fix):
     done = lossbed_bare(*args)

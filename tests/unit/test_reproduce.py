@@ -487,7 +487,9 @@ def test_row_8_judges_every_n_against_the_band_and_the_trend_of_rps():
     def record(role, variant, n, seed, ppl, optimizer="adamw"):
         return {"role": role, "variant": variant, "world": n, "seed": seed, "ppl": ppl,
                 "drift": 0.1, "drift_max": 0.2 * n,
-                "config": {"optimizer": optimizer, "seq_len": 64, "steps": 40}}
+                "loss": 0.1 if role == "lossy" else 0.0,
+                "config": {"optimizer": optimizer, "seq_len": 64, "steps": 40,
+                           "global_batch": 64}}
 
     records = []
     for seed in (0, 1, 2):
