@@ -192,3 +192,28 @@ def test_a_training_run_over_the_udp_transport_replays_in_the_many_rank_mode(tmp
         real["losses"], memory["losses_rank0"])
     assert abs(real["ppl"] / memory["ppl"] - 1) < 1e-4, (real["ppl"], memory["ppl"])
     assert real["headline"] == memory["headline"] == "owners"
+
+
+def test_bench_many_rank_answers_the_question_at_n_ranks_in_one_process(tmp_path):
+    """`lossbed bench --many-rank 2 4`: row 8's claims at those n, each line labelled as the
+    many-rank mode's, its runs and checkpoints in --out, no cluster made."""
+    import json
+
+    from testbed.clusters import netns as netns_cluster
+    from tests.helpers import lossbed
+
+    before = netns_cluster.leftover_clusters()
+    out = tmp_path / "many"
+    done = lossbed("bench", "--many-rank", "2", "4", "--loss", "0.1", "--steps", "2",
+                   "--seeds", "2", "--pretrain-steps", "2", "--tokenizer", "bytes",
+                   "--seq-len", "32", "--out", str(out), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    claims = {c["row"]: c for c in json.loads((out / "reproduction.json").read_text())["claims"]}
+    assert set(claims) == {"8a", "8b", "8c"}
+    assert all("many-rank mode" in c["claim"] for c in claims.values())
+    assert set(claims["8a"]["per_n"]) == {"2", "4"}
+    runs = [json.loads(line) for line in (out / "many_rank.jsonl").read_text().splitlines()]
+    assert {(r["role"], r["world"]) for r in runs} >= {("lossy", 2), ("lossy", 4)}
+    assert all(0.05 < r["measured_loss"] < 0.15 for r in runs if r["role"] == "lossy")
+    assert "| 8a |" in done.stdout
+    assert netns_cluster.leftover_clusters() == before
