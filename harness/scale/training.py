@@ -163,6 +163,7 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
         "packets_expected": expected, "packets_missing": missing,
         "measured_loss": missing / expected if expected else 0.0,
         "wall_s": time.monotonic() - started,
+        # the process's peak so far (several runs in one process: the largest of them)
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
