@@ -58,12 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=1, help="ranks on this host")
     parser.add_argument("--force-interface", action="store_true",
                         help="the run impairs the interface even if it carries SSH")
+    parser.add_argument("--skip-interpreter", action="store_true",
+                        help="leave out the ranks' Python (version, torch, CUDA, the compiled "
+                             "core): for hosts whose training Python is checked elsewhere")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     machine = _ThisMachine(args.interface, args.mtu)
     report = examine(machine, Request(device=args.device, backend=args.process_group,
                                       ranks_per_host=args.ranks,
-                                      force_interface=args.force_interface))
+                                      force_interface=args.force_interface),
+                     with_python=not args.skip_interpreter)
     print(json.dumps(report.to_dict(), indent=2) if args.json else render(report))
     return 3 if report.blocking else 0
 

@@ -90,3 +90,25 @@ def test_a_findings_flags_are_named():
         doctor.Finding("h1", "nft", "absent", False, True)  # bare booleans: refused
     with pytest.raises(TypeError):
         doctor.Request(None, "cpu")  # the request's fields are named too
+
+
+def test_the_one_machine_doctor_can_leave_the_interpreter_out():
+    """`python -m testbed.doctor --skip-interpreter` (the verify role's
+    lossbed_verify_interpreter: false): no Python, torch or compiled-core check, the rest."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, with_repo_on_path
+
+    def checks(*extra):
+        done = subprocess.run([sys.executable, "-m", "testbed.doctor", "--interface", "lo",
+                               "--json", *extra], capture_output=True, text=True, cwd=REPO,
+                              timeout=120, env={"PYTHONPATH": with_repo_on_path(),
+                                                "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        return {f["check"] for f in json.loads(done.stdout)["findings"]}
+
+    skipped = checks("--skip-interpreter")
+    assert not skipped & {"Python", "torch", "compiled core"}
+    assert {"CAP_NET_ADMIN", "NIC", "tc"} <= skipped
+    assert {"Python", "torch", "compiled core"} <= checks()
