@@ -38,8 +38,8 @@ def load_flat(model, values: torch.Tensor) -> None:
             offset += p.numel()
 
 
-def _owners(own: torch.Tensor, models: list[torch.Tensor], world: int,
-            per_packet: int) -> torch.Tensor:
+def owners_model(own: torch.Tensor, models: list[torch.Tensor], world: int,
+                 per_packet: int) -> torch.Tensor:
     """The owners' model: each shard as its owner holds it (unbiased_drift's reference)."""
     layout = Layout(own.numel(), world, per_packet)
     assembled = own.clone()
@@ -57,8 +57,14 @@ def replica_distance(r, variant: str, model, per_packet: int) -> float | None:
     models = process_group.all_gather(own)
     if r.rank != 0:
         return None
-    target = (_owners(own, models, r.world, per_packet) if variant == "unbiased_drift"
-              else torch.stack(models).mean(dim=0))
+    return largest_distance(models, variant, per_packet)
+
+
+def largest_distance(models: list[torch.Tensor], variant: str, per_packet: int) -> float:
+    """The largest L2 distance of the ranks' flat models (rank order) from the model the
+    variant bounds them by: the owners' (unbiased_drift) or the ranks' mean."""
+    target = (owners_model(models[0], models, len(models), per_packet)
+              if variant == "unbiased_drift" else torch.stack(models).mean(dim=0))
     return max(float((m - target).norm()) for m in models)
 
 
@@ -90,7 +96,7 @@ def measure(r, variant: str, model, windows, token_bytes, eval_tokens: int | Non
     averaged = evaluate(model, windows, token_bytes, eval_tokens)
     owners = None
     if variant == "unbiased_drift":
-        load_flat(model, _owners(own, models, r.world, per_packet))
+        load_flat(model, owners_model(own, models, r.world, per_packet))
         owners = evaluate(model, windows, token_bytes, eval_tokens)
     load_flat(model, own)
     ppls = [s.ppl for s in ranks]

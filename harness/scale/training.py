@@ -29,7 +29,6 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from harness.collectives.layout import Layout
 from harness.data.corpus import load_documents, prepare
 from harness.data.sampler import Batches
 from harness.ddp.rps import RPSOptimizer
@@ -138,10 +137,10 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
                         echo(f"[many-rank n={cfg.world} {cfg.variant}] step {step + 1}/"
                              f"{cfg.steps} loss {value:.3f}")
                 if cfg.drift_every and (step + 1) % cfg.drift_every == 0:
-                    _barrier(exchange)
+                    exchange.barrier.wait()
                     if rank == 0:
                         drift_steps.append([step + 1, _drift(cfg, replicas, per_packet)])
-                    _barrier(exchange)
+                    exchange.barrier.wait()
 
         on_every_rank(cfg.world, rank_work, abort=exchange.barrier.abort)
     finally:
@@ -216,26 +215,11 @@ class _MeanGradient:
         self.inner.zero_grad(set_to_none=set_to_none)
 
 
-def _barrier(exchange: MemoryExchange) -> None:
-    exchange.barrier.wait()
-
-
 def _drift(cfg: ManyRankConfig, replicas, per_packet: int) -> float:
-    """The largest L2 distance of a replica from the model the variant bounds it by: the
-    owners' (unbiased_drift) or the ranks' mean (the others), as models.replica_distance."""
-    flats = [models.flat(m) for m in replicas]
-    target = (_owners(flats, cfg.world, per_packet) if cfg.variant == "unbiased_drift"
-              else torch.stack(flats).mean(dim=0))
-    return max(float((f - target).norm()) for f in flats)
-
-
-def _owners(flats: list[torch.Tensor], world: int, per_packet: int) -> torch.Tensor:
-    layout = Layout(flats[0].numel(), world, per_packet)
-    assembled = flats[0].clone()
-    for owner in range(world):
-        start, end = layout.shard_bounds(owner)
-        assembled[start:end] = flats[owner][start:end]
-    return assembled
+    """The largest distance of a replica from the model the variant bounds it by
+    (harness/eval/models.py's, as the real ranks measure it)."""
+    return models.largest_distance([models.flat(m) for m in replicas], cfg.variant,
+                                   per_packet)
 
 
 def _scores(cfg: ManyRankConfig, replicas, corpus, tok, per_packet: int) -> dict:
@@ -252,7 +236,7 @@ def _scores(cfg: ManyRankConfig, replicas, corpus, tok, per_packet: int) -> dict
     averaged = evaluate(probe, windows, sizes, limit)
     owners = None
     if cfg.variant == "unbiased_drift":
-        models.load_flat(probe, _owners(flats, cfg.world, per_packet))
+        models.load_flat(probe, models.owners_model(flats[0], flats, cfg.world, per_packet))
         owners = evaluate(probe, windows, sizes, limit)
     mean_ce = sum(s.ce_per_token for s in ranks.values()) / len(ranks)
     headline = models.HEADLINE[cfg.variant]
