@@ -26,10 +26,16 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from harness.bench import stability
 from harness.metrics.verdict import BAND_PCT, Check, claim, delta_ppl
+from harness.reproduce.rules import withheld_by_the_regime
 from testbed import stats
 
 PAPERS = {"unbiased_drift": "arXiv 2507.07114", "rps": "arXiv 1810.07766"}
@@ -48,38 +54,64 @@ FULL = {"worlds": (4, 8, 16, 32, 64), "steps": 150, "seeds": 4}
 
 
 def run(quick: bool, out: Path, echo=print, size: dict | None = None,
-        loss: float = LOSS) -> list[dict]:
+        loss: float = LOSS, workers: int | None = None) -> list[dict]:
     """The runs and their claims; size: worlds, steps and seeds (QUICK or FULL by `quick`,
-    or the caller's: `lossbed bench --many-rank`)."""
+    or the caller's: `lossbed bench --many-rank`). The seeds run in `workers` processes
+    side by side (default: one a core; a run computes one rank at a time, so one process
+    keeps one core busy), each writing its records to many_rank-seed<N>.jsonl as it goes."""
+    size = size or (QUICK if quick else FULL)
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = list(range(size["seeds"]))
+    workers = max(1, min(workers or os.cpu_count() or 1, len(seeds)))
+    if workers == 1:
+        per_seed = [_seed_runs(seed, size, out, loss, echo) for seed in seeds]
+    else:
+        echo(f"[reproduce] row 8: {len(seeds)} seeds in {workers} processes (their progress "
+             "on stderr)")
+        # spawn, not fork: a fork copies a process whose threads may be running
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=spawn) as pool:
+            per_seed = list(pool.map(_seed_runs, seeds, [size] * len(seeds),
+                                     [out] * len(seeds), [loss] * len(seeds)))
+    records = [r for runs in per_seed for r in runs]
+    with open(out / "many_rank.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return rows(records)
+
+
+def _seed_runs(seed: int, size: dict, out: Path, loss: float, echo=None) -> list[dict]:
+    """One seed's runs: its checkpoint, the lossless references and (seeds of
+    stability.TWIN_SEEDS) their chaos twins at the smallest n, the lossy runs at every n."""
     from harness.scale.training import ManyRankConfig  # (torch: once the input is checked)
     from harness.scale.training import run as run_many
 
-    size = size or (QUICK if quick else FULL)
+    if echo is None:  # in a worker process: its lines on stderr, as they come
+        def echo(line):
+            print(line, file=sys.stderr, flush=True)
     global_batch = global_batch_for(size["worlds"])
     model = {"seq_len": SEQ_LEN, **size.get("model", {})}
-    out.mkdir(parents=True, exist_ok=True)
+    start = _checkpoint(seed, out, echo, size.get("pretrain_steps", PRETRAIN_STEPS), model)
+    base = ManyRankConfig(world=min(size["worlds"]), steps=size["steps"], seed=seed,
+                          global_batch=global_batch, lr=FINETUNE_LR,
+                          start_from=str(start), drift_every=10, **model)
+    sgd = replace(base, optimizer="sgd", lr=SGD_LR)
+    plans = [("start", replace(base, steps=0)), ("reference", base), ("reference", sgd)]
+    if seed in stability.TWIN_SEEDS:  # one lossy step's twin of each reference
+        plans += [("twin", replace(base, drop_once=loss)), ("twin", replace(sgd, drop_once=loss))]
+    for n in size["worlds"]:
+        plans += [("lossy", replace(base, world=n, variant="unbiased_drift", loss=loss,
+                                    loss_seed=seed)),
+                  ("lossy", replace(sgd, world=n, variant="rps", loss=loss, loss_seed=seed))]
     records = []
-    for seed in range(size["seeds"]):
-        start = _checkpoint(seed, out, echo, size.get("pretrain_steps", PRETRAIN_STEPS), model)
-        base = ManyRankConfig(world=min(size["worlds"]), steps=size["steps"], seed=seed,
-                              global_batch=global_batch, lr=FINETUNE_LR,
-                              start_from=str(start), drift_every=10, **model)
-        plans = [("start", replace(base, steps=0)), ("reference", base),
-                 ("reference", replace(base, optimizer="sgd", lr=SGD_LR))]
-        for n in size["worlds"]:
-            plans += [("lossy", replace(base, world=n, variant="unbiased_drift", loss=loss,
-                                        loss_seed=seed)),
-                      ("lossy", replace(base, world=n, variant="rps", optimizer="sgd",
-                                        lr=SGD_LR, loss=loss, loss_seed=seed))]
-        for role, cfg in plans:
-            echo(f"[reproduce] row 8: seed {seed}, {role} {cfg.variant}/{cfg.optimizer} at "
-                 f"n={cfg.world}")
-            record = {"role": role, **run_many(cfg)}
-            record.pop("losses", None)
-            records.append(record)
-            with open(out / "many_rank.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
-    return rows(records)
+    for role, cfg in plans:
+        echo(f"[reproduce] row 8: seed {seed}, {role} {cfg.variant}/{cfg.optimizer} at "
+             f"n={cfg.world}")
+        record = {"role": role, **run_many(cfg)}
+        record.pop("losses", None)
+        records.append(record)
+        with open(out / f"many_rank-seed{seed}.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+    return records
 
 
 def global_batch_for(worlds) -> int:
@@ -98,8 +130,8 @@ def _checkpoint(seed: int, out: Path, echo, steps: int = PRETRAIN_STEPS,
     if not path.exists():
         echo(f"[reproduce] row 8: seed {seed}, its lossless checkpoint ({steps} steps)")
         run_many(ManyRankConfig(world=4, steps=steps, seed=seed, global_batch=GLOBAL_BATCH,
-                                lr=PRETRAIN_LR, **{"seq_len": SEQ_LEN, **(model or {})},
-                                save_to=str(path), eval_tokens=1))
+                                lr=PRETRAIN_LR, save_to=str(path),
+                                **{"seq_len": SEQ_LEN, **(model or {}), "eval_tokens": 1}))
     return path
 
 
@@ -121,6 +153,10 @@ def rows(records: list[dict]) -> list[dict]:
             if start is not None:
                 gains.setdefault(r["config"]["optimizer"], []).append(
                     100 * (r["ppl"] / start["ppl"] - 1))
+    # the chaos check per optimizer: each reference and its twin (one lossy step)
+    regimes = {opt: stability.check([(reference(t), t) for t in records
+                                     if t["role"] == "twin" and t["config"]["optimizer"] == opt])
+               for opt in ("adamw", "sgd")}
     per = {}  # (variant, n) -> [Δppl %] over seeds, and the drifts
     for r in records:
         if r["role"] == "lossy":
@@ -135,12 +171,14 @@ def rows(records: list[dict]) -> list[dict]:
             continue
         checks = []
         detail = {}
+        regime = regimes["sgd" if variant == "rps" else "adamw"]
+        held_back = withheld_by_the_regime(regime)
         for n, e in points.items():
             mean, half = stats.mean_interval(e["deltas"])
             checks.append(delta_ppl(mean, half if math.isfinite(half) else None,
                                     len(e["deltas"]), BAND_PCT,
                                     f"Δppl % of {variant} at {rate:.0%} (n={n}, many-rank "
-                                    "mode)"))
+                                    "mode)", held_back))
             detail[n] = {"ppl_delta_pct": mean, "ppl_delta_ci95": half,
                          "ppl_deltas": e["deltas"], "drift_max": max(e["drift"])}
         against = "reliable SGD" if variant == "rps" else "reliable AdamW"
@@ -152,8 +190,9 @@ def rows(records: list[dict]) -> list[dict]:
                          f"{variant} at {rate:.0%} random loss trains as well as {against} at "
                          f"n = {', '.join(map(str, points))} ranks (many-rank mode)",
                          f"Δppl within ±{BAND_PCT}% at every n", checks,
-                         setting=setting + moved,
-                         mode="many-rank", per_n=detail, reference_gain_pct=gain))
+                         setting=setting + moved + "; " + stability.text(regime),
+                         mode="many-rank", per_n=detail, reference_gain_pct=gain,
+                         stability=regime))
         if variant == "rps" and len(points) > 1:
             small, large = min(points), max(points)
             a, ha = stats.mean_interval(points[small]["deltas"])
@@ -164,8 +203,9 @@ def rows(records: list[dict]) -> list[dict]:
                              "points (a negative difference counted as 0)",
                              [Check(f"Δppl % of rps at n={large} minus at n={small} ({rate:.0%} "
                                     "loss, many-rank mode)", max(b - a, 0.0), math.hypot(ha, hb),
-                                    0.0, TREND_TOLERANCE, len(points[small]["deltas"]))],
-                             setting=setting, mode="many-rank"))
+                                    0.0, TREND_TOLERANCE, len(points[small]["deltas"]),
+                                    disturbed=held_back)],
+                             setting=setting, mode="many-rank", stability=regime))
     return out
 
 

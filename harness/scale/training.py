@@ -39,7 +39,7 @@ from harness.model import presets
 from harness.names import Optimizer, Schedule
 from harness.scale.fates import BernoulliFate, NoLoss, SeededFate
 from harness.scale.memory import MemoryExchange, on_every_rank, per_packet_at
-from harness.train import schedule
+from harness.train import one_lossy_step, schedule
 from harness.train.config import ESTIMATOR_OF
 from harness.transport.dropmask import DropMask
 from testbed import checks
@@ -72,6 +72,10 @@ class ManyRankConfig:
     scored_ranks: int = 8         # rank_mean over this many ranks (evenly spread), at most n
     start_from: str | None = None  # every replica starts from these flat values (torch.save)
     save_to: str | None = None     # rank 0's flat values after training, saved here
+    # the chaos check's twin (reliable only): at the warm-up's last step this fraction of the
+    # all-reduced gradient's datagram blocks zeroed, as the real worker's twin
+    # (harness/train/one_lossy_step.py)
+    drop_once: float = 0.0
 
     def validate(self) -> None:
         if self.variant not in VARIANTS:
@@ -83,6 +87,10 @@ class ManyRankConfig:
         if self.steps < 0:
             raise ValueError(f"steps {self.steps} is negative (0: score the start alone)")
         checks.loss_fraction("loss", self.loss)
+        checks.loss_fraction("drop_once", self.drop_once)
+        if self.drop_once and self.variant != "reliable":
+            raise ValueError(f"drop_once is the lossless reference's twin: variant reliable, "
+                             f"not {self.variant!r}")
 
 
 def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
@@ -180,7 +188,11 @@ def _optimizer(cfg: ManyRankConfig, model, collective):
     if cfg.variant == "rps":
         return RPSOptimizer(model, inner, SimpleNamespace(average=collective.allreduce,
                                                           collective=collective))
-    return _MeanGradient(model, inner, collective)
+    drop = None
+    if cfg.drop_once:  # the twin: one step's blocks lost, the same ones on every rank
+        drop = (one_lossy_step.step_of(cfg.steps, cfg.warmup_steps), cfg.drop_once,
+                collective.transport.per_packet, cfg.seed)
+    return _MeanGradient(model, inner, collective, drop)
 
 
 class _MeanGradient:
@@ -191,8 +203,10 @@ class _MeanGradient:
     real hook reduces DDP's buckets one by one, this the whole gradient in one step, so
     the packets are the same but their step numbers are not)."""
 
-    def __init__(self, model, inner, collective):
+    def __init__(self, model, inner, collective, drop=None):
         self.inner, self.collective = inner, collective
+        # (step, fraction, block, seed): the chaos twin's one lossy step, or None
+        self.drop, self.steps_taken = drop, 0
         self.param_groups = inner.param_groups
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.flat = torch.zeros(sum(p.numel() for p in self.params), dtype=torch.float32)
@@ -209,6 +223,10 @@ class _MeanGradient:
             n = p.numel()
             p.grad = self.flat[offset:offset + n].view_as(p).clone()
             offset += n
+        if self.drop is not None and self.steps_taken == self.drop[0]:
+            _, fraction, block, seed = self.drop
+            one_lossy_step.drop_blocks(self.params, fraction, block, seed)
+        self.steps_taken += 1
         self.inner.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -123,6 +123,30 @@ def test_many_ranks_train_the_reliable_model_without_loss_and_drift_under_it():
         assert lossy["losses"] != reliable["losses"]        # any packet could be lost
 
 
+def test_the_chaos_twin_loses_one_steps_blocks_on_every_rank_alike():
+    """drop_once (the stability check's twin, as the real worker's: the same step and the
+    same blocks, harness/train/one_lossy_step.py): the run is its reference's up to that
+    step and another after it, its replicas still equal; only the reliable reference has
+    a twin."""
+    from harness.scale.training import ManyRankConfig, run
+    from harness.train import one_lossy_step
+
+    common = dict(world=3, steps=6, global_batch=6, seq_len=32, tokenizer="bytes",
+                  eval_tokens=2048, lr=2e-3)
+    reference = run(ManyRankConfig(**common))
+    twin = run(ManyRankConfig(drop_once=0.1, **common))
+    lossy_step = one_lossy_step.step_of(6, None)
+    assert 0 <= lossy_step < 5
+    # a step's loss is computed before its update: equal through the twin's lossy step
+    assert twin["losses"][:lossy_step + 1] == reference["losses"][:lossy_step + 1]
+    assert twin["losses"][lossy_step + 1:] != reference["losses"][lossy_step + 1:]
+    assert twin["ppl"] != reference["ppl"]
+    assert twin["drift"] < 1e-5  # (the sums' order differs per rank: float rounding only)
+    assert twin["packets_missing"] == 0
+    with pytest.raises(ValueError, match="drop_once"):
+        run(ManyRankConfig(variant="unbiased_drift", drop_once=0.1, **common))
+
+
 def test_a_rank_that_fails_stops_the_others_with_its_error():
     from harness.scale.memory import on_every_rank
 
@@ -215,5 +239,31 @@ def test_bench_many_rank_answers_the_question_at_n_ranks_in_one_process(tmp_path
     runs = [json.loads(line) for line in (out / "many_rank.jsonl").read_text().splitlines()]
     assert {(r["role"], r["world"]) for r in runs} >= {("lossy", 2), ("lossy", 4)}
     assert all(0.05 < r["measured_loss"] < 0.15 for r in runs if r["role"] == "lossy")
+    # each reference has its chaos twin, and the claims carry the check
+    assert sorted(r["config"]["optimizer"] for r in runs if r["role"] == "twin") == [
+        "adamw", "sgd"]
+    assert claims["8a"]["stability"]["seeds"] == [0]
     assert "| 8a |" in done.stdout
     assert netns_cluster.leftover_clusters() == before
+
+
+def test_row_8_runs_its_seeds_in_processes_side_by_side(tmp_path):
+    """Two seeds in two worker processes (spawned: this process has threads): each writes
+    its records as it goes, the claims are those of all of them together, and each seed of
+    stability.TWIN_SEEDS has its references' twins."""
+    import json
+
+    from harness.reproduce import scale_rows
+
+    size = {"worlds": (2, 4), "steps": 2, "seeds": 2, "pretrain_steps": 2,
+            "model": {"tokenizer": "bytes", "seq_len": 32, "eval_tokens": 2048}}
+    claims = scale_rows.run(False, tmp_path, echo=lambda _: None, size=size, workers=2)
+    runs = [json.loads(line) for line in (tmp_path / "many_rank.jsonl").read_text().splitlines()]
+    for seed in (0, 1):
+        own = (tmp_path / f"many_rank-seed{seed}.jsonl").read_text().splitlines()
+        assert [json.loads(line) for line in own] == [r for r in runs if r["seed"] == seed]
+        assert sorted(r["config"]["optimizer"] for r in runs
+                      if r["seed"] == seed and r["role"] == "twin") == ["adamw", "sgd"]
+    assert {c["row"] for c in claims} == {"8a", "8b", "8c"}
+    assert claims[0]["stability"]["seeds"] == [0, 1]
+    assert {n: len(d["ppl_deltas"]) for n, d in claims[0]["per_n"].items()} == {2: 2, 4: 2}

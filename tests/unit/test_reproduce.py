@@ -479,27 +479,39 @@ def test_row_7_judges_each_n_against_the_band_and_the_trend_with_n(deltas, per_n
     assert sorted(claims["7a"]["per_n"]) == [2, 4, 8]
 
 
-def test_row_8_judges_every_n_against_the_band_and_the_trend_of_rps():
-    """The many-rank rows from planted runs: Δppl per seed against the same seed's
-    reference, one check per n, labelled as the many-rank mode's."""
-    from harness.reproduce import scale_rows
+def _row_8_record(role, variant, n, seed, ppl, optimizer="adamw"):
+    return {"role": role, "variant": variant, "world": n, "seed": seed, "ppl": ppl,
+            "drift": 0.1, "drift_max": 0.2 * n, "loss": 0.1 if role == "lossy" else 0.0,
+            "config": {"optimizer": optimizer, "seq_len": 64, "steps": 40, "global_batch": 64,
+                       "drop_once": 0.1 if role == "twin" else 0.0}}
 
-    def record(role, variant, n, seed, ppl, optimizer="adamw"):
-        return {"role": role, "variant": variant, "world": n, "seed": seed, "ppl": ppl,
-                "drift": 0.1, "drift_max": 0.2 * n,
-                "loss": 0.1 if role == "lossy" else 0.0,
-                "config": {"optimizer": optimizer, "seq_len": 64, "steps": 40,
-                           "global_batch": 64}}
 
+def _row_8_records(twin_moves=(0.0, 0.0)):
+    """Three seeds' planted runs; seeds 0 and 1 with twins that moved ppl by twin_moves
+    percent (None: no twins)."""
+    record = _row_8_record
     records = []
     for seed in (0, 1, 2):
         records += [record("start", "reliable", 4, seed, 102.0),
                     record("reference", "reliable", 4, seed, 100.0),
                     record("reference", "reliable", 4, seed, 110.0, "sgd")]
+        if twin_moves is not None and seed < 2:
+            move = 1 + twin_moves[seed] / 100
+            records += [record("twin", "reliable", 4, seed, 100.0 * move),
+                        record("twin", "reliable", 4, seed, 110.0 * move, "sgd")]
         for n, ud, rps in ((4, 100.1, 110.05), (64, 100.2 + 0.01 * seed, 112.0 + 0.1 * seed)):
             records += [record("lossy", "unbiased_drift", n, seed, ud),
                         record("lossy", "rps", n, seed, rps, "sgd")]
-    claims = {c["row"]: c for c in scale_rows.rows(records)}
+    return records
+
+
+def test_row_8_judges_every_n_against_the_band_and_the_trend_of_rps():
+    """The many-rank rows from planted runs: Δppl per seed against the same seed's
+    reference, one check per n, labelled as the many-rank mode's."""
+    from harness.reproduce import scale_rows
+
+    claims = {c["row"]: c for c in scale_rows.rows(_row_8_records())}
+    assert claims["8a"]["stability"]["stable"] and claims["8b"]["stability"]["stable"]
     assert claims["8a"]["verdict"] == "holds" and claims["8a"]["mode"] == "many-rank"
     assert claims["8a"]["per_n"][64]["drift_max"] == 12.8
     # lossless fine-tuning's own move beside it (102 -> 100: -1.96%, and 110 for SGD)
@@ -508,3 +520,19 @@ def test_row_8_judges_every_n_against_the_band_and_the_trend_of_rps():
     assert claims["8b"]["verdict"] == "does not hold"  # +1.8 to +3.6% at n = 64
     assert claims["8c"]["verdict"] != "holds"           # the harm grew with n
     assert "many-rank mode" in claims["8b"]["measured"]["quantity"]
+
+
+@pytest.mark.parametrize("twin_moves, reason", [
+    ((0.05, 0.5), "regime unstable"),   # seed 1's twin moved ppl by more than a quarter band
+    (None, "regime unchecked"),         # no twin run: nothing says the regime is stable
+])
+def test_row_8_withholds_its_verdicts_when_the_regime_is_chaotic_or_unchecked(twin_moves,
+                                                                              reason):
+    """The chaos check (harness/bench/stability.py) holds row 8 as it holds the bench: the
+    same planted Δppl that gives 8a 'holds' and 8b 'does not hold' gets no verdict."""
+    from harness.reproduce import scale_rows
+
+    claims = {c["row"]: c for c in scale_rows.rows(_row_8_records(twin_moves))}
+    for row in ("8a", "8b", "8c"):
+        assert claims[row]["verdict"] == "inconclusive", row
+        assert all(reason in (c["disturbed"] or "") for c in claims[row]["checks"]), row
