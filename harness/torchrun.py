@@ -272,6 +272,9 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
     metrics_dir = str(out / "ranks") if cluster.shares_this_machine else None
     hosts = commands(cluster, spec, checked, job_id, key, gate, metrics_dir)
     check_script(cluster, checked, hosts)  # (before anything is impaired or started)
+    # The job's TMPDIR on each machine, removed with it: torchrun's agent makes a log
+    # folder there (torchelastic_*) that it never removes, nor do scripts always their own
+    scratch = f"/tmp/{job_id}.tmp"
     job, procs, threads, applied = _Job(), [], [], Impaired()
     keeper = (lease.Keeper(cluster, cluster.lease_s / 3) if cluster.lease_s is not None
               else contextlib.nullcontext())
@@ -279,10 +282,13 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
     code = 1
     try:
         with keeper:
+            for host in _one_per_machine(cluster):
+                host.run(["mkdir", "-p", "-m", "700", scratch], timeout=30, check=True)
             if spec.impair_from == "start":
                 _impair(cluster, the_plan, choice, applied, echo)
             for hc in hosts:
-                env = {**os.environ, **hc.env} if cluster.shares_this_machine else hc.env
+                env = {**({**os.environ} if cluster.shares_this_machine else {}), **hc.env,
+                       "TMPDIR": scratch}
                 procs.append(hc.host.popen(hc.argv, env=env, stdin=subprocess.DEVNULL,
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                            text=True, start_new_session=True,
@@ -310,10 +316,9 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
                 applied.coverage = verify.measure_coverage(cluster, end, applied.start,
                                                               spec.min_coverage)
         engine.clear(cluster)
-        if gate:
-            for host in _one_per_machine(cluster):
-                with contextlib.suppress(Exception):
-                    host.run(["rm", "-f", gate])
+        for host in _one_per_machine(cluster):  # (names lossbed made: job_id is its own)
+            with contextlib.suppress(Exception):
+                host.run(["rm", "-rf", "--", scratch, *([gate] if gate else [])], timeout=60)
     summary = summarise(cluster, spec, job, applied, code, time.monotonic() - started, hosts)
     summary["invalid"] = not_a_result(spec, checked.profile, applied, code)
     _write(out, job, summary)

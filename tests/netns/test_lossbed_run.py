@@ -31,6 +31,21 @@ def cluster():
     clusters.down(c.name)
 
 
+def temporary_folders() -> set[str]:
+    """What torchrun's agent (torchelastic_*, its log folders) and a job (lossbed-*.tmp, the
+    ranks' TMPDIR) make in the machine's temporary folder."""
+    return {p.name for pattern in ("torchelastic_*", "lossbed-*.tmp")
+            for p in Path("/tmp").glob(pattern)}
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_temporary_folder():
+    """Every job of these tests, passed or failed or interrupted, leaves none behind."""
+    before = temporary_folders()
+    yield
+    assert temporary_folders() - before == set()
+
+
 def run(cluster, out, *command: str, options=(), timeout: float = 600):
     done = lossbed("run", "--cluster", cluster.name, "--profile", "random-loss",
                    "--loss", str(LOSS), "--out", str(out), *options, "--", "torchrun",
