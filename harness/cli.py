@@ -300,7 +300,8 @@ def add_commands(sub) -> None:
     add_profile_changes(p)
     p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
     options.add_options(p, TrainConfig)  # every setting of a run: declared in TrainConfig
-    p.add_argument("--out", help="folder for the ranks' metrics (default: a temporary one)")
+    p.add_argument("--out", help="folder for the ranks' metrics (default: none kept: a "
+                   "temporary one, removed)")
     p.add_argument("--json", metavar="FILE", help="append the run's record to this file")
     add_min_coverage(p)
     _add_unsealed(p)

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -217,6 +218,8 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
             plans[key] = engine.make_plan(cluster, profile)
     drop_mask = verbs_loss(cluster, runs, plans)
     # absolute: ranks on remote hosts write under it from their own working folder
+    # without out_dir, a temporary folder of this launch's, removed when it ends
+    temporary = out_dir is None
     work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     boundaries = _Boundaries(cluster, runs, plans, min_coverage, drop_mask is not None)
@@ -240,6 +243,8 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
                                  failure_grace_s=failure_grace_s)
     finally:
         engine.clear(cluster)
+        if temporary:
+            shutil.rmtree(work, ignore_errors=True)
     if boundaries.error is not None:
         raise boundaries.error
     failed = [r for r in results if r.returncode != 0]
@@ -257,7 +262,8 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
         window, profile, covered = boundaries.windows[i]
         backend = plans[r.network][1].backend
         rec = record(r.cfg, cluster, profile, window, backend, lines[i],
-                     [m[i] for m in metrics], work / f"run{i}", wall / len(runs))
+                     [m[i] for m in metrics], None if temporary else work / f"run{i}",
+                     wall / len(runs))
         rec["exempt"] = exempt[r.network]
         rec["coverage"] = covered.to_dict()
         rec["invalid"] = covered.no_result(profile)
@@ -349,7 +355,8 @@ def record(cfg, cluster: Cluster, profile, report, backend, result, ranks, work,
         "measured_window": report.window,
         "disturbed": disturbed,
         "parameters": result["parameters"], "corpus": result["corpus"],
-        "model_sha": result["model_sha"], "wall_s": wall_s, "work_dir": str(work),
+        "model_sha": result["model_sha"], "wall_s": wall_s,
+        "work_dir": str(work) if work else None,
     }
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -92,7 +94,11 @@ def test_forged_datagrams_on_path_change_nothing_and_are_all_counted(cluster):
     # packets_lost is 0 in both runs (the comparison is exact)
     cfg = TrainConfig(steps=30, batch=8, seq_len=64, log_every=100, variant="unbiased_drift",
                       align_every=1)
+    temporary = set(Path(tempfile.gettempdir()).glob("lossbed-train-*"))
     clean = run.train_runs(cluster, [run.Run(cfg, "clean")], echo=lambda _: None)[0]
+    # no --out: the ranks' files went to a temporary folder of the run's, removed with it
+    assert set(Path(tempfile.gettempdir()).glob("lossbed-train-*")) == temporary
+    assert clean["work_dir"] is None
     target = cluster.hosts[0]
     # what reaches the target from the injector (its datagrams' TTL), counted by its kernel
     nft(target, f"add table ip {COUNTER_TABLE}")
