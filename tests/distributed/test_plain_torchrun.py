@@ -61,7 +61,8 @@ def test_plain_torchrun_changes_nothing_process_wide_and_counts_optimizer_steps(
     (tmp_path / "job.py").write_text(SCRIPT)
     metrics = tmp_path / "metrics"
     env = {**os.environ, "PYTHONPATH": with_repo_on_path(), "LOSSBED_KEY": "ab" * 32,
-           "LOSSBED_METRICS_DIR": str(metrics), "OMP_NUM_THREADS": "1"}
+           "LOSSBED_METRICS_DIR": str(metrics), "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp_path)}  # (torchrun's agent leaves its log folder there)
     env.pop(rank_protocol.JOB, None)  # (not launched by lossbed)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", "job.py", scheme], cwd=tmp_path,
@@ -80,7 +81,7 @@ def _llm_example(tmp_path, *args: str) -> dict[int, str]:
     """examples/llm_training.py on two ranks over loopback (lossless): rank 0's loss of
     each step it ran, as printed."""
     env = {**os.environ, "PYTHONPATH": with_repo_on_path(), "LOSSBED_KEY": "cd" * 32,
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
     env.pop(rank_protocol.JOB, None)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", str(REPO / "examples/llm_training.py"),
