@@ -70,13 +70,27 @@ def run(quick: bool, out: Path, echo=print, size: dict | None = None,
              "on stderr)")
         # spawn, not fork: a fork copies a process whose threads may be running
         spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=spawn) as pool:
+        with ProcessPoolExecutor(workers, mp_context=spawn, initializer=_die_with,
+                                 initargs=(os.getpid(),)) as pool:
             per_seed = list(pool.map(_seed_runs, seeds, [size] * len(seeds),
                                      [out] * len(seeds), [loss] * len(seeds)))
     records = [r for runs in per_seed for r in runs]
     with open(out / "many_rank.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     return rows(records)
+
+
+def _die_with(parent: int) -> None:
+    """A worker process ends when the process that started it does, however that ends
+    (a SIGTERM or SIGKILL to it leaves no worker training on: Linux's parent-death
+    signal)."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # (it ended before the signal was asked for)
+        os._exit(1)
 
 
 def _seed_runs(seed: int, size: dict, out: Path, loss: float, echo=None) -> list[dict]:

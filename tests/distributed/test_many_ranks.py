@@ -6,6 +6,9 @@ orders (arrival order, source order), so they agree to float32 rounding."""
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -267,3 +270,60 @@ def test_row_8_runs_its_seeds_in_processes_side_by_side(tmp_path):
     assert {c["row"] for c in claims} == {"8a", "8b", "8c"}
     assert claims[0]["stability"]["seeds"] == [0, 1]
     assert {n: len(d["ppl_deltas"]) for n, d in claims[0]["per_n"].items()} == {2: 2, 4: 2}
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # (the command's name may hold spaces: the fields after its closing ')')
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_row_8s_worker_processes_end_when_their_parent_is_killed(tmp_path):
+    """A SIGKILL to `lossbed bench --many-rank` (no handler runs) leaves no seed's worker
+    training on: each asked the kernel for its parent's death as its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import with_repo_on_path
+
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "bench", "--many-rank", "2", "4", "--loss",
+         "0.1", "--steps", "400", "--seeds", "2", "--pretrain-steps", "400", "--tokenizer",
+         "bytes", "--seq-len", "32", "--out", str(tmp_path / "killed")],
+        env={**os.environ, "PYTHONPATH": with_repo_on_path()}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    workers = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            workers = [p for p in _children(parent.pid)
+                       if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            if len(workers) == 2 and (tmp_path / "killed").exists():
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("no two worker processes started")
+        time.sleep(3)  # (past their initialiser)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists()
+                                                  for p in workers):
+            time.sleep(0.2)
+        assert not [p for p in workers if Path(f"/proc/{p}").exists()]
+    finally:
+        parent.kill()
+        for p in workers:  # (should the test fail: none left to train on)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
