@@ -23,6 +23,53 @@ import time
 GLOBAL = 64
 
 
+def measure(n: int, seq_len: int, repeats: int, vocab: int = 4096) -> dict[str, float]:
+    """Median seconds of each way at n ranks."""
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, stack_module_state, vmap
+
+    from harness.model import presets
+
+    def loss_of(logits, targets):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    replicas = [presets.build("tiny", vocab, seed) for seed in range(n)]
+    tokens = torch.randint(0, vocab, (n, GLOBAL // n, seq_len + 1))
+    inputs, targets = tokens[..., :-1], tokens[..., 1:]
+
+    def per_rank():
+        for r, model in enumerate(replicas):
+            loss_of(model(input_ids=inputs[r]).logits, targets[r]).backward()
+
+    params, buffers = stack_module_state(replicas)
+    skeleton = presets.build("tiny", vocab, 0).to("meta")
+
+    def one_loss(p, b, x, y):
+        return loss_of(functional_call(skeleton, (p, b), args=(),
+                                       kwargs={"input_ids": x}).logits, y)
+
+    batched = vmap(grad(one_loss), in_dims=(0, 0, 0, 0))
+
+    def vmapped():
+        batched(params, buffers, inputs, targets)
+
+    def shared():
+        loss_of(replicas[0](input_ids=inputs.reshape(GLOBAL, -1)).logits,
+                targets.reshape(GLOBAL, -1)).backward()
+
+    times = {}
+    for name, fn in (("per rank", per_rank), ("vmap", vmapped), ("shared", shared)):
+        fn()  # (first call: allocations, lazy initialisation)
+        runs = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            fn()
+            runs.append(time.perf_counter() - started)
+        times[name] = statistics.median(runs)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[16, 64])
@@ -31,57 +78,14 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    import torch.nn.functional as F
-    from torch.func import functional_call, grad, stack_module_state, vmap
-
-    from harness.model import presets
 
     torch.set_num_threads(1)
-    vocab = 4096
-
-    def loss_of(logits, targets):
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
     print(f"forward + backward of one step, {GLOBAL} sequences of {args.seq_len} over n "
           f"ranks, tiny preset, 1 thread, median of {args.repeats}")
     print("| n | per rank s | vmap s | vmap / per rank | shared s | shared / per rank |")
     print("|---|---|---|---|---|---|")
     for n in args.ranks:
-        replicas = [presets.build("tiny", vocab, seed) for seed in range(n)]
-        tokens = torch.randint(0, vocab, (n, GLOBAL // n, args.seq_len + 1))
-        inputs, targets = tokens[..., :-1], tokens[..., 1:]
-
-        def per_rank():
-            for r, model in enumerate(replicas):
-                loss_of(model(input_ids=inputs[r]).logits, targets[r]).backward()
-
-        params, buffers = stack_module_state(replicas)
-        skeleton = presets.build("tiny", vocab, 0).to("meta")
-
-        def one_loss(p, b, x, y):
-            return loss_of(functional_call(skeleton, (p, b), args=(),
-                                           kwargs={"input_ids": x}).logits, y)
-
-        batched = vmap(grad(one_loss), in_dims=(0, 0, 0, 0))
-
-        def vmapped():
-            batched(params, buffers, inputs, targets)
-
-        shared_model = replicas[0]
-
-        def shared():
-            loss_of(shared_model(input_ids=inputs.reshape(GLOBAL, -1)).logits,
-                    targets.reshape(GLOBAL, -1)).backward()
-
-        times = {}
-        for name, fn in (("per rank", per_rank), ("vmap", vmapped), ("shared", shared)):
-            fn()  # (first call: allocations, lazy initialisation)
-            runs = []
-            for _ in range(args.repeats):
-                started = time.perf_counter()
-                fn()
-                runs.append(time.perf_counter() - started)
-            times[name] = statistics.median(runs)
+        times = measure(n, args.seq_len, args.repeats)
         base = times["per rank"]
         print(f"| {n} | {base:.3f} | {times['vmap']:.3f} | {times['vmap'] / base:.2f} | "
               f"{times['shared']:.3f} | {times['shared'] / base:.2f} |")
