@@ -326,7 +326,8 @@ def add_commands(sub) -> None:
     p.add_argument("--many-rank", type=int, nargs="+", metavar="N",
                    help="the question at N ranks in the many-rank mode instead (one process, "
                         "no cluster and no clock: Δppl and drift, not speed; reproduce row "
-                        "8's method), e.g. --many-rank 4 16 64")
+                        "8's method; --steps and --pretrain-steps count the bench's steps, "
+                        "run as steps of 64 sequences), e.g. --many-rank 4 16 64")
     p.add_argument("--realisations", type=int, default=BenchSpec.realisations,
                    help="loss seeds at seed 0 for unbiased_drift and rps (1: no more)")
     p.add_argument("--speed-steps", type=int, default=BenchSpec.speed_steps,

@@ -33,7 +33,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from harness.bench import spec as bench_spec
 from harness.bench import stability
+from harness.bench.spec import BenchSpec
 from harness.metrics.verdict import BAND_PCT, Check, claim, delta_ppl
 from harness.reproduce.rules import withheld_by_the_regime
 from testbed import stats
@@ -42,15 +44,31 @@ PAPERS = {"unbiased_drift": "arXiv 2507.07114", "rps": "arXiv 1810.07766"}
 LOSS = 0.1
 GLOBAL_BATCH = 64   # one sequence per rank at n = 64
 SEQ_LEN = 64
-PRETRAIN_STEPS, PRETRAIN_LR = 300, 2e-3   # the bench's checkpoints' (harness/bench/spec.py)
-# The fine-tune rates: AdamW's the default bench's; SGD's not the bench's 0.1, which these
-# checkpoints (64 sequences a step, 300 steps: ppl 73.3 at seed 0) do not survive: 40 steps
-# of reliable SGD from seed 0's, ppl 104.0 at 0.1, 73.25 at 0.03, 73.23 at 0.01, 73.15 at
-# 0.003 (AdamW 1e-4: 73.10), measured 2026-12-06 at 6d01f82 (docs/results.md)
-FINETUNE_LR, SGD_LR = 1e-4, 0.03
+# The default bench's data, in this row's steps: the bench trains on hosts x batch
+# sequences a step (4 x 8 = 32), this row on GLOBAL_BATCH (64), so the same sequences take
+# half the steps. (Row 8 first took the bench's step counts as they were, 300 + 150 steps
+# of 64 sequences: 16 passes over the 114k-token training split, and lossless fine-tuning
+# made held-out ppl worse, +0.1% under AdamW and +3.4% under SGD at seed 0; measured
+# 2026-12-07 at 8f40270, docs/results.md.)
+BENCH_SEQUENCES_PER_STEP = BenchSpec.hosts * BenchSpec.batch
+
+
+def bench_steps(steps: int, global_batch: int = GLOBAL_BATCH) -> int:
+    """The steps of global_batch sequences that see the sequences of the bench's `steps`."""
+    return max(1, round(steps * BENCH_SEQUENCES_PER_STEP / global_batch))
+
+
+PRETRAIN_STEPS, PRETRAIN_LR = bench_steps(bench_spec.PRETRAIN_STEPS), 2e-3  # the bench's
+# The fine-tune rates: AdamW's the default bench's; SGD's not the bench's 0.1, which is
+# chaotic at 64 sequences a step: from seed 1's checkpoint (112 steps) 56 steps of reliable
+# SGD at 0.1 moved ppl by +30.8% and its one-lossy-step twin by +44.2% (seed 0: -18.8%,
+# -19.0%); at 0.03 -8.5% and -8.8%; AdamW 1e-4 -4.5% and -4.7%, its twins within 0.02%
+# (measured 2026-12-07, docs/results.md)
+FINETUNE_LR, SGD_LR = bench_spec.FINETUNE_LR, 0.03
 TREND_TOLERANCE = BAND_PCT / 2
 QUICK = {"worlds": (4, 16, 64), "steps": 40, "seeds": 2}
-FULL = {"worlds": (4, 8, 16, 32, 64), "steps": 150, "seeds": 4}
+FULL = {"worlds": (4, 8, 16, 32, 64), "steps": bench_steps(bench_spec.DEFAULT_STEPS),
+        "seeds": bench_spec.DEFAULT_SEEDS}
 
 
 def run(quick: bool, out: Path, echo=print, size: dict | None = None,
@@ -104,7 +122,8 @@ def _seed_runs(seed: int, size: dict, out: Path, loss: float, echo=None) -> list
             print(line, file=sys.stderr, flush=True)
     global_batch = global_batch_for(size["worlds"])
     model = {"seq_len": SEQ_LEN, **size.get("model", {})}
-    start = _checkpoint(seed, out, echo, size.get("pretrain_steps", PRETRAIN_STEPS), model)
+    pretrain_steps = size.get("pretrain_steps", PRETRAIN_STEPS)
+    start = _checkpoint(seed, out, echo, pretrain_steps, model)
     base = ManyRankConfig(world=min(size["worlds"]), steps=size["steps"], seed=seed,
                           global_batch=global_batch, lr=FINETUNE_LR,
                           start_from=str(start), drift_every=10, **model)
@@ -120,7 +139,7 @@ def _seed_runs(seed: int, size: dict, out: Path, loss: float, echo=None) -> list
     for role, cfg in plans:
         echo(f"[reproduce] row 8: seed {seed}, {role} {cfg.variant}/{cfg.optimizer} at "
              f"n={cfg.world}")
-        record = {"role": role, **run_many(cfg)}
+        record = {"role": role, "pretrain_steps": pretrain_steps, **run_many(cfg)}
         record.pop("losses", None)
         records.append(record)
         with open(out / f"many_rank-seed{seed}.jsonl", "a") as f:
@@ -230,8 +249,8 @@ def _setting(records: list[dict]) -> str:
     return (f"many-rank mode (one process, no clock: loss is the process's alone), n = "
             f"{', '.join(map(str, worlds))}, {c['global_batch']} sequences of {c['seq_len']} "
             f"per step over the ranks, {c['steps']} steps fine-tuning from each seed's "
-            f"{PRETRAIN_STEPS}-step lossless checkpoint (AdamW {FINETUNE_LR:g}, rps under SGD "
-            f"{SGD_LR:g}), {len({r['seed'] for r in records})} seeds, {first['loss']:.0%} "
+            f"{first.get('pretrain_steps', PRETRAIN_STEPS)}-step lossless checkpoint (AdamW "
+            f"{FINETUNE_LR:g}, rps under SGD {SGD_LR:g}), {len({r['seed'] for r in records})} seeds, {first['loss']:.0%} "
             "Bernoulli loss per packet")
 
 
@@ -275,9 +294,14 @@ def bench(args) -> int:
                          "loss rate above 0", "e.g. --many-rank 4 16 64 --loss 0.1")
     out = Path(args.out or f"results/bench-many-rank-{time.strftime('%Y%m%d-%H%M%S')}")
     started = time.monotonic()
+    # --steps and --pretrain-steps count the bench's steps: the same sequences here
+    steps, pretrain = bench_steps(args.steps, batch), bench_steps(args.pretrain_steps, batch)
+    print(f"[bench] many-rank mode: {batch} sequences a step, so the bench's {args.steps} + "
+          f"{args.pretrain_steps} steps of {BENCH_SEQUENCES_PER_STEP} are {steps} + {pretrain}",
+          file=sys.stderr, flush=True)
     claims = run(False, out.resolve(), loss=args.loss[0],
-                 size={"worlds": tuple(worlds), "steps": args.steps, "seeds": args.seeds,
-                       "pretrain_steps": args.pretrain_steps,
+                 size={"worlds": tuple(worlds), "steps": steps, "seeds": args.seeds,
+                       "pretrain_steps": pretrain,
                        "model": {"preset": args.preset, "tokenizer": args.tokenizer,
                                  "seq_len": args.seq_len}},
                  echo=lambda line: print(line, file=sys.stderr, flush=True))
