@@ -250,8 +250,8 @@ def _setting(records: list[dict]) -> str:
             f"{', '.join(map(str, worlds))}, {c['global_batch']} sequences of {c['seq_len']} "
             f"per step over the ranks, {c['steps']} steps fine-tuning from each seed's "
             f"{first.get('pretrain_steps', PRETRAIN_STEPS)}-step lossless checkpoint (AdamW "
-            f"{FINETUNE_LR:g}, rps under SGD {SGD_LR:g}), {len({r['seed'] for r in records})} seeds, {first['loss']:.0%} "
-            "Bernoulli loss per packet")
+            f"{FINETUNE_LR:g}, rps under SGD {SGD_LR:g}), {len({r['seed'] for r in records})} "
+            f"seeds, {first['loss']:.0%} Bernoulli loss per packet")
 
 
 # `lossbed bench --many-rank`: the bench's options this mode takes, and those it cannot
