@@ -88,8 +88,9 @@ def run(quick: bool, out: Path, echo=print, size: dict | None = None,
              "on stderr)")
         # spawn, not fork: a fork copies a process whose threads may be running
         spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=spawn, initializer=_die_with,
-                                 initargs=(os.getpid(),)) as pool:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with ProcessPoolExecutor(workers, mp_context=spawn, initializer=_start_worker,
+                                 initargs=(os.getpid(), threads)) as pool:
             per_seed = list(pool.map(_seed_runs, seeds, [size] * len(seeds),
                                      [out] * len(seeds), [loss] * len(seeds)))
     records = [r for runs in per_seed for r in runs]
@@ -98,12 +99,17 @@ def run(quick: bool, out: Path, echo=print, size: dict | None = None,
     return rows(records)
 
 
-def _die_with(parent: int) -> None:
+def _start_worker(parent: int, threads: int) -> None:
     """A worker process ends when the process that started it does, however that ends
     (a SIGTERM or SIGKILL to it leaves no worker training on: Linux's parent-death
-    signal)."""
+    signal), and its torch takes its share of the cores (each worker's default, a thread
+    a core, would oversubscribe them while the workers score their runs)."""
     import ctypes
     import signal
+
+    import torch
+
+    torch.set_num_threads(threads)
 
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

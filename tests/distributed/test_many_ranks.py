@@ -7,6 +7,7 @@ orders (arrival order, source order), so they agree to float32 rounding."""
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -223,7 +224,8 @@ def test_a_training_run_over_the_udp_transport_replays_in_the_many_rank_mode(tmp
 
 def test_bench_many_rank_answers_the_question_at_n_ranks_in_one_process(tmp_path):
     """`lossbed bench --many-rank 2 4`: row 8's claims at those n, each line labelled as the
-    many-rank mode's, its runs and checkpoints in --out, no cluster made."""
+    many-rank mode's, its runs and checkpoints in --out, its two seeds in two processes, no
+    cluster made."""
     import json
 
     from testbed.clusters import netns as netns_cluster
@@ -232,7 +234,7 @@ def test_bench_many_rank_answers_the_question_at_n_ranks_in_one_process(tmp_path
     before = netns_cluster.leftover_clusters()
     out = tmp_path / "many"
     done = lossbed("bench", "--many-rank", "2", "4", "--loss", "0.1", "--steps", "2",
-                   "--seeds", "1", "--pretrain-steps", "2", "--tokenizer", "bytes",
+                   "--seeds", "2", "--pretrain-steps", "2", "--tokenizer", "bytes",
                    "--seq-len", "32", "--out", str(out), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     claims = {c["row"]: c for c in json.loads((out / "reproduction.json").read_text())["claims"]}
@@ -242,34 +244,21 @@ def test_bench_many_rank_answers_the_question_at_n_ranks_in_one_process(tmp_path
     runs = [json.loads(line) for line in (out / "many_rank.jsonl").read_text().splitlines()]
     assert {(r["role"], r["world"]) for r in runs} >= {("lossy", 2), ("lossy", 4)}
     assert all(0.05 < r["measured_loss"] < 0.15 for r in runs if r["role"] == "lossy")
-    # each reference has its chaos twin, and the claims carry the check
-    assert sorted(r["config"]["optimizer"] for r in runs if r["role"] == "twin") == [
-        "adamw", "sgd"]
-    assert claims["8a"]["stability"]["seeds"] == [0]
-    assert "| 8a |" in done.stdout
-    assert netns_cluster.leftover_clusters() == before
-
-
-def test_row_8_runs_its_seeds_in_processes_side_by_side(tmp_path):
-    """Two seeds in two worker processes (spawned: this process has threads): each writes
-    its records as it goes, the claims are those of all of them together, and each seed of
-    stability.TWIN_SEEDS has its references' twins."""
-    import json
-
-    from harness.reproduce import scale_rows
-
-    size = {"worlds": (2, 4), "steps": 2, "seeds": 2, "pretrain_steps": 2,
-            "model": {"tokenizer": "bytes", "seq_len": 32, "eval_tokens": 2048}}
-    claims = scale_rows.run(False, tmp_path, echo=lambda _: None, size=size, workers=2)
-    runs = [json.loads(line) for line in (tmp_path / "many_rank.jsonl").read_text().splitlines()]
+    # the two seeds ran in processes of their own (spawned: this one has threads), each
+    # writing its records as it went; each seed's references have their chaos twins, and
+    # the claims carry the check and both seeds' Δppl at every n
     for seed in (0, 1):
-        own = (tmp_path / f"many_rank-seed{seed}.jsonl").read_text().splitlines()
+        own = (out / f"many_rank-seed{seed}.jsonl").read_text().splitlines()
         assert [json.loads(line) for line in own] == [r for r in runs if r["seed"] == seed]
         assert sorted(r["config"]["optimizer"] for r in runs
                       if r["seed"] == seed and r["role"] == "twin") == ["adamw", "sgd"]
-    assert {c["row"] for c in claims} == {"8a", "8b", "8c"}
-    assert claims[0]["stability"]["seeds"] == [0, 1]
-    assert {n: len(d["ppl_deltas"]) for n, d in claims[0]["per_n"].items()} == {2: 2, 4: 2}
+    assert claims["8a"]["stability"]["seeds"] == [0, 1]
+    assert {n: len(d["ppl_deltas"]) for n, d in claims["8a"]["per_n"].items()} == {
+        "2": 2, "4": 2}
+    if (os.cpu_count() or 1) > 1:  # one process a core (CI and this machine have 2)
+        assert "2 seeds in 2 processes" in done.stderr
+    assert "| 8a |" in done.stdout
+    assert netns_cluster.leftover_clusters() == before
 
 
 def _children(pid: int) -> list[int]:
@@ -289,7 +278,6 @@ def _children(pid: int) -> list[int]:
 def test_row_8s_worker_processes_end_when_their_parent_is_killed(tmp_path):
     """A SIGKILL to `lossbed bench --many-rank` (no handler runs) leaves no seed's worker
     training on: each asked the kernel for its parent's death as its own."""
-    import os
     import signal
     import subprocess
     import sys

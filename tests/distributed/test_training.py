@@ -51,8 +51,9 @@ def test_at_zero_loss_lossy_variants_train_the_reliable_model(cluster, tmp_path)
         # align_every=1: every step starts together, so no packet is late, and at 0% loss
         # none is missing (without it a rank held back by the scheduler loses packets at
         # its peers' deadlines: the arithmetic is what this test is about)
+        # (the parameters are compared, not the perplexities: a short evaluation)
         return TrainConfig(steps=STEPS, batch=8, seq_len=64, log_every=100, align_every=1,
-                           **kwargs)
+                           eval_tokens=2048, **kwargs)
 
     # One launch of the ranks for all runs (they go one after the other, same seed).
     runs = [cfg(variant="reliable"), cfg(variant="reliable", plain_ddp=True),
@@ -247,7 +248,7 @@ def test_drift_is_sampled_during_training_and_the_twin_takes_one_lossy_step(clus
     2 steps; reliable without loss (its held-out ppl every 2 steps), and its twin with one
     step's gradient losing 10% of its blocks (the bench's chaos check): a twin is another
     model, close to its reference; and reliable once more, plain: the curve changed nothing."""
-    cfg = TrainConfig(steps=STEPS, batch=8, seq_len=64, log_every=100)
+    cfg = TrainConfig(steps=STEPS, batch=8, seq_len=64, log_every=100, eval_tokens=4096)
     runs = [run.Run(replace(cfg, variant="unbiased_drift", drift_every=2), "random-loss",
                     ("loss_pct=10",)),
             run.Run(replace(cfg, progress_every=2)), run.Run(replace(cfg, drop_once=0.1)),
