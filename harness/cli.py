@@ -130,9 +130,9 @@ def _cmd_bench(args) -> int:
     checks.loss_fraction("--loss", *args.loss)  # (before torch is imported)
     _check_at_least(args, ("hosts", 2), ("steps", 1), ("seeds", 1), ("mtu", 68))
     if args.many_rank:  # the question at n ranks, in this process (no cluster)
-        from harness.reproduce import scale_rows
+        from harness.reproduce import scale_bench
 
-        return scale_rows.bench(args)
+        return scale_bench.bench(args)
     import time
     from pathlib import Path
 
