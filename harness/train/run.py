@@ -218,10 +218,15 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
             plans[key] = engine.make_plan(cluster, profile)
     drop_mask = verbs_loss(cluster, runs, plans)
     # absolute: ranks on remote hosts write under it from their own working folder
-    # without out_dir, a temporary folder of this launch's, removed when it ends
+    # without out_dir, a temporary folder of this launch's, removed when it ends; none where
+    # the ranks write nothing on this machine (hosts that do not share it send all over
+    # stdout), so a controller killed there mid-run leaves no folder behind
     temporary = out_dir is None
-    work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-")).resolve()
-    work.mkdir(parents=True, exist_ok=True)
+    if out_dir is None and not cluster.shares_this_machine:
+        work = None
+    else:
+        work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-")).resolve()
+        work.mkdir(parents=True, exist_ok=True)
     boundaries = _Boundaries(cluster, runs, plans, min_coverage, drop_mask is not None)
     started = time.monotonic()
     # Remote hosts: renew the impairment's lease while the run lasts; if this controller
@@ -236,14 +241,15 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
     try:
         with keeper:
             results = launch.run(cluster, "harness.train.worker",
-                                 [json.dumps([r.cfg.to_dict() for r in runs]), str(work)],
+                                 [json.dumps([r.cfg.to_dict() for r in runs]),
+                                  str(work or "-")],  # ("-": the ranks write nothing)
                                  timeout_s=24 * 3600, echo_rank0=echo,
                                  extra_env=transport_env, answer_rank0=boundaries.answer,
                                  authenticate=authenticate,
                                  failure_grace_s=failure_grace_s)
     finally:
         engine.clear(cluster)
-        if temporary:
+        if temporary and work is not None:
             shutil.rmtree(work, ignore_errors=True)
     if boundaries.error is not None:
         raise boundaries.error

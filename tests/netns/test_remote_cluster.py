@@ -9,7 +9,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -92,7 +94,10 @@ def test_apply_verify_clear_over_ssh(cluster, inventory):
 def test_lease_reverts_every_host_after_the_controller_is_killed(cluster, inventory):
     """A training run renews a 6 s lease; SIGKILL the controller mid-run: within the lease
     plus 3 s (the watchdog's poll and the clear) no host is impaired any more, and the
-    ranks are gone (their SSH channels closed, the guard stopped them)."""
+    ranks are gone (their SSH channels closed, the guard stopped them), and the killed
+    controller left no folder of its own in the temporary folder (these ranks write
+    nothing on its machine)."""
+    temporary = set(Path(tempfile.gettempdir()).glob("lossbed-train-*"))
     child = subprocess.Popen(
         controller_argv(cluster, "train", "--inventory", str(inventory), "--variant",
                         "unbiased", "--profile", "random-loss", "--set", "loss_pct=5",
@@ -120,6 +125,7 @@ def test_lease_reverts_every_host_after_the_controller_is_killed(cluster, invent
             break
         time.sleep(0.5)
     assert ranks == []
+    assert set(Path(tempfile.gettempdir()).glob("lossbed-train-*")) == temporary
 
 
 def test_refuses_the_interface_carrying_ssh_unless_forced(cluster, inventory, tmp_path):
