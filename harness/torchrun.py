@@ -287,7 +287,7 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
             if spec.impair_from == "start":
                 _impair(cluster, the_plan, choice, applied, echo)
             for hc in hosts:
-                env = {**({**os.environ} if cluster.shares_this_machine else {}), **hc.env,
+                env = {**(os.environ if cluster.shares_this_machine else {}), **hc.env,
                        "TMPDIR": scratch}
                 procs.append(hc.host.popen(hc.argv, env=env, stdin=subprocess.DEVNULL,
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,

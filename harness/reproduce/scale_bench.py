@@ -12,10 +12,10 @@ from harness.bench.spec import BenchSpec
 from harness.reproduce import report, scale_rows
 from testbed.errors import UsageError
 
-# The bench's options this mode takes, and those it cannot (each refused when given: a
-# silently ignored option would answer another question)
-BENCH_TAKES = ("steps", "seeds", "pretrain_steps", "preset", "tokenizer", "seq_len", "loss",
-               "out", "many_rank")
+# The bench's options this mode takes (besides --loss, --out and --many-rank itself), and
+# those it cannot (each refused when given: a silently ignored option would answer another
+# question)
+BENCH_TAKES = ("steps", "seeds", "pretrain_steps", "preset", "tokenizer", "seq_len")
 BENCH_REFUSES = ("hosts", "mtu", "profile", "realisations", "speed_steps", "speed_seeds",
                  "band_pct", "min_coverage", "sgd_lr", "batch", "lr", "optimizer", "schedule",
                  "device", "finetune_lr", "variants", "unsealed", "regime", "cluster",
@@ -32,8 +32,9 @@ def bench(args) -> int:
     if given:
         flags = ", ".join("--" + f.replace("_", "-") for f in given)
         raise UsageError("--many-rank", f"runs its own question in this process, so {flags} "
-                         "would be ignored", "Leave them out (it takes --steps, --seeds, "
-                         "--pretrain-steps, --preset, --tokenizer, --seq-len, one --loss)")
+                         "would be ignored", "Leave them out (it takes "
+                         + ", ".join("--" + f.replace("_", "-") for f in BENCH_TAKES)
+                         + ", one --loss)")
     worlds = sorted(set(args.many_rank))
     batch = scale_rows.global_batch_for(worlds)
     if min(worlds) < 2 or any(batch % n for n in worlds):

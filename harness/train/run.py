@@ -217,9 +217,9 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
                 profile, exempt[key] = impair_the_control_path(profile)
             plans[key] = engine.make_plan(cluster, profile)
     drop_mask = verbs_loss(cluster, runs, plans)
-    # absolute: ranks on remote hosts write under it from their own working folder
-    # without out_dir, a temporary folder of this launch's, removed when it ends; none where
-    # the ranks write nothing on this machine (hosts that do not share it send all over
+    # The ranks' files (absolute: they write from their own working folder). Without
+    # out_dir, a temporary folder of this launch's, removed when it ends; none where the
+    # ranks write nothing on this machine (hosts that do not share it send all over
     # stdout), so a controller killed there mid-run leaves no folder behind
     temporary = out_dir is None
     if out_dir is None and not cluster.shares_this_machine:
