@@ -295,14 +295,17 @@ def add_commands(sub) -> None:
     p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
     p.add_argument("--cluster", help="default: the only cluster up")
     add_inventory(p)
-    p.add_argument("--profile", default="clean", help="impairment profile: a name in "
+    p.add_argument("--profile", default="clean", type=checks.user_name_or_path,
+                   help="impairment profile: a name in "
                    "netem_profiles/ or a YAML path")
     add_profile_changes(p)
     p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
     options.add_options(p, TrainConfig)  # every setting of a run: declared in TrainConfig
-    p.add_argument("--out", help="folder for the ranks' metrics (default: none kept: a "
+    p.add_argument("--out", type=checks.user_path,
+                   help="folder for the ranks' metrics (default: none kept: a "
                    "temporary one, removed)")
-    p.add_argument("--json", metavar="FILE", help="append the run's record to this file")
+    p.add_argument("--json", metavar="FILE", type=checks.user_path,
+                   help="append the run's record to this file")
     add_min_coverage(p)
     _add_unsealed(p)
     p.set_defaults(func=_cmd_train)
@@ -311,7 +314,7 @@ def add_commands(sub) -> None:
                                      "at LOSS against the same seed's lossless reference")
     p.add_argument("--loss", type=checks.loss_text, nargs="+", default=[0.1],
                    help="loss rates as fractions (0.1 = 10%%), e.g. --loss 0.01 0.05 0.1")
-    p.add_argument("--profile", default="random-loss",
+    p.add_argument("--profile", default="random-loss", type=checks.user_name_or_path,
                    help="a profile whose one loss rate --loss sets (random-loss, burst-loss, "
                         "or a file of yours)")
     p.add_argument("--hosts", type=int, default=4, help="hosts of the bench's own cluster")
@@ -352,7 +355,8 @@ def add_commands(sub) -> None:
                    help="the peak rate of every run under SGD (rps's, its reference's; all "
                         "with --optimizer sgd) (default: "
                         + ", ".join(f"{v:g} {k}" for k, v in SGD_LR.items()) + ")")
-    p.add_argument("--out", help="results folder (default: results/bench-TIME)")
+    p.add_argument("--out", type=checks.user_path,
+                   help="results folder (default: results/bench-TIME)")
     p.add_argument("--cluster", help="reuse this cluster instead of building one")
     add_inventory(p)
     add_min_coverage(p)
@@ -366,7 +370,8 @@ def add_commands(sub) -> None:
                     "applied once the job joined (harness.api), a report under --out")
     p.add_argument("--cluster", help="default: the only cluster up")
     add_inventory(p)
-    p.add_argument("--profile", default="random-loss", help="impairment profile "
+    p.add_argument("--profile", default="random-loss", type=checks.user_name_or_path,
+                   help="impairment profile "
                    "(default: random-loss)")
     add_profile_changes(p)
     p.add_argument("--transport", default="udp",
@@ -376,10 +381,12 @@ def add_commands(sub) -> None:
                    help="joined: once the job's ranks met (harness.api.join); start: "
                         "before torchrun starts, for a script without harness.api "
                         "(default: joined)")
-    p.add_argument("--out", help="report folder (default: results/run-TIME)")
+    p.add_argument("--out", type=checks.user_path,
+                   help="report folder (default: results/run-TIME)")
     p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
     p.add_argument("--print", action="store_true", help="print each host's command, run none")
-    p.add_argument("--workdir", metavar="DIR", help="where the command starts on each host "
+    p.add_argument("--workdir", metavar="DIR", type=checks.user_path,
+                   help="where the command starts on each host "
                    "(default: here, on hosts that share this machine; else their checkout)")
     add_min_coverage(p)
     _add_unsealed(p)
@@ -389,12 +396,15 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("report", help="redraw a past bench's report.html, summary.md and "
                                       "plots from its results")
-    p.add_argument("dir", metavar="DIR", help="a folder a bench wrote (results/bench-TIME)")
+    p.add_argument("dir", metavar="DIR", type=checks.user_path,
+                   help="a folder a bench wrote (results/bench-TIME)")
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("compare", help="regressions between two bench results (exit 1)")
-    p.add_argument("base", metavar="BASE", help="summary.json (or its folder)")
-    p.add_argument("new", metavar="NEW", help="summary.json (or its folder)")
+    p.add_argument("base", metavar="BASE", type=checks.user_path,
+                   help="summary.json (or its folder)")
+    p.add_argument("new", metavar="NEW", type=checks.user_path,
+                   help="summary.json (or its folder)")
     p.add_argument("--threshold-pct", type=float, default=10.0,
                    help="a throughput or step-p99 change beyond this many percent regressed")
     p.add_argument("--ppl-points", type=float, default=1.0,
@@ -416,7 +426,8 @@ def add_commands(sub) -> None:
                         "n = 2, 4, 8, 8 the schemes at n = 4 to 64 (many-rank mode, one "
                         "process); default all")
     _add_regime_options(p, "scratch")
-    p.add_argument("--out", help="results folder (default: results/reproduce-TIME)")
+    p.add_argument("--out", type=checks.user_path,
+                   help="results folder (default: results/reproduce-TIME)")
     p.set_defaults(func=_cmd_reproduce)
 
     p = sub.add_parser("collective-bench",
@@ -441,7 +452,8 @@ def add_commands(sub) -> None:
                    help="the lossy collectives' ranks meet in the store every N-th step "
                         "before it starts (default 0: at the first only, as training does; "
                         "1: every step, two store round trips on each step's time)")
-    p.add_argument("--json", metavar="FILE", help="also write one JSON object per line")
+    p.add_argument("--json", metavar="FILE", type=checks.user_path,
+                   help="also write one JSON object per line")
     add_min_coverage(p)
     _add_unsealed(p)
     p.set_defaults(func=_cmd_collective_bench)

@@ -11,16 +11,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from typing import Any
+from typing import Any, Literal
 
-_TYPES = {"int": int, "float": float, "str": str}
+from testbed import checks
+
+_PATH_TYPES = {"path": checks.user_path, "name_or_path": checks.user_name_or_path}
 
 
 def option(default: Any, help: str, *, metavar: str | None = None,
-           flag: str | None = None) -> Any:
-    """A dataclass field that is also a command-line option (--NAME, or `flag`)."""
+           flag: str | None = None, path: Literal["path", "name_or_path"] | None = None
+           ) -> Any:
+    """A dataclass field that is also a command-line option (--NAME, or `flag`). `path`: the
+    value names a file or folder ("path"), or a name or a path ("name_or_path"), read
+    against the user's folder (testbed.checks.user_path, user_name_or_path)."""
     return dataclasses.field(default=default, metadata={"help": help, "metavar": metavar,
-                                                        "flag": flag})
+                                                        "flag": flag, "path": path})
 
 
 def options(cls) -> list[dataclasses.Field]:
@@ -42,7 +47,7 @@ def add_options(parser: argparse.ArgumentParser, cls, names: tuple[str, ...] | N
             continue
         hint = hints[f.name]
         choices = _choices(hint)
-        kind = None if choices else _type(hint)
+        kind = None if choices else _PATH_TYPES.get(f.metadata["path"]) or _type(hint)
         default = getattr(defaults, f.name) if defaults is not None else f.default
         parser.add_argument(flag_of(f), dest=f.name, default=default,
                             type=kind, choices=choices,

@@ -103,3 +103,23 @@ def writable_folder(option: str, path: str) -> None:
     if not os.access(ancestor, os.W_OK):
         raise UsageError(option, f"{path} cannot be created: {ancestor} is not writable",
                          "Give a writable folder")
+
+
+def user_path(text: str) -> str:
+    """A file or folder the user typed, as argparse reads it: absolute against the folder
+    they typed it in. lossbed's commands pass paths on to processes that start elsewhere
+    (Ansible's reader in the checkout, ranks in their host's project folder), where a
+    relative path names another file: a relative --inventory once planned the checkout's
+    hosts instead of the user's."""
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def user_name_or_path(text: str) -> str:
+    """A name (a profile in netem_profiles/, a model preset, a tokenizer kind, a cached data
+    set) or a path, as argparse reads it: a path, made absolute as user_path makes it, when
+    it has a '/' or starts with '~', ends in .yaml/.yml (a profile file), or names a file or
+    folder in the user's folder; a name otherwise, left as typed."""
+    if (os.sep in text or text.startswith("~") or text.endswith((".yaml", ".yml"))
+            or os.path.exists(text)):
+        return user_path(text)
+    return text

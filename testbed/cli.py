@@ -37,7 +37,7 @@ def cluster_of(args):
 def add_inventory(p, impairs: bool = True) -> None:
     """--inventory, and where the command applies an impairment (impairs) the options that
     act on it: --lease-s and --force-interface (elsewhere they would mean nothing)."""
-    p.add_argument("--inventory", metavar="FILE",
+    p.add_argument("--inventory", metavar="FILE", type=checks.user_path,
                    help="real hosts from an (Ansible-format) inventory, over SSH")
     if not impairs:
         p.set_defaults(lease_s=120.0, force_interface=False)
@@ -338,7 +338,8 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD")
     p.set_defaults(func=_cmd_exec)
     p = sub.add_parser("apply", help="impair a cluster's links with a profile")
-    p.add_argument("profile", metavar="PROFILE", help="a name in netem_profiles/ or a path")
+    p.add_argument("profile", metavar="PROFILE", type=checks.user_name_or_path,
+                   help="a name in netem_profiles/ or a path")
     p.add_argument("--cluster", help="default: the only cluster up")
     add_profile_changes(p)
     p.add_argument("--only", action="append", metavar="H1,H2",
@@ -374,13 +375,14 @@ def build_parser(more=()) -> argparse.ArgumentParser:
                     "options. Exit 0: the run can work; 3: something it needs is missing "
                     "(each named with its fix); 2: bad options; 4: no such cluster.")
     p.add_argument("--cluster", help="default: the only cluster up")
-    p.add_argument("--inventory", metavar="FILE",
+    p.add_argument("--inventory", metavar="FILE", type=checks.user_path,
                    help="real hosts from an (Ansible-format) inventory, over SSH")
     p.add_argument("--force-interface", action="store_true",
                    help="the run impairs the interface even if it carries the default route "
                         "or SSH (as apply's): then that is not a failing check")
     p.set_defaults(lease_s=120.0)  # doctor applies nothing
-    p.add_argument("--profile", help="a profile the run applies (default: none; any loss "
+    p.add_argument("--profile", type=checks.user_name_or_path,
+                   help="a profile the run applies (default: none; any loss "
                                      "backend will do)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="profile override")
@@ -400,7 +402,7 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("renew", help="renew the impairment lease on remote hosts")
-    p.add_argument("--inventory", metavar="FILE", required=True,
+    p.add_argument("--inventory", metavar="FILE", required=True, type=checks.user_path,
                    help="the hosts, as apply --inventory was given them")
     p.set_defaults(func=_cmd_renew, lease_s=120.0, force_interface=False)
 

@@ -37,7 +37,8 @@ class TrainConfig:
     variant: Variant = option("reliable", "the training scheme")
     steps: int = option(300, "training steps")
     seed: int = option(0, "the initialisation and data order's seed")
-    preset: str = option("tiny", "tiny, small, or a local HF model folder")
+    preset: str = option("tiny", "tiny, small, or a local HF model folder",
+                         path="name_or_path")
     device: Device = option("cpu", "where ranks train (cuda: GPU hosts; rank r uses GPU r %% "
                             "the GPUs on its host)")
     batch: int = option(16, "sequences per rank per step")
@@ -46,7 +47,7 @@ class TrainConfig:
     optimizer: Optimizer = option("adamw", "sgd: momentum 0.9, as RPS's paper trains")
     schedule: Schedule = option("cosine", "cosine: warm-up, then decay to 10%%")
     tokenizer: str = option("bpe", "bpe (subword, trained on the training split), bpe:N, "
-                            "bytes, or a local HF tokenizer folder")
+                            "bytes, or a local HF tokenizer folder", path="name_or_path")
     warmup_steps: int | None = option(None, "learning-rate warm-up (default: 5%% of the "
                                       "steps)")
     transport: str = option("udp", "loss semantics of the lossy variants: udp, roce-ud, "
@@ -58,7 +59,7 @@ class TrainConfig:
     # later run's --preset DIR (a warm start); an absolute path on the ranks' file system
     save_model: str | None = option(None, "write rank 0's trained model and its tokenizer "
                                     "to DIR (on rank 0's host), for a later --preset DIR "
-                                    "--tokenizer DIR", metavar="DIR")
+                                    "--tokenizer DIR", metavar="DIR", path="path")
     # Lossy variants: which stage crosses the lossy transport ("both": the scheme; "reduce"
     # or "broadcast": that stage alone, the other over gloo, delivered in full), to tell
     # which stage a Δppl comes from (harness/collectives/lossy.py)
@@ -66,9 +67,10 @@ class TrainConfig:
                                      "lossy transport; the other goes over gloo, delivered "
                                      "in full")
     eval_tokens: int = option(0, "0: the whole held-out split")
-    corpus: str | None = option(None, "a text file (default: pydoc_data.topics)")
+    corpus: str | None = option(None, "a text file (default: pydoc_data.topics)",
+                                path="path")
     hf_dataset: str | None = option(None, "an HF dataset in the local cache, or a saved "
-                                    "folder")
+                                    "folder", path="name_or_path")
     hf_text_field: str = option("text", "the HF dataset's column with the text")
     plain_ddp: bool = False   # reliable without lossbed's timing hook (to check it changes nothing)
     # Lossy variants: every align_every-th step starts together, through the rendezvous

@@ -215,7 +215,10 @@ def _ansible_hosts(path: Path) -> dict[str, dict]:
     its own: importing ansible replaces sys.intern for the whole process, which breaks
     torch's compiler imported after it (torch._dynamo: "substitute_in_graph expects a
     function")."""
-    done = subprocess.run([sys.executable, "-m", "testbed.clusters.inventory", str(path)],
+    # The child starts in the checkout (its imports), so it is given an absolute path: a
+    # relative one would name the checkout's file of that name (#66)
+    done = subprocess.run([sys.executable, "-m", "testbed.clusters.inventory",
+                           str(path.absolute())],
                           capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[2], stdin=subprocess.DEVNULL)
     try:
@@ -225,8 +228,18 @@ def _ansible_hosts(path: Path) -> dict[str, dict]:
                          f"{done.stderr.strip()[-500:]}", "Check it with: ansible-inventory "
                          "-i FILE --list") from None
     if "error" in answer:
-        raise UsageError(*answer["error"])
+        field, problem, fix = answer["error"]
+        warnings = _ansible_warnings(done.stderr)
+        raise UsageError(field, problem + (f". Ansible said: {warnings}" if warnings else ""),
+                         fix)
     return answer["hosts"]
+
+
+def _ansible_warnings(stderr: str) -> str:
+    """Ansible's own warnings about the file, on one line (the first 600 characters: the
+    first warning says why)."""
+    said = " ".join(line.strip() for line in stderr.splitlines() if line.strip())
+    return said[:600]
 
 
 def _ansible_hosts_here(path: Path) -> dict[str, dict]:
@@ -248,7 +261,7 @@ def _ansible_hosts_here(path: Path) -> dict[str, dict]:
         constants.INVENTORY_ENABLED = enabled
     if not parsed._inventory.processed_sources:
         raise UsageError("--inventory", f"{path}: Ansible could not read it as a YAML or INI "
-                         "inventory (its warnings above say why)",
+                         "inventory",
                          "Check it with: ansible-inventory -i FILE --list")
     for group in parsed.groups:
         check_name(group, "group name")
@@ -262,7 +275,7 @@ def _ansible_hosts_here(path: Path) -> dict[str, dict]:
 
 
 def load(path: str | Path) -> dict[str, HostEntry]:
-    path = Path(path)
+    path = Path(path).absolute()  # the user's folder's file, named so in every message
     if not path.is_file():
         raise UsageError("--inventory", f"no inventory file {path}",
                          "Give an Ansible inventory (YAML or INI)")
