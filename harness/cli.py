@@ -59,7 +59,7 @@ def _cmd_collective_bench(args) -> int:
 
 
 def _cmd_train(args) -> int:
-    checks.loss_fraction("--loss", args.loss)  # (before torch is imported)
+    checks.loss_fraction("--loss", *checks.given(args.loss))  # (before torch is imported)
     checks.seconds("--grace-s", args.grace_s, FAILURE_GRACE_S, FAILURE_GRACE_MEANS)
     from harness import options
     from harness.train.config import TrainConfig
@@ -197,7 +197,7 @@ def _cmd_reproduce(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    checks.loss_fraction("--loss", args.loss)  # (before torch is imported)
+    checks.loss_fraction("--loss", *checks.given(args.loss))  # (before torch is imported)
     checks.seconds("--grace-s", args.grace_s, FAILURE_GRACE_S, FAILURE_GRACE_MEANS)
     from harness import torchrun
 

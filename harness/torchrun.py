@@ -36,7 +36,7 @@ from harness.transport import auth
 from testbed import checks, ports, profiles, stats
 from testbed.errors import NotAResult, UsageError
 from testbed.host import lease
-from testbed.impair import bypass, coverage, engine, verify
+from testbed.impair import bypass, coverage, engine, plan, verify
 
 if TYPE_CHECKING:  # (the contracts, for annotations: no import at run time)
     from testbed.clusters.contract import Cluster
@@ -84,7 +84,8 @@ class RunSpec:
     command: list[str]                    # torchrun [options] script.py [args]
     profile: str = "random-loss"
     sets: tuple[str, ...] = ()
-    loss: float = 0.0                     # a fraction: every path's loss rate (0: the profile's)
+    loss: float | None = None             # every path's loss rate, a fraction (0: none;
+    #                                       None: the profile's own rates)
     transport: str = "udp"
     impair_from: str = "joined"
     unsealed: bool = False
@@ -117,7 +118,7 @@ class RunSpec:
             raise UsageError("--impair-from", f"{self.impair_from!r}",
                              f"Use one of: {', '.join(IMPAIR_FROM)}")
         checks.seconds("--grace-s", self.grace_s, GRACE_S, GRACE_MEANS)
-        checks.loss_fraction("--loss", self.loss)
+        checks.loss_fraction("--loss", *checks.given(self.loss))
         from harness.transport.semantics import Semantics
 
         if Semantics.parse(self.transport).verbs:
@@ -298,7 +299,8 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
                     t = threading.Thread(target=_pump, args=(stream, job, sink), daemon=True)
                     t.start()
                     threads.append(t)
-            echo(f"[run] torchrun on {len(hosts)} host(s), job {job_id}")
+            echo(f"[run] torchrun on {len(hosts)} host(s), job {job_id}; profile "
+                 f"{checked.profile.name}: {plan.stated_loss(checked.profile, spec.loss)}")
             code = _wait(procs, job, lambda: _on_joined(cluster, the_plan, choice, applied,
                                                           gate, echo), gate, spec.grace_s)
     except KeyboardInterrupt:

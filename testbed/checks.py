@@ -27,6 +27,12 @@ def loss_fraction(option: str, *values: float) -> None:
                                 else ""))
 
 
+def given(value) -> tuple:
+    """The value an option was given, as a rule's *values; none where it was left out (None:
+    e.g. --loss's "the profile's own rates")."""
+    return () if value is None else (value,)
+
+
 def loss_text(text: str) -> float:
     """--loss as argparse reads it: a number; a percent sign is answered with the fraction
     (argparse names the option and prints this)."""

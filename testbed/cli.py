@@ -54,9 +54,9 @@ def add_profile_changes(p) -> None:
     fraction; testbed/checks.py holds the rule)."""
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a profile field, e.g. --set delay_ms=5 (repeatable)")
-    p.add_argument("--loss", type=checks.loss_text, default=0.0,
-                   help="every path's loss rate as a fraction, 0.1 = 10%% (default 0: the "
-                        "profile's own)")
+    p.add_argument("--loss", type=checks.loss_text, default=None,
+                   help="every path's loss rate as a fraction, 0.1 = 10%%; 0: no loss "
+                        "(default: the profile's own rates)")
 
 
 def add_min_coverage(p) -> None:
@@ -184,9 +184,9 @@ def _cmd_exec(args) -> int:
 
 def _cmd_apply(args) -> int:
     from testbed import profiles
-    from testbed.impair import engine
+    from testbed.impair import engine, plan
 
-    checks.loss_fraction("--loss", args.loss)
+    checks.loss_fraction("--loss", *checks.given(args.loss))
     if args.json and not args.dry_run:
         raise UsageError("--json", "prints the plan of --dry-run; apply itself prints a line",
                          "Add --dry-run to see the plan as JSON, or drop --json")
@@ -195,6 +195,7 @@ def _cmd_apply(args) -> int:
     only = [h for item in args.only or [] for h in item.split(",") if h]
     the_plan, choice = engine.make_plan(cluster, profile, backend=args.backend, only=only)
     print(f"backend: {choice.backend} ({choice.reason})")
+    print(plan.stated_loss(profile, args.loss))
     if args.dry_run:
         print(the_plan.describe())
         if args.json:

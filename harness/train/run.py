@@ -32,7 +32,7 @@ from harness.train.config import TrainConfig
 from testbed import doctor, profiles, stats
 from testbed.errors import LossbedError, UsageError
 from testbed.host import lease
-from testbed.impair import bypass, coverage, engine, verify
+from testbed.impair import bypass, coverage, engine, plan, verify
 
 if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
     from testbed.clusters.contract import Cluster
@@ -105,7 +105,8 @@ class Run:
     cfg: TrainConfig
     profile: str = "clean"
     sets: tuple[str, ...] = ()
-    loss: float = 0.0               # a fraction: every path's loss rate (0: the profile's)
+    loss: float | None = None       # every path's loss rate, a fraction (0: none; None:
+    #                                 the profile's own rates)
     loss_seed: int | None = None    # which realisation of that loss (None: the profile's)
     isolated: bool = False          # the run's datagrams go unsealed (--unsealed)
 
@@ -121,10 +122,12 @@ class Run:
 
 def train(cluster: Cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str] = (),
           out_dir: Path | None = None, echo=print, isolated: bool = False,
-          loss: float = 0.0, failure_grace_s: float = launch.FAILURE_GRACE_S,
+          loss: float | None = None, failure_grace_s: float = launch.FAILURE_GRACE_S,
           min_coverage: float = coverage.DEFAULT_MIN_COVERAGE) -> dict:
-    return train_runs(cluster, [Run(cfg, profile_name, tuple(sets), loss=loss,
-                                    isolated=isolated)], out_dir, echo,
+    the_run = Run(cfg, profile_name, tuple(sets), loss=loss, isolated=isolated)
+    echo(f"[train] profile {profile_name}: "
+         f"{plan.stated_loss(the_run.load_profile(), loss)}")
+    return train_runs(cluster, [the_run], out_dir, echo,
                       failure_grace_s=failure_grace_s, min_coverage=min_coverage)[0]
 
 
@@ -237,7 +240,7 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
     # files only where this controller reads them (harness.train.worker.WRITES_FILES)
     transport_env[rank_protocol.WORK_LOCAL] = "1" if cluster.shares_this_machine else "0"
     # One key per launch: unless every run's profile says the network is isolated
-    authenticate = not all(plan.profile.isolated for plan, _ in plans.values())
+    authenticate = not all(p.profile.isolated for p, _ in plans.values())
     try:
         with keeper:
             results = launch.run(cluster, "harness.train.worker",

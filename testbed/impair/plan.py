@@ -101,24 +101,47 @@ class Plan:
         }
 
 
+def describe_loss(loss) -> str:
+    """One loss model, as the plan prints it (loss 1%, loss GE ..., loss 4-state ...)."""
+    if loss.model == "bernoulli":
+        text = f"loss {loss.loss_pct:g}%"
+        if loss.correlation_pct:
+            text += f" corr {loss.correlation_pct:g}%"
+    elif loss.model == "gilbert_elliott":
+        text = (f"loss GE p={loss.p * 100:.4g}% r={loss.r * 100:.4g}% "
+                f"1-h={loss.loss_in_bad_pct:g}% 1-k={loss.loss_in_good_pct:g}% "
+                f"(mean {loss.stationary_loss() * 100:.3g}%)")
+        if loss.max_burst_ms:
+            text += f" bursts <= {loss.max_burst_ms:g}ms"
+    else:
+        text = (f"loss 4-state p13={loss.p13_pct:g}% p31={loss.p31_pct:g}% "
+                f"p32={loss.p32_pct:g}% p23={loss.p23_pct:g}% p14={loss.p14_pct:g}%")
+    return text
+
+
+def stated_loss(profile: Profile, loss: float | None) -> str:
+    """Which loss rate a command applies, in one line: the --loss it was given (0: none), or
+    the profile's own rates, per host and per link where it has them (the line a user
+    reads to see that `--loss 0` is a lossless run, and no --loss the profile's rate)."""
+    if loss == 0:
+        return "loss: none (--loss 0)"
+    if loss is not None:
+        return f"loss: {loss * 100:g}% on every path (--loss {loss:g})"
+    overrides = [(f"at {host}", imp.loss) for host, imp in profile.hosts.items()]
+    overrides += [(f"{link.src}->{link.dst}", link.loss) for link in profile.links]
+    said = [f"{where} {describe_loss(lost) if lost else 'no loss'}"
+            for where, lost in overrides]
+    default = profile.impairment.loss
+    if default is not None:
+        said.insert(0, f"{describe_loss(default)} on "
+                       f"{'the other paths' if overrides else 'every path'}")
+    return f"loss: the profile's own: {', '.join(said) or 'none'} (--loss sets another)"
+
+
 def describe_impairment(imp: Impairment) -> str:
     parts = []
-    loss = imp.loss
-    if loss is not None:
-        if loss.model == "bernoulli":
-            text = f"loss {loss.loss_pct:g}%"
-            if loss.correlation_pct:
-                text += f" corr {loss.correlation_pct:g}%"
-        elif loss.model == "gilbert_elliott":
-            text = (f"loss GE p={loss.p * 100:.4g}% r={loss.r * 100:.4g}% "
-                    f"1-h={loss.loss_in_bad_pct:g}% 1-k={loss.loss_in_good_pct:g}% "
-                    f"(mean {loss.stationary_loss() * 100:.3g}%)")
-            if loss.max_burst_ms:
-                text += f" bursts <= {loss.max_burst_ms:g}ms"
-        else:
-            text = (f"loss 4-state p13={loss.p13_pct:g}% p31={loss.p31_pct:g}% "
-                    f"p32={loss.p32_pct:g}% p23={loss.p23_pct:g}% p14={loss.p14_pct:g}%")
-        parts.append(text)
+    if imp.loss is not None:
+        parts.append(describe_loss(imp.loss))
     if imp.delay_ms or imp.jitter_ms:
         text = f"delay {imp.delay_ms:g}ms"
         if imp.jitter_ms:

@@ -60,12 +60,13 @@ def find(name_or_path: str) -> Path:
     return candidate
 
 
-def load(name_or_path: str, overrides: list[str] = (), *, loss: float = 0.0,
+def load(name_or_path: str, overrides: list[str] = (), *, loss: float | None = None,
          loss_seed: int | None = None, isolated: bool = False) -> model.Profile:
     """The profile, with `--set` overrides (text, as a user typed them), then the values a
-    command passes typed: `loss` (a fraction, 0: the profile's own rates) and its
-    `loss_seed` (Profile.with_loss), and `isolated` (the run's datagrams go unsealed)."""
-    if loss:  # one loss rate, said once: --loss, or the profile's own fields, not both
+    command passes typed: `loss` (a fraction on every path, Profile.with_loss; 0: no loss
+    anywhere, Profile.without_loss; None: the profile's own rates) and its `loss_seed`, and
+    `isolated` (the run's datagrams go unsealed)."""
+    if loss is not None:  # one loss rate, said once: --loss, or the profile's own, not both
         setting = [item.partition("=")[0].strip() for item in overrides
                    if {*item.partition("=")[0].strip().split(".")} & LOSS_RATE_KEYS]
         if setting:
@@ -74,7 +75,9 @@ def load(name_or_path: str, overrides: list[str] = (), *, loss: float = 0.0,
                              "Give --loss alone (a fraction), or --set "
                              f"{setting[0]}=... without --loss")
     profile = _load(name_or_path, overrides)
-    if loss:
+    if loss == 0:
+        profile = profile.without_loss()
+    elif loss is not None:
         try:
             profile = profile.with_loss(loss, loss_seed)
         except ValueError as err:

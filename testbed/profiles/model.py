@@ -506,6 +506,19 @@ class Profile(_Strict):
                                                 **changes})
         return self.model_copy(update={"impairment": impairment})
 
+    def without_loss(self) -> Profile:
+        """This profile with no loss on any path (`--loss 0`): its own rates, per host and
+        per link too, removed; delay, rate and the rest kept."""
+
+        def lossless(imp: Impairment) -> Impairment:
+            kept = imp.model_dump(exclude_unset=True, exclude={"loss"})
+            return type(imp).model_validate(kept)
+
+        return self.model_copy(update={
+            "impairment": lossless(self.impairment),
+            "hosts": {h: lossless(i) for h, i in self.hosts.items()},
+            "links": [lossless(link) for link in self.links]})
+
     def impairs_nothing(self) -> bool:
         """No path of this profile changes a packet: it only counts them (clean)."""
         return (self.impairment.is_clean()

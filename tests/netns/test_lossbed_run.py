@@ -92,6 +92,21 @@ def test_the_plain_pytorch_example_goes_lossy_under_lossbed_run(cluster, tmp_pat
     assert_nothing_left(cluster)
 
 
+def test_loss_zero_is_a_lossless_run_of_the_profile(cluster, tmp_path):
+    """--loss 0 is no loss (it used to apply random-loss's own 1%), and the run says so."""
+    done = lossbed("run", "--cluster", cluster.name, "--profile", "random-loss", "--loss", "0",
+                   "--out", str(tmp_path / "lossless"), "--", "torchrun",
+                   str(REPO / "examples/plain_pytorch.py"), "--variant", "unbiased",
+                   "--steps", "5", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "profile random-loss: loss: none (--loss 0)" in done.stderr
+    summary = json.loads((tmp_path / "lossless" / "summary.json").read_text())
+    assert summary["applied"] and summary["loss"] == 0
+    assert summary["measured_loss"] == 0 and summary["missing_fraction"] == 0, summary
+    assert summary["transport_counters"]["packets_sent"] > 0
+    assert_nothing_left(cluster)
+
+
 def test_the_hugging_face_example_trains_with_the_bounded_drift_broadcast(cluster, tmp_path):
     done, summary = run(cluster, tmp_path / "hf", str(REPO / "examples/hf_finetune.py"),
                         "--variant", "unbiased_drift", "--steps", "30")
