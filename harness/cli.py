@@ -128,6 +128,10 @@ def _bench_cluster(prefix: str, spec):
 
 def _cmd_bench(args) -> int:
     checks.loss_fraction("--loss", *args.loss)  # (before torch is imported)
+    from harness.bench.spec import default_steps
+
+    if args.steps is None:  # the length of the record's answer in the regime asked for
+        args.steps = default_steps(args.regime or "finetune")
     _check_at_least(args, ("hosts", 2), ("steps", 1), ("seeds", 1), ("mtu", 68))
     if args.many_rank:  # the question at n ranks, in this process (no cluster)
         from harness.reproduce import scale_bench
@@ -141,8 +145,8 @@ def _cmd_bench(args) -> int:
     from harness.bench.table import table
     from harness.train.config import TrainConfig
 
-    same = ("hosts", "steps", "seeds", "mtu", "realisations", "speed_steps", "speed_seeds",
-            "stability", "band_pct", "min_coverage", "sgd_lr", "profile")
+    same = ("hosts", "steps", "seeds", "first_seed", "mtu", "realisations", "speed_steps",
+            "speed_seeds", "stability", "band_pct", "min_coverage", "sgd_lr", "profile")
     spec = BenchSpec(losses=args.loss, variants=args.variants or list(DEFAULT_VARIANTS),
                      isolated=args.unsealed, **{k: getattr(args, k) for k in same},
                      **_regime_options(args),
@@ -289,7 +293,7 @@ def _regime_options(args) -> dict:
 def add_commands(sub) -> None:
     """Register the experiment commands on testbed's subparsers."""
     from harness import options
-    from harness.bench.spec import SGD_LR, VARIANT_FORM, BenchSpec
+    from harness.bench.spec import DEFAULT_STEPS, SCRATCH_STEPS, SGD_LR, VARIANT_FORM, BenchSpec
     from harness.train.config import TrainConfig
 
     p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
@@ -319,9 +323,15 @@ def add_commands(sub) -> None:
                         "or a file of yours)")
     p.add_argument("--hosts", type=int, default=4, help="hosts of the bench's own cluster")
     p.add_argument("--mtu", type=int, default=1500, help="MTU of the bench's own cluster")
-    p.add_argument("--steps", type=int, default=BenchSpec.steps, help="steps of every run")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"steps of every run (default: {DEFAULT_STEPS} fine-tuning, "
+                        f"{SCRATCH_STEPS} with --regime scratch: the length of the record's "
+                        "answer in each)")
     p.add_argument("--seeds", type=int, default=BenchSpec.seeds,
                    help="seeds (initialisation and data order) per variant and loss")
+    p.add_argument("--first-seed", type=int, default=BenchSpec.first_seed,
+                   help="the first of the seeds (after the pilot seeds that chose the "
+                        "defaults, so that the bench confirms them on others)")
     p.add_argument("--variants", nargs="+",
                    help="default: reliable unbiased_drift rps; the ablations zero_fill and "
                         "unbiased on request (or all five: make bench-full); each "
@@ -332,16 +342,18 @@ def add_commands(sub) -> None:
                         "8's method; --steps and --pretrain-steps count the bench's steps, "
                         "run as steps of 64 sequences), e.g. --many-rank 4 16 64")
     p.add_argument("--realisations", type=int, default=BenchSpec.realisations,
-                   help="loss seeds at seed 0 for unbiased_drift and rps (1: no more)")
+                   help="loss seeds at the first seed for unbiased_drift and rps (1: no "
+                        "more)")
     p.add_argument("--speed-steps", type=int, default=BenchSpec.speed_steps,
                    help="steps of reliable under loss (its speed; its model is checked)")
     p.add_argument("--speed-seeds", type=int, default=BenchSpec.speed_seeds,
                    help="seeds of reliable's speed runs (the first ones)")
     p.add_argument("--stability", action=argparse.BooleanOptionalAction,
                    default=BenchSpec.stability,
-                   help="the chaos check: seeds 0 and 1's lossless references again, each "
-                        "with one step as a lossy one; a regime they move by more than a "
-                        "quarter of the band gets no verdict (summary: stability)")
+                   help="the chaos check: every lossless reference again on every seed, "
+                        "with one step as a lossy one; the rows of a reference whose twins' "
+                        "95%% interval reaches past a quarter of the band get no verdict, "
+                        "nor do any without it (summary: stability)")
     p.add_argument("--band-pct", type=float, default=BenchSpec.band_pct,
                    help="each lossy row's Δppl is judged against ±this many percent: holds "
                         "when its whole 95%% interval is inside, does not hold when outside "

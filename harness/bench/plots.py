@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.metrics.hdr import Histogram
+from harness.metrics.verdict import BAND_PCT
 
 
 def curve_label(r: dict) -> str:
@@ -24,16 +25,16 @@ SPEED_ROLES = ("speed", "speed_reference")  # short runs for throughput: curves 
 
 def loss_curves(records: list[dict], shown: float,
                 speed: bool = False) -> list[tuple[str, list[float]]]:
-    """(label, training losses) of seed 0's runs at the loss rate shown and its lossless
-    reliable runs (reference, twin); speed=True: the short speed runs alone (drawn apart:
-    over the full-length runs their few steps hide the curves' ends)."""
+    """(label, training losses) of the first seed's runs at the loss rate shown and its
+    lossless reliable runs (reference, twin); speed=True: the short speed runs alone (drawn
+    apart: over the full-length runs their few steps hide the curves' ends)."""
+    first = min((r["seed"] for r in records), default=0)
     return [(curve_label(r), r["losses"]) for r in records
-            if r["seed"] == 0 and r.get("losses")
+            if r["seed"] == first and r.get("losses")
             and (r.get("role") in SPEED_ROLES) == speed
             and (r["loss"] == shown or (r["variant"] == "reliable" and r["loss"] == 0))]
 
 
-PAPER_BAND_PCT = 0.8  # arXiv 2507.07114's claim: perplexity within ±0.8% of lossless
 
 
 def plots(out: Path, records: list[dict], summary: dict) -> list[str]:
@@ -55,8 +56,11 @@ def plots(out: Path, records: list[dict], summary: dict) -> list[str]:
     rows = [r for r in summary["rows"] if r.get("ppl_delta_pct") is not None]
     if rows:
         fig, ax = plt.subplots(figsize=(7, 4))
-        ax.axhspan(-PAPER_BAND_PCT, PAPER_BAND_PCT, color="0.85",
-                   label=f"±{PAPER_BAND_PCT}% (arXiv 2507.07114's claim)")
+        # the band the verdicts used (--band-pct; 2507.07114's ±0.8% by default)
+        band = summary.get("band_pct") or BAND_PCT
+        ax.axhspan(-band, band, color="0.85",
+                   label=f"±{band:g}% (the verdicts' band"
+                         + (", arXiv 2507.07114's claim)" if band == BAND_PCT else ")"))
         ax.axhline(0, color="0.5", linewidth=0.8)
         labels = [f"{r['variant']}\n@ {r['loss']:.0%}" for r in rows]
         ax.errorbar(range(len(rows)), [r["ppl_delta_pct"] for r in rows],

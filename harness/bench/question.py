@@ -11,7 +11,7 @@ part of it, and the bench does not make them.
 
 from __future__ import annotations
 
-from harness.bench.spec import BenchSpec, base_variant, reference_variant
+from harness.bench.spec import PILOT_SEEDS, BenchSpec, base_variant, reference_variant
 from harness.metrics import verdict
 
 
@@ -25,7 +25,13 @@ def question(spec: BenchSpec) -> dict:
         mine = spec.resolved_text(v)
         ref = reference_variant(mine)
         against.append(f"{mine} against {'its own lossless run' if ref == mine else ref}")
-    seeds = "seed 0" if spec.seeds == 1 else f"seeds 0-{spec.seeds - 1}"
+    first, last = spec.seed_list[0], spec.seed_list[-1]
+    seeds = f"seed {first}" if first == last else f"seeds {first}-{last}"
+    pilots = spec.pilot_seeds_used
+    seeds += (f" (pilot seeds {', '.join(map(str, pilots))} among them: not a confirmation of "
+              "the choices they made)" if pilots else
+              f" (confirmatory: none of the pilot seeds {', '.join(map(str, PILOT_SEEDS))} "
+              "that chose the defaults)")
     rule = (f"fixed sample: {spec.seeds} seed(s), one look after all of them (no interim "
             "looks, no early stop: the level is spent once)")
     losses = ", ".join(f"{x:.0%}" for x in lossy) or "no loss"
@@ -36,4 +42,6 @@ def question(spec: BenchSpec) -> dict:
             f"stopping rule: {rule}")
     return {"text": text, "regime": spec.regime, "band_pct": spec.band_pct,
             "test": verdict.test_text(spec.band_pct), "seeds": spec.seeds,
+            "seed_list": spec.seed_list, "pilot_seeds": list(PILOT_SEEDS),
+            "pilot_seeds_used": pilots,
             "losses": lossy, "stopping_rule": rule}

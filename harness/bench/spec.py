@@ -4,23 +4,25 @@ data order).
 
 The runs of one bench, all in one launch of the ranks (the profile changes between runs):
 
-    reference     per seed, `reliable` without loss: the reference of zero_fill, unbiased
-                  and unbiased_drift (which train the same model as it at 0% loss); and
-                  `rps` without loss, the reference of rps (model averaging is another
-                  algorithm: compared with itself, Δppl is the loss's effect alone), its
-                  collective waiting for every packet (no deadline: nothing comes late)
+    reference     per seed, `reliable` without loss under each optimizer a variant trains
+                  with: under AdamW the reference of zero_fill, unbiased and unbiased_drift
+                  (which train the same model as it at 0% loss), under SGD (`reliable/sgd`)
+                  the reference of rps (lossless RPS under SGD trains the same model: model
+                  averaging after a linear step is gradient averaging); `rps/adamw`, another
+                  algorithm, against itself without loss (Δppl is the loss's effect alone),
+                  its collective waiting for every packet (no deadline: nothing comes late)
     lossy         per seed and loss, every variant but reliable, the full run; the profile
                   is seeded (a loss realisation of its own per run, replayable)
-    realisation   seed 0 again, with other loss seeds, for the variants the question is
+    realisation   the first seed again, with other loss seeds, for the variants the question is
                   about (unbiased_drift, rps): the spread of Δppl over loss realisations at a
                   fixed seed, the noise floor a paired comparison has
     speed         `reliable` under loss, for its throughput and tail only: speed_steps steps
-                  on the first speed_seeds seeds,
+                  on the bench's first speed_seeds seeds,
                   and as many without loss (speed_reference) to check that under loss it
                   trains exactly the same model
-    twin          with stability (the default): the lossless reliable references of seeds
-                  0 and 1 again, with one step as a lossy one (10% of its gradient's blocks
-                  zeroed at the bench's loss rate): is the regime chaotic? (stability.py)
+    twin          with stability (the default): every lossless reference again on every
+                  seed, with one step as a lossy one (the bench's loss rate of its
+                  gradient's blocks zeroed): is its regime chaotic? (stability.py)
 
 Δppl (%) compares a run's headline perplexity (harness.eval.models) with its reference's;
 per variant and loss it is averaged over seeds, with a 95% interval (Student's t).
@@ -60,11 +62,19 @@ from testbed.impair.coverage import DEFAULT_MIN_COVERAGE
 # verdict within ±0.8% is about a real change; one lossy step's twin moved nothing; Δppl
 # per seed was +0.16 to +0.23 (unbiased_drift) and +0.10 to +0.11 (rps), a paired sd of
 # 0.05 and 0.01, so DEFAULT_SEEDS = 4 gives intervals far inside the band. From scratch
-# (--regime scratch) 300 steps at AdamW 2e-3 could not decide unbiased_drift in 4 seeds
-# (sd 3.8: about 7 seeds, 60 for ±1).
+# (--regime scratch: SCRATCH_STEPS at AdamW 2e-3, rps then under AdamW against itself) the
+# record's answer was decisive for unbiased_drift, +10.99 ± 7.73 in 4 seeds (does not
+# hold), and rps's inconclusive, +1.05 ± 1.57 (2a5d533, docs/results.md).
 DEFAULT_STEPS = 150
+SCRATCH_STEPS = 300  # --regime scratch's default: the length of the record's scratch answer
 PRETRAIN_STEPS = 300
 DEFAULT_SEEDS = 4
+# The seeds the choices above were made on (the pilots: the regime, its rates, the seed
+# count; docs/explanation/methodology.md lists each choice with its pilot). A run that
+# confirms them must not reuse them: the bench's seeds start after them (FIRST_SEED), and
+# its records and question say which seeds are which
+PILOT_SEEDS = (0, 1)
+FIRST_SEED = max(PILOT_SEEDS) + 1
 # The lossy variants' replicas are measured against the model they are bounded by every
 # DRIFT_EVERY steps (five times in the default's 150): drift over the run, not only at its end
 DRIFT_EVERY = 30
@@ -94,6 +104,12 @@ VARIANT_FORM = ("NAME[/reduce|/broadcast][/resync=K][/adamw|/sgd][@TRANSPORT], e
 # a linear step is gradient averaging); under AdamW it is another algorithm. The others
 # train as the bench's --optimizer says (AdamW by default).
 RPS_OPTIMIZER = "sgd"
+
+
+def default_steps(regime: str) -> int:
+    """A bench's --steps where none is given: the length of the record's answer in that
+    regime (DEFAULT_STEPS fine-tuning, SCRATCH_STEPS from scratch)."""
+    return SCRATCH_STEPS if regime == "scratch" else DEFAULT_STEPS
 
 
 @dataclass(frozen=True)
@@ -179,6 +195,8 @@ class BenchSpec:
     isolated: bool = False
     steps: int = DEFAULT_STEPS
     seeds: int = DEFAULT_SEEDS
+    # the first of the `seeds` consecutive seeds (FIRST_SEED: after the pilots')
+    first_seed: int = FIRST_SEED
     variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
     preset: str = "tiny"
     device: Device = "cpu"
@@ -189,7 +207,7 @@ class BenchSpec:
     sgd_lr: float | None = None  # every SGD run's peak rate (None: SGD_LR of the regime)
     schedule: Schedule = "cosine"
     tokenizer: str = "bpe"
-    # loss seeds at seed 0 for REALISATION_VARIANTS (1: none more). The default spends the
+    # loss seeds at the first seed for REALISATION_VARIANTS (1: none more). The default spends the
     # runs on seeds instead: each seed has a loss realisation of its own already
     realisations: int = 1
     # scratch: every run from the seed's initialisation at --lr; finetune: from the seed's
@@ -204,8 +222,8 @@ class BenchSpec:
     # 2 x 55 steady steps still back a p99)
     speed_steps: int = 60
     speed_seeds: int = 2
-    # the lossless references of seeds 0 and 1 again, each with one step as a lossy one:
-    # the chaos check every Δppl verdict waits for (harness/bench/stability.py)
+    # every lossless reference again on every seed, each with one step as a lossy one: the
+    # chaos check every Δppl verdict waits for (harness/bench/stability.py)
     stability: bool = True
     # the lossy variants' drift during training, every drift_every steps (0: at the end only)
     drift_every: int = DRIFT_EVERY
@@ -251,6 +269,10 @@ class BenchSpec:
             if self.pretrain_steps < 1:
                 raise UsageError("--pretrain-steps", "must be 1 or more", "e.g. 300")
             self.pretrain_config(0).validate()
+        if self.first_seed < 0:
+            raise UsageError("--first-seed", f"{self.first_seed} is not a seed",
+                             f"Give 0 or more (default {FIRST_SEED}: after the pilot seeds "
+                             f"{', '.join(map(str, PILOT_SEEDS))})")
         if (self.seeds < 1 or self.steps < 1 or self.realisations < 1 or self.speed_steps < 1
                 or self.speed_seeds < 1):
             raise UsageError("--seeds/--steps/--realisations/--speed-steps/--speed-seeds",
@@ -313,9 +335,20 @@ class BenchSpec:
         """A --variants entry as its runs' records name it (its optimizer decided)."""
         return Variant.parse(variant).resolved(self.optimizer).text
 
+    @property
+    def seed_list(self) -> list[int]:
+        """The bench's seeds: `seeds` of them from first_seed."""
+        return list(range(self.first_seed, self.first_seed + self.seeds))
+
+    @property
+    def pilot_seeds_used(self) -> list[int]:
+        """Those of the bench's seeds that chose its defaults (none by default)."""
+        return sorted(set(self.seed_list) & set(PILOT_SEEDS))
+
     def cases(self) -> list[BenchRun]:
         """Every run of the bench, the references first (see the module's docstring)."""
-        seeds = range(self.seeds)
+        seeds = self.seed_list
+        speed_seeds = seeds[:self.speed_seeds]
         lossy = [loss for loss in self.losses if loss > 0]
         others = [v for v in self.variants if base_variant(v) != "reliable"]
         runs = []
@@ -340,15 +373,13 @@ class BenchSpec:
         if self.stability:
             lossy_rates = [x for x in self.losses if x > 0]
             drop = max(lossy_rates) if lossy_rates else stability.DEFAULT_DROP
-            # of the first reference: the regime every other is judged in
-            main = references[0] if references else None
-            runs += [BenchRun(replace(self.config(main, s, wait_for_all=base_variant(main)
+            # every reference a verdict leans on, on every seed: its own chaos check
+            runs += [BenchRun(replace(self.config(ref, s, wait_for_all=base_variant(ref)
                                                   != "reliable"), drop_once=drop), 0.0,
-                              "twin") for s in stability.TWIN_SEEDS
-                     if main and s < self.seeds]
+                              "twin") for s in seeds for ref in references]
         if lossy and "reliable" in self.variants:
             runs += [BenchRun(self.config("reliable", s, self.speed_steps), 0.0,
-                              "speed_reference") for s in seeds if s < self.speed_seeds]
+                              "speed_reference") for s in speed_seeds]
         if 0.0 in self.losses:  # the variants themselves at 0%: a check, not a reference
             runs += [BenchRun(self.config(v, s), 0.0, "lossy") for v in others
                      if base_variant(v) != "rps" for s in seeds]
@@ -356,11 +387,12 @@ class BenchSpec:
             for s in seeds:
                 # the loss seed: one realisation per (seed, loss), replayable
                 runs += [BenchRun(self.config(v, s), loss, "lossy", s) for v in others]
-                if "reliable" in self.variants and s < self.speed_seeds:
+                if "reliable" in self.variants and s in speed_seeds:
                     runs.append(BenchRun(self.config("reliable", s, self.speed_steps), loss,
                                          "speed", s))
             for extra in range(1, self.realisations):
-                runs += [BenchRun(self.config(v, 0), loss, "realisation", 1000 * extra)
+                runs += [BenchRun(self.config(v, seeds[0]), loss, "realisation",
+                                  1000 * extra)
                          for v in others if base_variant(v) in REALISATION_VARIANTS]
         return [r.on_network(self.profile, self.isolated) for r in runs]
 

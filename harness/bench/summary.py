@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from harness.bench import progress, stability
+from harness.bench import progress, stability, withholding
 from harness.bench.spec import Variant, base_variant, reference_variant
 from harness.metrics import verdict
 from harness.metrics.hdr import Histogram
@@ -53,7 +53,7 @@ def budget(records: list[dict], rows: list[dict], wall_s: float | None,
     if not records or any(r.get("run_s") is None for r in records):
         return None
     seeds = sorted({r["seed"] for r in records})
-    fixed = ("realisation", "twin")  # one per bench, whatever its seeds
+    fixed = ("realisation",)  # at the first seed alone, whatever the seeds
     per_seed = [sum(r["run_s"] for r in records if r["seed"] == s
                     and r["role"] not in fixed) for s in seeds]
     seed_s = statistics.fmean(per_seed)
@@ -145,9 +145,9 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
     lossless = [r["ppl"] for r in records if r["role"] == "reference" and r["variant"] == main]
     noise_floor = (statistics.stdev(lossless) / statistics.fmean(lossless) * 100
                    if len(lossless) > 1 else None)
-    # the chaos check: every twin against its own seed's reference (stability.py)
-    stable = stability.check([(refs.get((t["variant"], t["seed"])), t) for t in records
-                              if t["role"] == "twin"])
+    # the chaos check of every reference: its twins against its own seeds' runs
+    chaos = stability.by_reference(records)
+    first_seed = min((r["seed"] for r in records), default=0)
     groups = {}
     for r in records:
         if r["role"] in ("realisation", "speed_reference", "twin"):
@@ -160,12 +160,13 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
             speed.setdefault(r["loss"], []).append(r)
     rows = []
     for (loss, variant), runs in sorted(groups.items()):
-        deltas = [r["ppl_delta_pct"] for r in runs if r["ppl_delta_pct"] is not None
+        paired = [r for r in runs if r["ppl_delta_pct"] is not None
                   and r["role"] != "reference"]
+        deltas = [r["ppl_delta_pct"] for r in paired]
         mean, half = mean_interval(deltas) if deltas else (None, None)
         half = half if half != math.inf else None  # one seed: no interval (JSON has no ∞)
         realised = [r["ppl_delta_pct"] for r in records if r["loss"] == loss
-                    and r["variant"] == variant and r["seed"] == 0
+                    and r["variant"] == variant and r["seed"] == first_seed
                     and r["role"] in ("lossy", "realisation")
                     and r["ppl_delta_pct"] is not None]
         steps = _step_ms(runs)
@@ -181,6 +182,7 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
             "ppl": None if speed_only else statistics.fmean(r["ppl"] for r in runs),
             "speed_steps": runs[0].get("steps") if speed_only else None,
             "ppl_delta_pct": mean, "ppl_delta_ci95": half, "ppl_deltas": deltas,
+            "delta_seeds": [r["seed"] for r in paired],  # whose Δppl each of ppl_deltas is
             "realisation_sd": statistics.stdev(realised) if len(realised) > 1 else None,
             "realisations": len(realised),
             "ppl_rank_worst": None if speed_only else statistics.fmean(
@@ -223,7 +225,8 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
                                       if row["step_max_ms"] and base_steps["max"] else None)
         if row["reference"]:  # iso-progress: its final ppl on its reference's curve
             row.update(progress.row_progress(runs, refs, row["reference"]))
-        row["chaotic"] = bool(stable) and not stable["stable"]
+        # the chaos check of this row's own reference (None: not checked)
+        row["chaos_check"] = chaos.get(row["reference"]) if row["reference"] else None
         judged = judge(row, band_pct)
         row["verdict"] = judged.verdict if judged else None
         row["verdict_withheld"] = judged.disturbed if judged else None
@@ -252,7 +255,7 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
     tokens = sorted({r["tokens_seen"] for r in records if r.get("tokens_seen")
                      and r["role"] not in ("speed", "speed_reference")})
     return {"config": spec_dict, "regime": regime, "tokens_seen": tokens,
-            "stability": stable, "start_ppl": start_ppl,
+            "stability": chaos, "start_ppl": start_ppl,
             "reference_gain_pct": reference_gains(records, start_ppl),
             "backend": backend, "noise_floor_pct": noise_floor,
             "lossless_ppl": lossless, "rows": rows,
@@ -265,21 +268,6 @@ def summarise(records: list[dict], spec_dict: dict, backend: str,
                        "references_missing_packets": incomplete}}
 
 
-def withheld_by_the_runs(row: dict) -> str | None:
-    """Why a row's runs did not measure what a Δppl claim is about, or None (neither rule
-    reads the Δppl: how the runs went, fixed before them; harness/reproduce/rules.py)."""
-    if row.get("chaotic"):
-        return ("chaotic regime: one lossy step of a lossless run moved its perplexity by "
-                "more than a quarter of the band (stability)")
-    if row.get("disturbed"):
-        return (f"disturbed: in the runs of seeds {row['disturbed']} the collectives "
-                "missed far more than the network lost")
-    if row.get("reference_missed_packets"):
-        return (f"references late: the lossless references of seeds "
-                f"{row['reference_missed_packets']} missed packets: not the lossless model")
-    return None
-
-
 def judge(row: dict, band_pct: float) -> verdict.Check | None:
     """A row's Δppl against ±band_pct (verdict.delta_ppl), or None where the row has no
     Δppl to judge (a reference, a speed run: their rows carry none)."""
@@ -287,7 +275,7 @@ def judge(row: dict, band_pct: float) -> verdict.Check | None:
         return None
     return verdict.delta_ppl(row["ppl_delta_pct"], row.get("ppl_delta_ci95"),
                              len(row.get("ppl_deltas") or []), band_pct,
-                             withheld=withheld_by_the_runs(row))
+                             withheld=withholding.withheld(row))
 
 
 def verdict_cell(row: dict) -> str:

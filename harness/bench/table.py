@@ -9,8 +9,8 @@ from harness.bench.summary import CURVE_SEEDS, MOST_SEEDS, verdict_cell
 def budget_lines(plan: dict) -> list[str]:
     """The budget section of the table: what a seed costs, and the width-versus-minutes
     curve per lossy row."""
-    lines = [f"budget: a seed costs {plan['seed_min']:.1f} min of runs; realisations (and "
-             f"the twin) {plan['realisation_min']:.1f} min and start-up "
+    lines = [f"budget: a seed costs {plan['seed_min']:.1f} min of runs (its twins "
+             f"included); realisations {plan['realisation_min']:.1f} min and start-up "
              f"{plan['start_up_min']:.1f} min do not grow with seeds (this bench: "
              f"{plan['minutes_now']:.1f} min)"]
     if not plan["rows"]:
@@ -54,10 +54,24 @@ def progress_lines(rows: list[dict]) -> list[str]:
             + ", ".join(cell(r) for r in placed)]
 
 
+def chaos_cell(row: dict) -> str:
+    """The row's reference's chaos check, as its interval: '-' for a row without a Δppl,
+    'unchecked' where its reference had no twins."""
+    if row.get("ppl_delta_pct") is None or not row.get("reference"):
+        return "-"
+    check = row.get("chaos_check")
+    if check is None:
+        return "unchecked"
+    half = check["delta_ci95"]
+    return f"{check['delta_pct']:+.3f}±{half:.3f}" if half is not None else (
+        f"{check['delta_pct']:+.3f} 1 seed")
+
+
 def table(summary: dict) -> str:
     width = max([15] + [len(r["variant"]) for r in summary["rows"]])
     head = (f"{'loss':>5} {'variant':<{width}} {'model':<9} {'tok/s vs rel':>12} "
             f"{'p99 vs rel':>10} {'Δppl %':>8} {'±95%':>6} {'real.sd':>7} {'verdict':<13} "
+            f"{'chaos ±95%':>13} "
             f"{'ppl':>8} {'worst':>8} {'drift':>6} {'meas.loss':>9} {'cover':>6}")
     lines = []
     if summary.get("question"):  # as it was fixed before the runs
@@ -76,7 +90,8 @@ def table(summary: dict) -> str:
             f"{f(r.get('throughput_vs_reliable'), '.2f'):>12}"
             f" {f(r.get('p99_vs_reliable'), '.2f'):>10} {f(r['ppl_delta_pct'], '+.2f'):>8}"
             f" {f(r['ppl_delta_ci95'], '.2f'):>6} {f(r.get('realisation_sd'), '.2f'):>7}"
-            f" {verdict_cell(r):<13} {f(r['ppl'], '.3f'):>8} {f(r.get('ppl_rank_worst'), '.3f'):>8}"
+            f" {verdict_cell(r):<13} {chaos_cell(r):>13} {f(r['ppl'], '.3f'):>8}"
+            f" {f(r.get('ppl_rank_worst'), '.3f'):>8}"
             f" {r['drift']:>6.3f} {r['measured_loss']:>9.2%} {f(r.get('coverage'), '.1%'):>6}")
     if summary.get("test"):
         lines.append(f"verdict: {summary['test']}: holds (inside), does not hold (outside), "
@@ -85,7 +100,9 @@ def table(summary: dict) -> str:
                  "(mean; worst beside), owners = each shard as its owner holds it. Δppl: "
                  "against the same seed's lossless run of reliable under the same optimizer "
                  "(rps: reliable under SGD; rps/adamw: its own lossless run); real.sd: its "
-                 "spread over loss realisations at seed 0")
+                 "spread over loss realisations at the first seed; chaos: how far that "
+                 "reference's twins moved ppl (mean ± 95% over seeds, below), the check its "
+                 "verdict waits for")
     gains = summary.get("reference_gain_pct") or {}
     if gains:  # what the lossless fine-tune itself did: the scale a ±band verdict is read at
         band = summary.get("band_pct") or 0.0
@@ -151,7 +168,11 @@ def table(summary: dict) -> str:
                  f"{f'{floor:.2f}%' if floor is not None else 'n/a (one seed)'}; backend "
                  f"{summary['backend']}; reliable under loss == lossless model: "
                  f"{'not run' if exact is None else exact}")
-    lines.append(stability.text(summary.get("stability")))
+    judged: dict[str, list[str]] = {}
+    for r in summary["rows"]:
+        if r.get("reference") and r["loss"] > 0:
+            judged.setdefault(r["reference"], []).append(r["variant"])
+    lines += stability.text(summary.get("stability") or {}, judged)
     if summary.get("budget"):
         lines += budget_lines(summary["budget"])
     return "\n".join(lines)

@@ -39,7 +39,7 @@ def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print,
         from harness.bench import checkpoints
 
         spec.checkpoints = checkpoints.ensure(
-            cluster, {s: spec.pretrain_config(s) for s in range(spec.seeds)}, echo=echo)
+            cluster, {s: spec.pretrain_config(s) for s in spec.seed_list}, echo=echo)
         start_ppl = {s: checkpoints.ppl(folder) for s, folder in spec.checkpoints.items()}
     # the question, fixed before any run: printed now, kept, and printed with the answer
     asked = question(spec)

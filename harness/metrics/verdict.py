@@ -70,6 +70,53 @@ class Check:
         return {**asdict(self), "verdict": self.verdict}
 
 
+DECREASE_TEST = ("one-sided: the paired difference's upper 95% bound below 0 (holds: the "
+                 "decrease is shown), its lower 95% bound above 0 (does not hold: an "
+                 "increase is shown), inconclusive between")
+
+
+@dataclass(frozen=True)
+class Decrease(Check):
+    """A trend claim as a paper states it ("the harm shrinks as servers are added"): the
+    difference (at the largest n minus at the smallest), paired over seeds, is below 0.
+    half_width is the one-sided 95% bound's distance from the mean (Student's t at 95%
+    one-sided, k - 1 degrees); predicted and tolerance are 0. A difference whose interval
+    reaches 0 shows no trend: inconclusive, never "holds"."""
+
+    @property
+    def verdict(self) -> str:
+        if self.disturbed or not (math.isfinite(self.measured)
+                                  and math.isfinite(self.half_width)):
+            return INCONCLUSIVE
+        if self.measured + self.half_width < 0:
+            return HOLDS
+        if self.measured - self.half_width > 0:
+            return FAILS
+        return INCONCLUSIVE
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "test": DECREASE_TEST}
+
+
+def decrease(quantity: str, differences: list[float],
+             disturbed: str | None = None) -> Decrease:
+    """The trend check from per-seed paired differences (largest n minus smallest)."""
+    from scipy.stats import t
+
+    k = len(differences)
+    mean = math.fsum(differences) / k if k else math.nan
+    if k < 2:
+        return Decrease(quantity, mean, math.inf, 0.0, 0.0, k, disturbed)
+    sd = math.sqrt(math.fsum((d - mean) ** 2 for d in differences) / (k - 1))
+    return Decrease(quantity, mean, float(t.ppf(0.95, k - 1)) * sd / math.sqrt(k), 0.0, 0.0,
+                    k, disturbed)
+
+
+def paired(smaller: dict, larger: dict) -> list[float]:
+    """larger[seed] - smaller[seed] over the seeds both have (dicts of seed -> value)."""
+    return [larger[s] - smaller[s] for s in sorted(set(smaller) & set(larger))]
+
+
 def delta_ppl(mean: float | None, half_width: float | None, seeds: int, band_pct: float,
               what: str = "Δppl %", withheld: str | None = None) -> Check:
     """A Δppl (percent, against its lossless reference) over `seeds` paired seeds with its

@@ -14,9 +14,9 @@ run of reliable, at 10% random loss, in each regime:
 and the mitigation curve at scratch 2e-3: unbiased_drift with a reliable parameter resync
 every 20, 5 and 1 steps (0, never, is the scheme's own cell). Every cell is a verdict
 against ±0.8% (2507.07114's bound) with its 95% interval over seeds, withheld by the rules
-of rules.py (each regime's bench runs its own stability twin). --quick: the subset
-QUICK_REGIMES at QUICK_STEPS steps and QUICK_SEEDS seeds (measured: README); --full: every
-regime and the curve at FULL_STEPS x FULL_SEEDS.
+of harness/bench/withholding.py (each regime's bench runs its own stability twins).
+--quick: the subset QUICK_REGIMES at QUICK_STEPS steps and QUICK_SEEDS seeds (measured:
+README); --full: every regime and the curve at FULL_STEPS x FULL_SEEDS.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 from harness.bench.spec import FINETUNE_LR, BenchSpec
 from harness.bench.stability import text as stability_text
 from harness.bench.training_bench import run_bench
+from harness.metrics.verdict import BAND_PCT as PPL_BAND_PCT
 from harness.metrics.verdict import claim
-from harness.reproduce.rules import PPL_BAND_PCT
 from harness.reproduce.training import check
 
 LOSS = 0.1
@@ -121,9 +121,9 @@ def _spec(spec: BenchSpec) -> dict:
 
 
 
-def cell(row: dict, regime: str, stability: dict | None) -> dict:
+def cell(row: dict, regime: str) -> dict:
     """One cell of the map: Δppl, its interval, its seeds, and the verdict (or why none)."""
-    c = check(row, f"{regime}, {LOSS:.0%} random loss", stability)
+    c = check(row, f"{regime}, {LOSS:.0%} random loss")
     return {"regime": regime, "variant": row["variant"], "seeds": row["seeds"],
             "ppl_delta_pct": row["ppl_delta_pct"], "ppl_delta_ci95": row["ppl_delta_ci95"],
             "ppl_deltas": row.get("ppl_deltas"), "measured_loss": row.get("measured_loss"),
@@ -136,8 +136,8 @@ def rows(summaries: dict[str, dict]) -> list[dict]:
     for name, summary in summaries.items():
         stability = summary.get("stability")
         lossy = [r for r in summary["rows"] if r["loss"] > 0]
-        stages = [cell(r, name, stability) for r in lossy if r["variant"] in STAGES]
-        resync = [cell(r, name, stability) for r in lossy if "/resync=" in r["variant"]]
+        stages = [cell(r, name) for r in lossy if r["variant"] in STAGES]
+        resync = [cell(r, name) for r in lossy if "/resync=" in r["variant"]]
         label = LABELS[name]
         out.append(claim(label, "lossbed (the regime map, #27)",
                          f"{name}: unbiased_drift, and each stage alone, keeps perplexity "
@@ -164,7 +164,7 @@ def _public(c: dict) -> dict:
 def _setting(name: str, summary: dict) -> str:
     c = summary["config"]
     seen = ", ".join(f"{t:,}" for t in summary.get("tokens_seen") or [])
-    twin = stability_text(summary.get("stability"))
+    twin = "; ".join(stability_text(summary.get("stability") or {}))
     return (f"bench: {c['hosts']} ranks, {c['preset']} preset, {c['seeds']} seeds, "
             f"{c['profile']} {LOSS:.0%}, regime {summary.get('regime') or name}; tokens "
             f"seen per run {seen or '-'}; {twin}")

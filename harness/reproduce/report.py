@@ -26,6 +26,7 @@ def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
         rps_scaling,
         rps_servers,
         scale_rows,
+        sentences,
         training,
     )
 
@@ -49,7 +50,7 @@ def run(quick: bool, out: Path, rows=ROWS, make_cluster=None, echo=print,
         name, work = steps[row]
         echo(f"[reproduce] row {row}: {name} ...")
         started = time.monotonic()
-        claims = work()
+        claims = [{**c, **sentences.about(c["row"])} for c in work()]
         result["seconds"][row] = round(time.monotonic() - started, 1)
         result["claims"] += claims
         echo(f"[reproduce] row {row}: " + ", ".join(f"{c['row']} {c['verdict']}"
@@ -76,12 +77,17 @@ def markdown(result: dict) -> str:
              "tolerance of its prediction, does not hold when the whole interval lies "
              "outside, and is inconclusive otherwise (the interval is wider than the effect).",
              "",
-             "| row | source | claim | prediction | measured (the check furthest from its "
-             "prediction) | trials | verdict |",
-             "|---|---|---|---|---|---|---|"]
+             "Each row names the papers' claim it is about and what its test is: the claim "
+             "as stated, a weaker test (its 'holds' does not show the claim), or lossbed's "
+             "own (harness/reproduce/sentences.py).",
+             "",
+             "| row | source | claim | the papers' claim | its test is | prediction | "
+             "measured (the check furthest from its prediction) | trials | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for c in result["claims"]:
         m = c["measured"]
-        lines.append(f"| {c['row']} | {c['paper']} | {c['claim']} | {c['prediction']} | "
+        lines.append(f"| {c['row']} | {c['paper']} | {c['claim']} | "
+                     f"{c.get('paper_claim', '-')} | {c.get('tests', '-')} | {c['prediction']} | "
                      f"{m['quantity']}: {_number(m['measured'])} ± {_number(m['half_width'])}"
                      f" (predicted {_number(m['predicted'])} ± {_number(m['tolerance'])}) | "
                      f"{m['trials']} | **{c['verdict']}** |")

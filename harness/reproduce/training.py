@@ -3,7 +3,7 @@
 Each is a bench (harness.bench: paired seeds, token-level perplexity, every rank's model
 scored, a 95% interval over seeds) in the bench's own regime, AdamW at peak 2e-3 from
 scratch (rps: SGD with momentum, its paper's), with the stability twins that every Δppl
-verdict waits for (rules.py):
+verdict waits for (harness/bench/withholding.py):
 
     row 4   unbiased_drift (against reliable) and rps (against reliable under the same SGD)
             at each loss rate, random loss; then burst loss at 10% (the same mean, in
@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from harness.bench import withholding
 from harness.bench.spec import BenchSpec
-from harness.bench.summary import withheld_by_the_runs
 from harness.bench.training_bench import run_bench
+from harness.metrics.verdict import BAND_PCT as PPL_BAND_PCT
 from harness.metrics.verdict import Check, claim, delta_ppl
-from harness.reproduce.rules import PPL_BAND_PCT, withheld
 
 PAPER = "arXiv 2507.07114"
 # Not SGD at 0.1 with momentum 0.9 (these rows' regime until #27): chaotic for this model,
@@ -77,12 +77,13 @@ def run(make_cluster, quick: bool, out: Path, echo=print,
     return rows(summaries)
 
 
-def check(row: dict, what: str, stability: dict | None) -> Check:
-    """A bench row against the band, unless a rule (rules.py) withholds its verdict.
-    `stability`: the bench's stability check (its summary's)."""
+def check(row: dict, what: str) -> Check:
+    """A bench row against the band, unless a rule withholds its verdict (the bench's own
+    one function, harness/bench/withholding.py: the row carries its reference's chaos
+    check)."""
     return delta_ppl(row["ppl_delta_pct"], row.get("ppl_delta_ci95"), row["seeds"],
                      PPL_BAND_PCT, f"Δppl % of {row['variant']} at {row['loss']:.0%} ({what})",
-                     withheld(row, stability))
+                     withholding.withheld(row))
 
 
 def drift_check(row: dict) -> Check:
@@ -92,7 +93,7 @@ def drift_check(row: dict) -> Check:
     return Check(f"drift growth exponent of {row['variant']} at {row['loss']:.0%}",
                  math.nan if growth is None else max(growth, 0.0),
                  math.inf if half is None else half, 0.0, DRIFT_GROWTH_TOLERANCE,
-                 row["seeds"], disturbed=withheld_by_the_runs(row))
+                 row["seeds"], disturbed=withholding.by_the_runs(row))
 
 
 def rows(summaries: dict[str, dict]) -> list[dict]:
@@ -101,14 +102,13 @@ def rows(summaries: dict[str, dict]) -> list[dict]:
     curve = [r for r in summaries["curve"]["rows"] if r["loss"] > 0
              and r["variant"] in ("unbiased_drift", "rps")]
     setting = _setting(summaries["curve"])
-    stability = summaries["curve"].get("stability")
     for variant, paper in (("unbiased_drift", PAPER), ("rps", "arXiv 1810.07766")):
         at_10 = [r for r in curve if r["variant"] == variant and abs(r["loss"] - 0.1) < 1e-9]
         if at_10:
             out.append(claim(f"4{'a' if variant == 'unbiased_drift' else 'b'}", paper,
                              f"{variant} at 10% random loss trains as well as without loss",
                              f"Δppl within ±{PPL_BAND_PCT}% of its lossless reference "
-                             "(2507.07114's bound)", [check(at_10[0], "random", stability)],
+                             "(2507.07114's bound)", [check(at_10[0], "random")],
                              setting=setting))
     drifting = next((r for r in curve if r["variant"] == "unbiased_drift"
                      and abs(r["loss"] - 0.1) < 1e-9), None)
@@ -123,7 +123,7 @@ def rows(summaries: dict[str, dict]) -> list[dict]:
     if others:
         out.append(claim("4c", "lossbed (the curve)", "Δppl at 1, 5, 20, 30% random loss",
                          f"within ±{PPL_BAND_PCT}% (the same band, for the curve)",
-                         [check(r, "random", stability) for r in others], setting=setting,
+                         [check(r, "random") for r in others], setting=setting,
                          curve=[_point(r) for r in curve]))
     if "burst" in summaries:
         burst = [r for r in summaries["burst"]["rows"] if r["loss"] > 0
@@ -131,8 +131,7 @@ def rows(summaries: dict[str, dict]) -> list[dict]:
         out.append(claim("4d", "lossbed (beyond the papers)", "the same at 10% burst loss "
                          "(Gilbert-Elliott, mean burst 10 packets)",
                          f"within ±{PPL_BAND_PCT}%",
-                         [check(r, "burst", summaries["burst"].get("stability"))
-                          for r in burst],
+                         [check(r, "burst") for r in burst],
                          setting=_setting(summaries["burst"]),
                          curve=[_point(r) for r in burst]))
     if "variants" in summaries:
@@ -141,8 +140,7 @@ def rows(summaries: dict[str, dict]) -> list[dict]:
         out.append(claim("5", PAPER, "what each part buys at 10%: unbiased_drift, unbiased "
                          "(no parameter broadcasts), zero_fill (no unbiased rebuild)",
                          f"Δppl within ±{PPL_BAND_PCT}% each; worst rank and drift "
-                         "reported", [check(r, "random", summaries["variants"].get("stability"))
-                                      for r in side],
+                         "reported", [check(r, "random") for r in side],
                          setting=_setting(summaries["variants"]),
                          curve=[_point(r) for r in side]))
     return out

@@ -19,7 +19,11 @@ def test_the_question_names_regime_band_test_and_stopping_rule():
     assert "within ±0.5% of the same seed's lossless run" in text
     assert "regime scratch: 150 steps" in text
     assert "equivalence" in text and "±0.5%" in asked["test"]
-    assert "seeds 0-5" in text
+    assert "seeds 2-7 (confirmatory: none of the pilot seeds 0, 1" in text
+    assert asked["seed_list"] == [2, 3, 4, 5, 6, 7] and asked["pilot_seeds_used"] == []
+    on_pilots = question(BenchSpec(seeds=3, first_seed=0))
+    assert on_pilots["pilot_seeds_used"] == [0, 1]
+    assert "seeds 0-2 (pilot seeds 0, 1 among them" in on_pilots["text"]
     assert "fixed sample: 6 seed(s), one look after all of them" in asked["stopping_rule"]
     assert asked["stopping_rule"] in text
     # each lossy variant with what it is judged against (rps: reliable under SGD)

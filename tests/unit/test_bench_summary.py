@@ -20,6 +20,23 @@ def _record(variant: str, loss: float, seed: int, sha: str) -> dict:
             "drift": 0.0, "model_sha": sha, "steps": 10}
 
 
+# a reference's chaos check that passed (harness/bench/stability.py): twins that moved
+# nothing on 4 seeds
+STABLE = {"reference": "reliable", "seeds": [2, 3, 4, 5], "deltas_pct": [0.0] * 4,
+          "delta_pct": 0.0, "delta_ci95": 0.0, "tolerance_pct": 0.2, "stable": True,
+          "perturbation": "one step with 10% of its gradient's datagram blocks zeroed"}
+
+
+def with_twins(records: list[dict], moved_pct: float = 0.0) -> list[dict]:
+    """The records and a twin of each reference (a reliable run at 0% without a role is
+    one): its own seed, ppl moved by moved_pct, so that every reference is chaos-checked."""
+    refs = [r for r in records if r.get("role", "reference" if r["variant"] == "reliable"
+                                         and r["loss"] == 0 else "lossy") == "reference"]
+    twins = [dict(r, role="twin", ppl=r["ppl"] * (1 + moved_pct / 100),
+                  config={"drop_once": 0.1}, model_sha="twin") for r in refs]
+    return records + twins
+
+
 def test_reliable_equality_is_not_run_without_a_reliable_run_under_loss():
     records = [_record("reliable", 0.0, s, f"ref{s}") for s in (0, 1)]
     records += [_record("unbiased", 0.1, s, f"u{s}") for s in (0, 1)]
@@ -49,17 +66,18 @@ def test_every_speed_run_of_the_bench_plan_is_compared_with_its_speed_reference(
                     role=c.role, steps=c.cfg.steps, loss_seed=c.loss_seed)
                for c in spec.cases()]
     speed = [r for r in records if r["role"] == "speed"]
-    assert sorted(r["seed"] for r in speed) == [0, 1, 2]  # the first speed_seeds seeds
+    # the bench's first speed_seeds seeds (after the pilot seeds 0 and 1)
+    assert sorted(r["seed"] for r in speed) == [2, 3, 4] == spec.seed_list[:3]
     assert len([r for r in records if r["role"] == "speed_reference"]) == 3
     assert BenchSpec().speed_seeds == 2 < BenchSpec().seeds  # the default's
     summary = bench_summary.summarise(records, {}, "bpf")
     assert summary["checks"]["reliable_exact_under_loss"] is True
     assert summary["checks"]["reliable_unpaired"] == []
-    orphaned = [r for r in records if not (r["role"] == "speed_reference" and r["seed"] == 2)]
+    orphaned = [r for r in records if not (r["role"] == "speed_reference" and r["seed"] == 4)]
     summary = bench_summary.summarise(orphaned, {}, "bpf")
     assert summary["checks"]["reliable_exact_under_loss"] is False
-    assert summary["checks"]["reliable_unpaired"] == [{"seed": 2, "loss": 0.1, "steps": 5}]
-    assert "without a lossless run of its seed and length: seed 2 at 10% (5 steps)" \
+    assert summary["checks"]["reliable_unpaired"] == [{"seed": 4, "loss": 0.1, "steps": 5}]
+    assert "without a lossless run of its seed and length: seed 4 at 10% (5 steps)" \
         in bench_table.table(summary)
 
 
@@ -91,7 +109,7 @@ def test_the_bench_plan_has_references_realisations_and_short_reliable_runs():
         by_role.setdefault(r.role, []).append(r)
     # rps (under SGD) is judged against reliable training under the same SGD
     assert sorted((r.variant, r.cfg.seed) for r in by_role["reference"]) == [
-        ("reliable", 0), ("reliable", 1), ("reliable/sgd", 0), ("reliable/sgd", 1)]
+        ("reliable", 2), ("reliable", 3), ("reliable/sgd", 2), ("reliable/sgd", 3)]
     # no reference is a lossy collective here: none waits for every packet; the runs under
     # loss keep their deadlines
     assert not any(r.cfg.wait_for_all for r in runs)
@@ -101,10 +119,10 @@ def test_the_bench_plan_has_references_realisations_and_short_reliable_runs():
     assert all(r.cfg.steps == 30 and r.variant == "reliable"
                for r in by_role["speed"] + by_role["speed_reference"])
     assert len(by_role["speed"]) == len(by_role["speed_reference"]) == 2
-    # other loss realisations at seed 0, for the variants the question is about
+    # other loss realisations at the first seed, for the variants the question is about
     assert sorted((r.variant, r.loss_seed) for r in by_role["realisation"]) == [
         ("rps", 1000), ("rps", 2000), ("unbiased_drift", 1000), ("unbiased_drift", 2000)]
-    assert all(r.cfg.seed == 0 for r in by_role["realisation"])
+    assert all(r.cfg.seed == 2 for r in by_role["realisation"])
     # every lossy run is seeded, each (seed, realisation) with a loss seed of its own
     lossy = [r for r in runs if r.loss > 0]
     assert all(r.train_run().load_profile().impairment.loss.loss_pct == 10.0
@@ -133,7 +151,7 @@ def test_rps_is_compared_with_reliable_under_sgd_and_adamw_rps_with_itself():
 def _judged(mean, half, seeds=4, band=0.8, **row):
     return bench_summary.judge({"reference": "reliable", "ppl_delta_pct": mean,
                                 "ppl_delta_ci95": half, "ppl_deltas": [mean] * seeds,
-                                **row}, band).verdict
+                                "chaos_check": STABLE, **row}, band).verdict
 
 
 @pytest.mark.parametrize(("mean", "half", "verdict"), [
@@ -173,7 +191,7 @@ def test_the_summary_states_its_band_and_test_and_sizes_itself_from_the_band():
         r["ppl"] = 10.0
     lossy = [dict(_record("unbiased_drift", 0.1, s, "x"), role="lossy", ppl=p)
              for s, p in ((0, 10.01), (1, 10.02), (2, 10.0))]
-    summary = bench_summary.summarise(records + lossy, {}, "bpf", band_pct=0.8)
+    summary = bench_summary.summarise(with_twins(records) + lossy, {}, "bpf", band_pct=0.8)
     assert summary["band_pct"] == 0.8 and "±0.8%" in summary["test"]
     assert "two one-sided tests" in summary["test"]
     row = next(r for r in summary["rows"] if r["loss"] == 0.1)
@@ -259,8 +277,8 @@ def test_a_lossless_reference_whose_collective_missed_packets_is_named():
 
 
 def _timed_bench(drift_ppls: list[float]) -> list[dict]:
-    """Per seed: reliable's reference (60 s) and unbiased_drift at 10% (90 s); one
-    realisation run at seed 0 (90 s)."""
+    """Per seed: reliable's reference (60 s), its twin (60 s) and unbiased_drift at 10%
+    (90 s); one realisation run at seed 0 (90 s)."""
     records = []
     for seed, ppl in enumerate(drift_ppls):
         ref = _record("reliable", 0.0, seed, f"ref{seed}") | {"ppl": 100.0, "run_s": 60.0,
@@ -270,28 +288,28 @@ def _timed_bench(drift_ppls: list[float]) -> list[dict]:
         records += [ref, lossy]
     records.append(_record("unbiased_drift", 0.1, 0, "r") | {"ppl": 104.0, "run_s": 90.0,
                                                             "role": "realisation"})
-    return records
+    return with_twins(records)
 
 
 def test_the_budget_prices_a_seed_from_its_runs_and_projects_the_seeds_a_target_needs():
     # Δppl per seed +1, +2, +3 (sd 1.0): judged against ±2.0 the bench is sized for ±1.0
     # (half the band), which needs k with t95(k)/√k <= 1, i.e. 7 seeds
     summary = bench_summary.summarise(_timed_bench([101.0, 102.0, 103.0]), {}, "bpf",
-                                      wall_s=570.0, band_pct=2.0)
+                                      wall_s=750.0, band_pct=2.0)
     plan = summary["budget"]
-    assert plan["seed_min"] == 2.5              # 60 s + 90 s per seed
+    assert plan["seed_min"] == 3.5              # 60 s + 60 s (the twin) + 90 s per seed
     assert plan["realisation_min"] == 1.5       # does not grow with seeds
-    assert plan["start_up_min"] == 0.5          # 570 s in all, 540 s of runs
+    assert plan["start_up_min"] == 0.5          # 750 s in all, 720 s of runs
     (row,) = plan["rows"]
     assert row["variant"] == "unbiased_drift" and row["seeds_now"] == 3
     assert abs(row["seed_sd"] - 1.0) < 1e-9
     assert row["seeds_for_target"] == 7
     assert stats.t95(7) / 7 ** 0.5 <= 1.0 < stats.t95(6) / 6 ** 0.5
-    assert abs(row["minutes_for_target"] - (2.0 + 7 * 2.5)) < 1e-9
+    assert abs(row["minutes_for_target"] - (2.0 + 7 * 3.5)) < 1e-9
     at3 = next(c for c in row["curve"] if c["seeds"] == 3)
     assert abs(at3["ci95"] - summary["rows"][-1]["ppl_delta_ci95"]) < 1e-9  # the row's own
     text = bench_table.table(summary)
-    assert "a seed costs 2.5 min" in text and "±1.0 needs 7 seeds (~20 min)" in text
+    assert "a seed costs 3.5 min" in text and "±1.0 needs 7 seeds (~26 min)" in text
 
 
 def test_a_wider_spread_needs_more_seeds_and_untimed_runs_have_no_budget():
@@ -315,8 +333,10 @@ def test_the_stability_twins_are_lossless_references_with_one_step_as_a_lossy_on
                      variants=["reliable", "unbiased"])
     assert spec.stability  # on by default: every verdict waits for it
     twins = [r for r in spec.cases() if r.role == "twin"]
+    # every reference a verdict leans on, on every seed (the bench's: after the pilots')
     assert [(t.variant, t.cfg.seed, t.loss, t.profile) for t in twins] == [
-        ("reliable", 0, 0.0, "clean"), ("reliable", 1, 0.0, "clean")]
+        ("reliable", 2, 0.0, "clean"), ("reliable", 3, 0.0, "clean"),
+        ("reliable", 4, 0.0, "clean")]
     for twin in twins:
         reference = next(r for r in spec.cases() if r.role == "reference"
                          and r.cfg.seed == twin.cfg.seed and r.variant == "reliable")
@@ -326,49 +346,126 @@ def test_the_stability_twins_are_lossless_references_with_one_step_as_a_lossy_on
         # aside and changes no training: test_training's drift test)
         assert {**twin.cfg.to_dict(), "drop_once": 0.0} == {**reference.cfg.to_dict(),
                                                             "progress_every": 0}
-    # one seed: one twin
-    assert len([r for r in BenchSpec(seeds=1).cases() if r.role == "twin"]) == 1
+    # one seed: one twin per reference
+    assert len([r for r in BenchSpec(seeds=1).cases() if r.role == "twin"]) == 2
 
 
-@pytest.mark.parametrize(("twin_ppls", "stable"), [((10.019, 9.99), True),
-                                                   ((9.981, 10.0), True),
-                                                   ((10.0, 10.021), False),
-                                                   ((11.3, 10.0), False)])
-def test_the_stability_check_refuses_a_chaotic_regime_and_passes_a_stable_one(twin_ppls,
-                                                                               stable):
-    # planted: the references at ppl 10.0, their twins 0.19% (stable) or 0.21% and 13%
-    # (chaotic) away, on either seed: the tolerance is a quarter of the ±0.8% band, fixed
-    # before any run, and every twin must keep within it
-    records = [dict(_record("reliable", 0.0, s, f"r{s}"), role="reference", ppl=10.0)
-               for s in (0, 1)]
-    records += [dict(_record("reliable", 0.0, s, f"twin{s}"), role="twin", ppl=p,
-                     config={"drop_once": 0.1})
-                for s, p in zip((0, 1), twin_ppls, strict=True)]
-    records += [dict(_record("unbiased", 0.1, s, "x"), role="lossy", ppl=10.01)
-                for s in (0, 1)]
-    summary = bench_summary.summarise(records, {}, "bpf")
-    result = summary["stability"]
-    assert result["tolerance_pct"] == pytest.approx(0.2) and result["seeds"] == [0, 1]
-    assert result["deltas_pct"] == pytest.approx([(p / 10.0 - 1) * 100 for p in twin_ppls])
+def test_the_default_bench_checks_both_references_on_every_seed():
+    """rps is judged against reliable under SGD: that reference gets twins of its own
+    (until #65 only reliable under AdamW had twins, on seeds 0 and 1)."""
+    from harness.bench.spec import BenchSpec
+
+    spec = BenchSpec()
+    twins = sorted((r.variant, r.cfg.seed, r.cfg.optimizer, r.cfg.lr)
+                   for r in spec.cases() if r.role == "twin")
+    references = sorted((r.variant, r.cfg.seed, r.cfg.optimizer, r.cfg.lr)
+                        for r in spec.cases() if r.role == "reference")
+    assert twins == references
+    assert {t[0] for t in twins} == {"reliable", "reliable/sgd"}
+    assert sorted({t[1] for t in twins}) == spec.seed_list == [2, 3, 4, 5]
+
+
+def _planted(sgd_twin_moves: list[float], adamw_twin_moves=(0.01, -0.02, 0.0, 0.01)):
+    """4 seeds: reliable (AdamW, ppl 10) and reliable/sgd (ppl 12) references, each with a
+    twin per seed that moved its ppl by the given percents; unbiased_drift and rps at 10%
+    0.1% worse than their references on every seed (a Δppl that holds if judged)."""
+    seeds = (2, 3, 4, 5)
+    records = []
+    for variant, ppl, moves in (("reliable", 10.0, adamw_twin_moves),
+                                ("reliable/sgd", 12.0, sgd_twin_moves)):
+        for s, move in zip(seeds, moves, strict=True):
+            records.append(dict(_record(variant, 0.0, s, f"r{s}"), role="reference", ppl=ppl))
+            records.append(dict(_record(variant, 0.0, s, f"t{s}"), role="twin",
+                                ppl=ppl * (1 + move / 100), config={"drop_once": 0.1}))
+    for variant, ppl in (("unbiased_drift", 10.0), ("rps", 12.0)):
+        for i, s in enumerate(seeds):
+            records.append(dict(_record(variant, 0.1, s, "x"), role="lossy",
+                                ppl=ppl * (1.001 + i * 1e-5)))
+    return bench_summary.summarise(records, {}, "bpf")
+
+
+def test_a_chaotic_sgd_reference_withholds_rps_while_unbiased_drift_stands():
+    summary = _planted(sgd_twin_moves=[0.9, -1.2, 2.5, 0.4])
+    rows = {r["variant"]: r for r in summary["rows"] if r["loss"] == 0.1}
+    assert rows["unbiased_drift"]["verdict"] == "holds"
+    assert rows["unbiased_drift"]["verdict_withheld"] is None
+    assert rows["rps"]["verdict"] == "inconclusive"
+    assert rows["rps"]["verdict_withheld"].startswith(
+        "regime unstable: the twins of reliable/sgd")
+    checks = summary["stability"]
+    assert checks["reliable"]["stable"] and not checks["reliable/sgd"]["stable"]
+    text = bench_table.table(summary)
+    assert "regime stability of reliable/sgd (judges rps)" in text
+    assert "regime stability of reliable (judges unbiased_drift)" in text
+    assert "CHAOTIC or undecided" in text
+
+
+def test_both_references_stable_both_rows_judged():
+    summary = _planted(sgd_twin_moves=[0.01, 0.02, -0.01, 0.0])
+    rows = {r["variant"]: r for r in summary["rows"] if r["loss"] == 0.1}
+    assert rows["unbiased_drift"]["verdict"] == rows["rps"]["verdict"] == "holds"
+    # each row beside its own reference's check and interval
+    assert rows["rps"]["chaos_check"]["reference"] == "reliable/sgd"
+    assert rows["unbiased_drift"]["chaos_check"]["reference"] == "reliable"
+    line = next(x for x in bench_table.table(summary).splitlines()
+                if x.split()[1:2] == ["rps"])
+    check = rows["rps"]["chaos_check"]
+    assert f"{check['delta_pct']:+.3f}±{check['delta_ci95']:.3f}" in line
+
+
+@pytest.mark.parametrize(("moves", "stable"), [
+    ((0.05, 0.06, 0.04, 0.05), True),      # 0.05 ± 0.013: inside ±0.2
+    ((0.19, 0.19, 0.19, 0.19), True),      # at 0.19 with no spread: inside
+    ((0.21, 0.21, 0.21, 0.21), False),     # every twin just past the tolerance
+    ((0.15, 0.0, 0.3, 0.15), False),       # mean 0.15, but its interval reaches 0.37
+    ((-0.15, 0.0, -0.3, -0.15), False),    # the same below
+    ((0.1, -0.1, 0.1, -0.1), True),        # mean 0, ± 0.18: just inside
+])
+def test_a_reference_is_stable_only_when_its_twins_interval_is_inside_the_tolerance(
+        moves, stable):
+    summary = _planted(sgd_twin_moves=list(moves))
+    result = summary["stability"]["reliable/sgd"]
+    assert result["tolerance_pct"] == pytest.approx(0.2) and result["seeds"] == [2, 3, 4, 5]
+    assert result["deltas_pct"] == pytest.approx(list(moves))
+    mean, half = stats.mean_interval(list(moves))
+    assert result["delta_pct"] == pytest.approx(mean)
+    assert result["delta_ci95"] == pytest.approx(half)
     assert result["stable"] is stable
     assert result["perturbation"] == "one step with 10% of its gradient's datagram blocks zeroed"
     # the twins are no row and no reference: the rows are as without them
     assert [(r["loss"], r["variant"], r["seeds"]) for r in summary["rows"]] == [
-        (0.0, "reliable", 2), (0.1, "unbiased", 2)]
-    assert ("CHAOTIC" in bench_table.table(summary)) is not stable
-    # a chaotic regime's rows get no verdict: withheld, with the reason
-    row = next(r for r in summary["rows"] if r["variant"] == "unbiased")
-    assert row["chaotic"] is not stable
-    assert bool(row["verdict_withheld"]) is not stable
-    if not stable:
-        assert "chaotic regime" in row["verdict_withheld"]
+        (0.0, "reliable", 4), (0.0, "reliable/sgd", 4), (0.1, "rps", 4),
+        (0.1, "unbiased_drift", 4)]
+    rps = next(r for r in summary["rows"] if r["variant"] == "rps")
+    assert bool(rps["verdict_withheld"]) is not stable
 
 
-def test_a_bench_without_a_twin_says_its_stability_was_not_checked():
-    records = [dict(_record("reliable", 0.0, 0, "r"), role="reference")]
+def test_one_twin_has_no_interval_and_decides_nothing():
+    records = [dict(_record("reliable", 0.0, 2, "r"), role="reference", ppl=10.0),
+               dict(_record("reliable", 0.0, 2, "t"), role="twin", ppl=10.0,
+                    config={"drop_once": 0.1}),
+               dict(_record("unbiased", 0.1, 2, "x"), role="lossy", ppl=10.01)]
     summary = bench_summary.summarise(records, {}, "bpf")
-    assert summary["stability"] is None
+    assert summary["stability"]["reliable"]["delta_ci95"] is None
+    assert not summary["stability"]["reliable"]["stable"]
+    assert "one seed: no interval" in bench_table.table(summary)
+
+
+def test_a_bench_without_a_twin_says_its_stability_was_not_checked_and_withholds():
+    """--no-stability: no row gets a verdict (it used to say "holds" there, while reproduce
+    withheld the same rows as "regime unchecked": one rule now decides both)."""
+    records = [dict(_record("reliable", 0.0, s, "r"), role="reference", ppl=10.0)
+               for s in (2, 3, 4)]
+    records += [dict(_record("unbiased", 0.1, s, "x"), role="lossy", ppl=10.0 + s * 1e-3)
+                for s in (2, 3, 4)]
+    summary = bench_summary.summarise(records, {}, "bpf")
+    assert summary["stability"] == {}
     assert "regime stability: not checked" in bench_table.table(summary)
+    row = next(r for r in summary["rows"] if r["variant"] == "unbiased")
+    assert row["verdict"] == "inconclusive"
+    assert row["verdict_withheld"] == ("regime unchecked: no chaos check of reliable was run "
+                                       "(no twin)")
+    assert "unchecked" in bench_table.table(summary)
 
 
 def test_an_inconclusive_row_says_how_many_seeds_would_decide_it():

@@ -14,7 +14,9 @@ from harness.bench.compare import compare
 SUMMARY = {"noise_floor_pct": 2.0, "rows": [
     {"loss": 0.1, "variant": "unbiased", "tokens_per_s": 10000.0, "step_p99_ms": 50.0,
      "step_max_ms": 80.0,
-     "ppl_delta_pct": 1.0, "ppl_delta_ci95": 0.5},
+     "ppl_delta_pct": 1.0, "ppl_delta_ci95": 0.5,
+     # its reference's chaos check, passed (without one no verdict is given)
+     "reference": "reliable", "chaos_check": {"reference": "reliable", "stable": True}},
     {"loss": 0.1, "variant": "reliable", "tokens_per_s": 8000.0, "step_p99_ms": 400.0,
      "step_max_ms": 900.0,
      "ppl_delta_pct": 0.0, "ppl_delta_ci95": 0.0}]}
@@ -88,7 +90,9 @@ def test_a_claim_that_held_and_no_longer_holds_is_a_regression():
     lost["rows"][0].update(ppl_delta_pct=1.1, ppl_delta_ci95=0.2)  # 0.9..1.3: outside ±0.8
     verdicts = [f for f in compare(held, lost) if f.metric.startswith("verdict")]
     assert [(f.variant, f.limit, f.regressed) for f in verdicts] == [
-        ("unbiased", "holds -> does not hold", True), ("reliable", "holds -> holds", False)]
+        ("unbiased", "holds -> does not hold", True),
+        # reliable's own row has no reference, so no chaos check: never a verdict
+        ("reliable", "inconclusive -> inconclusive", False)]
     # judged against NEW's band: a wider band keeps the claim
     lost["band_pct"] = 2.0
     assert not any(f.regressed for f in compare(held, lost) if f.metric.startswith("verdict"))
