@@ -598,7 +598,8 @@ def test_row_8_withholds_its_verdicts_when_the_regime_is_chaotic_or_unchecked(tw
 
 def test_every_row_names_the_papers_claim_and_how_strong_its_test_is():
     """Every row label the reproduce modules can give (literal, or the regime map's and
-    rows 4a/4b and 8a/8b made ones) is in harness/reproduce/sentences.py, and the report prints it."""
+    rows 4a/4b and 8a/8b made ones) is in harness/reproduce/sentences.py, and the report
+    prints it."""
     import ast
 
     from harness.reproduce import regime_map, report, sentences
