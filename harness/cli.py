@@ -13,12 +13,18 @@ import os
 import sys
 from pathlib import Path
 
-from harness.launch import FAILURE_GRACE_MEANS, FAILURE_GRACE_S
+from harness.launch import (
+    BENCH_TIMEOUT_S,
+    FAILURE_GRACE_MEANS,
+    FAILURE_GRACE_S,
+    TIMEOUT_MEANS,
+    TRAIN_TIMEOUT_S,
+)
 from testbed import checks, clusters
 from testbed import cli as testbed_cli
 from testbed.cli import add_inventory, add_min_coverage, add_profile_changes, cluster_of
 from testbed.clusters import netns as netns_cluster
-from testbed.errors import NotAResult, UsageError
+from testbed.errors import NotAResult, TimedOut, UsageError
 
 
 def _cmd_collective_bench(args) -> int:
@@ -61,6 +67,7 @@ def _cmd_collective_bench(args) -> int:
 def _cmd_train(args) -> int:
     checks.loss_fraction("--loss", *checks.given(args.loss))  # (before torch is imported)
     checks.seconds("--grace-s", args.grace_s, FAILURE_GRACE_S, FAILURE_GRACE_MEANS)
+    checks.seconds("--timeout-s", args.timeout_s, TRAIN_TIMEOUT_S, TIMEOUT_MEANS, positive=True)
     from harness import options
     from harness.train.config import TrainConfig
 
@@ -74,10 +81,19 @@ def _cmd_train(args) -> int:
     from harness.train import run
 
     run.check(cfg, cluster)  # bad input is refused before any process starts
-    rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
-                    echo=lambda line: print(line, file=sys.stderr, flush=True),
-                    isolated=args.unsealed, loss=args.loss, failure_grace_s=args.grace_s,
-                    min_coverage=args.min_coverage)
+    try:
+        rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
+                        echo=lambda line: print(line, file=sys.stderr, flush=True),
+                        isolated=args.unsealed, loss=args.loss, failure_grace_s=args.grace_s,
+                        min_coverage=args.min_coverage, timeout_s=args.timeout_s)
+    except TimedOut as err:  # the record says so, where one was asked for
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps({"variant": cfg.variant, "profile": args.profile,
+                                    "loss": args.loss, "seed": cfg.seed, "steps": cfg.steps,
+                                    "timed_out": True, "timeout_s": args.timeout_s,
+                                    "error": str(err)}) + "\n")
+        raise
     summary = {k: rec[k] for k in ("variant", "profile", "loss", "seed", "steps", "ppl",
                                    "ppl_rank0", "drift", "tokens_per_s", "measured_loss")}
     print(json.dumps(summary))
@@ -146,7 +162,8 @@ def _cmd_bench(args) -> int:
     from harness.train.config import TrainConfig
 
     same = ("hosts", "steps", "seeds", "first_seed", "mtu", "realisations", "speed_steps",
-            "speed_seeds", "stability", "band_pct", "min_coverage", "sgd_lr", "profile")
+            "speed_seeds", "stability", "timeout_s", "band_pct", "min_coverage", "sgd_lr",
+            "profile")
     spec = BenchSpec(losses=args.loss, variants=args.variants or list(DEFAULT_VARIANTS),
                      isolated=args.unsealed, **{k: getattr(args, k) for k in same},
                      **_regime_options(args),
@@ -213,6 +230,7 @@ def _cmd_run(args) -> int:
     spec = torchrun.RunSpec(command=command, profile=args.profile, sets=tuple(args.set or ()),
                             loss=args.loss, transport=args.transport, impair_from=args.impair_from,
                             unsealed=args.unsealed, grace_s=args.grace_s,
+                            timeout_s=args.timeout_s,
                             min_coverage=args.min_coverage, workdir=args.workdir,
                             **({"out": Path(args.out)} if args.out else {}))
     checked = spec.validate()  # bad input is refused before any cluster is touched
@@ -304,6 +322,7 @@ def add_commands(sub) -> None:
                    "netem_profiles/ or a YAML path")
     add_profile_changes(p)
     p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
+    p.add_argument("--timeout-s", type=float, default=TRAIN_TIMEOUT_S, help=TIMEOUT_MEANS)
     options.add_options(p, TrainConfig)  # every setting of a run: declared in TrainConfig
     p.add_argument("--out", type=checks.user_path,
                    help="folder for the ranks' metrics (default: none kept: a "
@@ -369,6 +388,7 @@ def add_commands(sub) -> None:
                         + ", ".join(f"{v:g} {k}" for k, v in SGD_LR.items()) + ")")
     p.add_argument("--out", type=checks.user_path,
                    help="results folder (default: results/bench-TIME)")
+    p.add_argument("--timeout-s", type=float, default=BENCH_TIMEOUT_S, help=TIMEOUT_MEANS)
     p.add_argument("--cluster", help="reuse this cluster instead of building one")
     add_inventory(p)
     add_min_coverage(p)
@@ -395,6 +415,8 @@ def add_commands(sub) -> None:
                         "(default: joined)")
     p.add_argument("--out", type=checks.user_path,
                    help="report folder (default: results/run-TIME)")
+    p.add_argument("--timeout-s", type=float, default=0.0,
+                   help=TIMEOUT_MEANS.replace("launch's", "job's") + "; 0: none")
     p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
     p.add_argument("--print", action="store_true", help="print each host's command, run none")
     p.add_argument("--workdir", metavar="DIR", type=checks.user_path,

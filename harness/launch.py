@@ -22,7 +22,7 @@ from harness import rank_protocol
 from harness.rank_protocol import ControllerEnv, RankEnv
 from harness.transport import auth
 from testbed import ports
-from testbed.errors import LossbedError
+from testbed.errors import TimedOut
 from testbed.impair import bypass
 
 if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
@@ -38,10 +38,6 @@ class RankResult:
     returncode: int
     stdout: str
     stderr: str
-
-
-class LaunchError(LossbedError):
-    pass
 
 
 def check_environment() -> None:
@@ -119,6 +115,13 @@ def _kill(proc) -> None:
 FAILURE_GRACE_S = 30.0
 FAILURE_GRACE_MEANS = ("once one host failed, how long the others get to end by themselves "
                        "(and say why) before they are stopped")
+# A launch's limit unless --timeout-s says otherwise: past it the ranks are stopped and the
+# impairment cleared (testbed.errors.TimedOut, exit 124). A run of train's defaults takes
+# about a minute here, the default bench's one launch about 13 minutes
+TRAIN_TIMEOUT_S = 2 * 3600.0
+BENCH_TIMEOUT_S = 4 * 3600.0
+TIMEOUT_MEANS = ("the whole launch's limit in seconds: past it the ranks are stopped, the "
+                 "impairment cleared, and the command exits 124 (timed out)")
 
 
 def run(cluster: Cluster, module: str, args: list[str], *, timeout_s: float = 600,
@@ -194,7 +197,9 @@ def run(cluster: Cluster, module: str, args: list[str], *, timeout_s: float = 60
                     time.sleep(0.1)
                 break
             if time.monotonic() > deadline:
-                raise LaunchError(f"{module} did not finish within {timeout_s:.0f} s")
+                raise TimedOut(f"{module} timed out: its ranks ran past --timeout-s "
+                               f"{timeout_s:g} and were stopped (the impairment is cleared); "
+                               "give a longer --timeout-s for a longer run")
             time.sleep(0.05)
     finally:
         for p in procs:

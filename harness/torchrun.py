@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import shutil
@@ -34,7 +35,7 @@ from harness.metrics.hdr import Histogram
 from harness.rank_protocol import ControllerEnv, RankEnv, ScriptRankMetrics
 from harness.transport import auth
 from testbed import checks, ports, profiles, stats
-from testbed.errors import NotAResult, UsageError
+from testbed.errors import NotAResult, TimedOut, UsageError
 from testbed.host import lease
 from testbed.impair import bypass, coverage, engine, plan, verify
 
@@ -53,6 +54,11 @@ JOB_ENV = rank_protocol.JOB  # the job's id, in every process of it (found by it
 GRACE_S = launch.FAILURE_GRACE_S  # the other hosts' time once one failed (--grace-s)
 GRACE_MEANS = launch.FAILURE_GRACE_MEANS
 STOP_GRACE_S = 20.0  # how long torchrun gets to stop its workers before it is killed
+# once a rank has said what ended it (its error mark): the time its own torchrun gets to
+# exit with its code before every host is stopped (--grace-s is for a failure unexplained)
+SAID_GRACE_S = 2.0
+TIMEOUT_MEANS = ("the whole job's limit in seconds (0: none): past it the job is stopped, "
+                 "the impairment cleared, and the report says timed_out (exit 124)")
 
 
 class Checked(NamedTuple):
@@ -90,6 +96,7 @@ class RunSpec:
     impair_from: str = "joined"
     unsealed: bool = False
     grace_s: float = GRACE_S              # after one host's torchrun failed: the others' time
+    timeout_s: float = 0.0                # the whole job's limit (0: none): then it is stopped
     min_coverage: float = coverage.DEFAULT_MIN_COVERAGE  # of the hosts' bytes, impaired
     # where the command starts on every host (None: the folder lossbed run was started in,
     # on hosts that share this machine; each host's lossbed checkout on the others)
@@ -118,6 +125,7 @@ class RunSpec:
             raise UsageError("--impair-from", f"{self.impair_from!r}",
                              f"Use one of: {', '.join(IMPAIR_FROM)}")
         checks.seconds("--grace-s", self.grace_s, GRACE_S, GRACE_MEANS)
+        checks.seconds("--timeout-s", self.timeout_s, 3600, TIMEOUT_MEANS)
         checks.loss_fraction("--loss", *checks.given(self.loss))
         from harness.transport.semantics import Semantics
 
@@ -238,6 +246,8 @@ class _Job:
     joined: threading.Event = field(default_factory=threading.Event)
     metrics: list[ScriptRankMetrics] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
+    timed_out: bool = False   # the job ran past --timeout-s and was stopped
+    stopped_by: str | None = None  # what stopped the hosts still running (None: they ended)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take(self, line: str, stream) -> None:
@@ -302,7 +312,11 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
             echo(f"[run] torchrun on {len(hosts)} host(s), job {job_id}; profile "
                  f"{checked.profile.name}: {plan.stated_loss(checked.profile, spec.loss)}")
             code = _wait(procs, job, lambda: _on_joined(cluster, the_plan, choice, applied,
-                                                          gate, echo), gate, spec.grace_s)
+                                                          gate, echo), gate, spec.grace_s,
+                         spec.timeout_s)
+            if job.timed_out:
+                echo(f"[run] timed out: the job ran past --timeout-s {spec.timeout_s:g}; "
+                     "stopping it and clearing the impairment")
     except KeyboardInterrupt:
         echo("[run] interrupted: stopping the job and clearing the impairment")
         code = 130
@@ -421,18 +435,29 @@ def _on_joined(cluster: Cluster, the_plan, choice, applied: Impaired, gate, echo
         host.run(["touch", gate], check=True)
 
 
-def _wait(procs, job: _Job, on_joined, gate, grace_s: float) -> int:
-    """Until every torchrun ended (one failed: the others get grace_s, then are stopped);
-    the profile applied when the job joins. The first non-zero exit code, else 0."""
+def _wait(procs, job: _Job, on_joined, gate, grace_s: float, timeout_s: float = 0.0) -> int:
+    """Until every torchrun ended (one failed: the others get grace_s, SAID_GRACE_S where a
+    rank said why, then are stopped), or the job ran past timeout_s (0: no limit; then job.timed_out, and TimedOut's exit
+    code); the profile applied when the job joins. The first non-zero exit code, else 0."""
     opened = gate is None
     failed_at = None
+    deadline = time.monotonic() + timeout_s if timeout_s else math.inf
     while any(p.poll() is None for p in procs):
+        if time.monotonic() > deadline:
+            job.timed_out = True
+            job.stopped_by = f"--timeout-s {timeout_s:g}"
+            return TimedOut.exit_code
         if not opened and job.joined.is_set():
             on_joined()
             opened = True
-        if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+        if failed_at is None and (job.errors or any(p.poll() not in (None, 0) for p in procs)):
             failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > grace_s:
+        # a rank that said what ended it (harness.api's error mark) needs no peer to say
+        # it again: its peers, waiting in a collective for it, are stopped at once
+        limit = min(grace_s, SAID_GRACE_S) if job.errors else grace_s
+        if failed_at is not None and time.monotonic() - failed_at > limit:
+            job.stopped_by = (f"rank {job.errors[0].get('rank')}'s error" if job.errors
+                              else f"--grace-s {grace_s:g} after a host failed")
             break
         time.sleep(0.05)
     codes = [p.poll() for p in procs]
@@ -475,7 +500,9 @@ def summarise(cluster: Cluster, spec: RunSpec, job: _Job, applied: Impaired, cod
         "tokens_per_s": tokens / train_s if tokens and train_s else None,
         "step_ms": step_us.summary_ms(), "collective_ms": collective_us.summary_ms(),
         "transport_counters": counters, "collective_totals": totals, "script": script,
-        "failed": job.errors, "wall_s": wall_s,
+        "failed": job.errors, "wall_s": wall_s, "timed_out": job.timed_out,
+        "stopped_by": job.stopped_by,
+        "timeout_s": spec.timeout_s or None,
         "exempt": [f"tcp port {p}" for p in ports.ALWAYS_RELIABLE_TCP] + [
             "the job's start (rendezvous, DDP's first broadcast): the profile is applied "
             "once the job has joined" if spec.impair_from == "joined" else

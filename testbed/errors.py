@@ -34,6 +34,13 @@ class ClusterError(LossbedError):
     exit_code = 4
 
 
+class TimedOut(LossbedError):
+    """A job that ran past its --timeout-s: its processes were stopped and its impairment
+    cleared. Exit 124, as coreutils' timeout says it."""
+
+    exit_code = 124
+
+
 class NotAResult(LossbedError):
     """A run that measured another network than the one it names: too little of its
     traffic crossed the impairment, or the impairment was never applied."""

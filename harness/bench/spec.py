@@ -235,9 +235,13 @@ class BenchSpec:
     # the least share of the hosts' bytes a run's traffic must have put through the
     # impairment to count (testbed/impair/coverage.py); a run below it is left out, named
     min_coverage: float = DEFAULT_MIN_COVERAGE
+    # the bench's one launch: past this many seconds its ranks are stopped (TimedOut)
+    timeout_s: float = launch.BENCH_TIMEOUT_S
 
     def validate(self) -> None:
         checks.share("--min-coverage", self.min_coverage, checks.MIN_COVERAGE_EXAMPLE)
+        checks.seconds("--timeout-s", self.timeout_s, launch.BENCH_TIMEOUT_S,
+                       launch.TIMEOUT_MEANS, positive=True)
         if not (math.isfinite(self.band_pct) and 0 < self.band_pct < 100):
             raise UsageError("--band-pct", f"{self.band_pct:g} is not a band in percent",
                              f"e.g. --band-pct {BAND_PCT} (the paper's: Δppl within "

@@ -14,7 +14,7 @@ from harness.bench.question import question
 from harness.bench.spec import BenchSpec
 from harness.bench.summary import summarise
 from harness.train import run
-from testbed.errors import LossbedError
+from testbed.errors import LossbedError, TimedOut
 
 if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
     from testbed.clusters.contract import Cluster
@@ -63,8 +63,15 @@ def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print,
     for case in cases:
         roles[case.role] = roles.get(case.role, 0) + 1
     echo(f"[bench] {total} runs: " + ", ".join(f"{n} {role}" for role, n in roles.items()))
-    records = run.train_runs(cluster, [c.train_run() for c in cases],
-                             out / "runs", echo=progress, min_coverage=spec.min_coverage)
+    try:
+        records = run.train_runs(cluster, [c.train_run() for c in cases], out / "runs",
+                                 echo=progress, min_coverage=spec.min_coverage,
+                                 timeout_s=spec.timeout_s)
+    except TimedOut as err:  # what was asked, and that it timed out, beside the question
+        (out / "timed_out.json").write_text(json.dumps(
+            {"timed_out": True, "timeout_s": spec.timeout_s, "runs": total,
+             "minutes": (time.monotonic() - started) / 60, "error": str(err)}, indent=2) + "\n")
+        raise
     for rec, case in zip(records, cases, strict=True):
         rec.update(loss=case.loss, role=case.role, loss_seed=case.loss_seed,
                    variant=case.variant, regime=spec.regime,

@@ -19,7 +19,7 @@ BENCH_TAKES = ("steps", "seeds", "pretrain_steps", "preset", "tokenizer", "seq_l
 BENCH_REFUSES = ("hosts", "mtu", "profile", "realisations", "speed_steps", "speed_seeds",
                  "band_pct", "min_coverage", "sgd_lr", "batch", "lr", "optimizer", "schedule",
                  "device", "finetune_lr", "variants", "unsealed", "regime", "cluster",
-                 "inventory")
+                 "inventory", "first_seed", "timeout_s")
 
 
 def bench(args) -> int:

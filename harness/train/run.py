@@ -123,12 +123,13 @@ class Run:
 def train(cluster: Cluster, cfg: TrainConfig, profile_name: str = "clean", sets: list[str] = (),
           out_dir: Path | None = None, echo=print, isolated: bool = False,
           loss: float | None = None, failure_grace_s: float = launch.FAILURE_GRACE_S,
-          min_coverage: float = coverage.DEFAULT_MIN_COVERAGE) -> dict:
+          min_coverage: float = coverage.DEFAULT_MIN_COVERAGE,
+          timeout_s: float = launch.TRAIN_TIMEOUT_S) -> dict:
     the_run = Run(cfg, profile_name, tuple(sets), loss=loss, isolated=isolated)
     echo(f"[train] profile {profile_name}: "
          f"{plan.stated_loss(the_run.load_profile(), loss)}")
-    return train_runs(cluster, [the_run], out_dir, echo,
-                      failure_grace_s=failure_grace_s, min_coverage=min_coverage)[0]
+    return train_runs(cluster, [the_run], out_dir, echo, failure_grace_s=failure_grace_s,
+                      min_coverage=min_coverage, timeout_s=timeout_s)[0]
 
 
 def train_many(cluster: Cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
@@ -197,7 +198,8 @@ class _Boundaries:
 def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
                echo=print, control_exempt: bool = False,
                failure_grace_s: float = launch.FAILURE_GRACE_S,
-               min_coverage: float = coverage.DEFAULT_MIN_COVERAGE) -> list[dict]:
+               min_coverage: float = coverage.DEFAULT_MIN_COVERAGE,
+               timeout_s: float = launch.TRAIN_TIMEOUT_S) -> list[dict]:
     """Runs one after the other in one launch of the ranks, each under its own profile (the
     profile changes between runs where it differs). Each run's measured loss, socket
     drops and coverage are counted around that run alone; a run under an impairment whose
@@ -246,7 +248,7 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
             results = launch.run(cluster, "harness.train.worker",
                                  [json.dumps([r.cfg.to_dict() for r in runs]),
                                   str(work or "-")],  # ("-": the ranks write nothing)
-                                 timeout_s=24 * 3600, echo_rank0=echo,
+                                 timeout_s=timeout_s, echo_rank0=echo,
                                  extra_env=transport_env, answer_rank0=boundaries.answer,
                                  authenticate=authenticate,
                                  failure_grace_s=failure_grace_s)

@@ -270,6 +270,9 @@ class UdpTransport:
         if len(rows) and self.drop_mask is not None:
             rows = self._unmasked(rows)
         if len(rows):
+            # (as bytes_sent: the payload of the data datagrams, headers left out)
+            self.counters.bytes_received += (int(rx.sizes[rows].sum())
+                                             - len(rows) * hdr.HEADER_BYTES)
             for verdict, count in handle_batch(rx.data, rows).items():
                 self._count(verdict, count)
         others = np.flatnonzero(classes == native.OTHER).tolist()
@@ -362,6 +365,8 @@ class UdpTransport:
         if head.fragments != 1:
             self.counters.malformed += 1
             return MALFORMED
+        if head.stage in hdr.STAGE_NAMES:  # a data datagram (not an end marker)
+            self.counters.bytes_received += len(payload)
         verdict = handle(head, payload)
         self._count(verdict)
         return verdict

@@ -23,7 +23,7 @@ class Counters:
     packets_sent: int = 0         # datagrams, retransmissions included
     bytes_sent: int = 0
     packets_received: int = 0     # units applied (datagrams; whole messages for UC/RC)
-    bytes_received: int = 0
+    bytes_received: int = 0       # payload of the data datagrams taken (as bytes_sent counts)
     missing: int = 0              # units expected but not there at the deadline
     late: int = 0                 # for a step already finished
     early: int = 0                # for the next step: kept and applied when it starts

@@ -393,6 +393,7 @@ class VerbsTransport:
                          drop_mask=self.drop_mask, counters=c, whole_only=True)
         if refused is not None:
             return refused
+        c.bytes_received += len(data) - hdr.HEADER_BYTES
         verdict = handle(head, data[hdr.HEADER_BYTES:])
         count_verdict(c, verdict)
         return verdict

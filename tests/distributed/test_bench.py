@@ -33,13 +33,14 @@ def test_bench_writes_every_field_the_table_and_plots_and_leaves_nothing(tmp_pat
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     # per seed: the references (reliable under AdamW, and under SGD for rps, at 0),
     # reliable's short lossless twin, the default lossy variants (unbiased_drift, rps) at 10%
-    # and reliable's speed run; one more loss realisation of unbiased_drift and rps at seed
-    # 0; the chaos check's twins of seeds 0 and 1
+    # and reliable's speed run; one more loss realisation of unbiased_drift and rps at the
+    # first seed; the chaos check's twin of each reference on each seed
     roles = {}
     for r in rows:
         roles[r["role"]] = roles.get(r["role"], 0) + 1
     assert roles == {"reference": 4, "speed_reference": 2, "lossy": 4, "speed": 2,
-                     "realisation": 2, "twin": 2}
+                     "realisation": 2, "twin": 4}
+    assert {r["seed"] for r in rows} == {2, 3}  # after the pilot seeds 0 and 1
     assert {(r["variant"], r["loss"]) for r in rows} >= {
         ("reliable", 0.0), ("reliable/sgd", 0.0), ("rps", 0.1), ("unbiased_drift", 0.1)}
     # every row has exactly the declared fields (docs/reference/outputs.md's table is made
@@ -64,7 +65,7 @@ def test_bench_writes_every_field_the_table_and_plots_and_leaves_nothing(tmp_pat
         assert row["authenticated"] is True and row["wire_warning"] is None
     lossy_seeds = {(r["seed"], r["loss_seed"]) for r in rows if r["loss"] > 0
                    and r["variant"] == "rps"}
-    assert len(lossy_seeds) == 3  # two seeds, and one more realisation at seed 0
+    assert len(lossy_seeds) == 3  # two seeds, and one more realisation at the first
     summary = json.loads((out / "summary.json").read_text())
     assert summary["checks"]["reliable_exact_under_loss"] is True
     assert summary["noise_floor_pct"] is not None
@@ -75,8 +76,9 @@ def test_bench_writes_every_field_the_table_and_plots_and_leaves_nothing(tmp_pat
     assert not (out / "ppl_vs_loss.png").exists()
     assert "ppl_vs_loss.png" not in (out / "summary.md").read_text()
     assert "tok/s vs rel" in result.stdout and "noise floor" in result.stdout
-    assert "[bench 16/16]" in result.stderr  # progress with run numbers
-    assert summary["stability"] is not None and len(summary["stability"]["seeds"]) == 2
+    assert "[bench 18/18]" in result.stderr  # progress with run numbers
+    assert sorted(summary["stability"]) == ["reliable", "reliable/sgd"]
+    assert all(c["seeds"] == [2, 3] for c in summary["stability"].values())
     assert "realisation" in result.stderr and "verdict: equivalence" in result.stdout
     assert netns_cluster.leftover_clusters() == before
 
@@ -92,7 +94,7 @@ def test_the_finetune_regime_trains_its_checkpoint_once_and_reuses_it(tmp_path, 
             "--pretrain-steps", "40", "--variants", "reliable", "unbiased_drift/broadcast"]
     first = lossbed(*args, "--out", str(tmp_path / "a"), timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "[checkpoints] training 1 lossless checkpoint(s), seeds [0], 40 steps" \
+    assert "[checkpoints] training 1 lossless checkpoint(s), seeds [2], 40 steps" \
         in first.stderr
     folders = sorted(p.name for p in cache.iterdir())
     assert len(folders) == 1 and not folders[0].startswith(".partial"), folders
@@ -112,7 +114,7 @@ def test_the_finetune_regime_trains_its_checkpoint_once_and_reuses_it(tmp_path, 
                      "--regime", "finetune", "--pretrain-steps", "40", "--variants",
                      "reliable", "--no-stability", "--out", str(tmp_path / "b"), timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"[checkpoints] seed 0: reused {cache / folders[0]} (cached)" in second.stderr
+    assert f"[checkpoints] seed 2: reused {cache / folders[0]} (cached)" in second.stderr
     assert "training 1 lossless" not in second.stderr
     assert sorted(p.name for p in cache.iterdir()) == folders
 

@@ -238,7 +238,7 @@ def test_bench_many_rank_answers_the_question_at_n_ranks_in_one_process(tmp_path
                    "--seq-len", "32", "--out", str(out), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     claims = {c["row"]: c for c in json.loads((out / "reproduction.json").read_text())["claims"]}
-    assert set(claims) == {"8a", "8b", "8c"}
+    assert set(claims) == {"8a", "8b", "8c", "8d"}
     assert all("many-rank mode" in c["claim"] for c in claims.values())
     assert set(claims["8a"]["per_n"]) == {"2", "4"}
     runs = [json.loads(line) for line in (out / "many_rank.jsonl").read_text().splitlines()]
@@ -247,12 +247,12 @@ def test_bench_many_rank_answers_the_question_at_n_ranks_in_one_process(tmp_path
     # the two seeds ran in processes of their own (spawned: this one has threads), each
     # writing its records as it went; each seed's references have their chaos twins, and
     # the claims carry the check and both seeds' Δppl at every n
-    for seed in (0, 1):
+    for seed in (2, 3):  # after the pilot seeds 0 and 1
         own = (out / f"many_rank-seed{seed}.jsonl").read_text().splitlines()
         assert [json.loads(line) for line in own] == [r for r in runs if r["seed"] == seed]
         assert sorted(r["config"]["optimizer"] for r in runs
                       if r["seed"] == seed and r["role"] == "twin") == ["adamw", "sgd"]
-    assert claims["8a"]["stability"]["seeds"] == [0, 1]
+    assert claims["8a"]["stability"]["seeds"] == [2, 3]
     assert {n: len(d["ppl_deltas"]) for n, d in claims["8a"]["per_n"].items()} == {
         "2": 2, "4": 2}
     if (os.cpu_count() or 1) > 1:  # one process a core (CI and this machine have 2)

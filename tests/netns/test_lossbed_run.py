@@ -69,7 +69,10 @@ def assert_lossy_as_the_kernel_says(summary):
     # the interval is not a bug; four half-widths away would be)
     assert abs(measured - LOSS) < 2 * (high - low) + 0.005, summary
     assert 0.05 < summary["missing_fraction"] < 0.16, summary
-    assert summary["transport_counters"]["packets_sent"] > 0
+    # every counter of data that moved counts it (bytes_received stayed 0 before #66)
+    moved = ("packets_sent", "bytes_sent", "packets_received", "bytes_received", "ends_sent",
+             "ends_received")
+    assert [k for k in moved if not summary["transport_counters"][k] > 0] == [], summary
 
 
 def test_the_plain_pytorch_example_goes_lossy_under_lossbed_run(cluster, tmp_path):
@@ -107,6 +110,39 @@ def test_loss_zero_is_a_lossless_run_of_the_profile(cluster, tmp_path):
     assert_nothing_left(cluster)
 
 
+def test_a_job_that_hangs_ends_at_its_timeout_cleared_and_recorded(cluster, tmp_path):
+    """A rank that hangs before any host failed used to keep the job running for ever
+    (--grace-s starts only after a failure): --timeout-s ends it (#66)."""
+    script = tmp_path / "hangs.py"
+    script.write_text("import time\ntime.sleep(3600)\n")
+    started = time.monotonic()
+    done = lossbed("run", "--cluster", cluster.name, "--profile", "random-loss", "--loss",
+                   str(LOSS), "--impair-from", "start", "--timeout-s", "6", "--out",
+                   str(tmp_path / "hung"), "--", "torchrun", str(script), timeout=300)
+    assert done.returncode == 124, done.stderr[-3000:]
+    assert time.monotonic() - started < 120  # not the sleep's hour
+    assert "timed out: the job ran past --timeout-s 6" in done.stderr
+    summary = json.loads((tmp_path / "hung" / "summary.json").read_text())
+    assert summary["timed_out"] is True and summary["timeout_s"] == 6
+    assert summary["exit_code"] == 124
+    assert_nothing_left(cluster)
+
+
+def test_train_ends_at_its_timeout_cleared_and_recorded(cluster, tmp_path):
+    """lossbed train's launch has a stated limit (--timeout-s, 2 hours by default): past it
+    the ranks are stopped, the impairment cleared, and --json's record says timed out."""
+    record = tmp_path / "runs.jsonl"
+    done = lossbed("train", "--cluster", cluster.name, "--profile", "random-loss", "--loss",
+                   str(LOSS), "--steps", "10000", "--timeout-s", "4", "--json", str(record),
+                   timeout=300)
+    assert done.returncode == 124, done.stderr[-3000:]
+    assert "timed out: its ranks ran past --timeout-s 4" in done.stderr
+    (line,) = record.read_text().splitlines()
+    said = json.loads(line)
+    assert said["timed_out"] is True and said["timeout_s"] == 4 and said["steps"] == 10000
+    assert_nothing_left(cluster)
+
+
 def test_the_hugging_face_example_trains_with_the_bounded_drift_broadcast(cluster, tmp_path):
     done, summary = run(cluster, tmp_path / "hf", str(REPO / "examples/hf_finetune.py"),
                         "--variant", "unbiased_drift", "--steps", "30")
@@ -131,10 +167,12 @@ def test_a_script_that_fails_on_one_rank_ends_the_job_cleared_and_named(cluster,
         "    raise RuntimeError('rank one gives up')\n"
         "for _ in range(1000):\n"
         "    model(torch.ones(2, 4)).sum().backward()\n")
-    # (--grace-s 5: the other hosts are stopped 5 s after the failed one, not 30)
-    done, summary = run(cluster, tmp_path / "fails", str(script), options=("--grace-s", "5"),
-                        timeout=300)
+    # its peers wait in the collective for rank 1: once rank 1 said what ended it, they are
+    # stopped (within SAID_GRACE_S), not after --grace-s (30 s; a refusal to start was seen
+    # 51.6 s late before #66)
+    done, summary = run(cluster, tmp_path / "fails", str(script), timeout=300)
     assert done.returncode != 0 and summary["exit_code"] == done.returncode
+    assert summary["stopped_by"] == "rank 1's error"
     assert {"rank": 1, "error": "RuntimeError: rank one gives up"} in summary["failed"]
     assert "rank one gives up" in done.stderr  # the job's own output, passed through
     assert_nothing_left(cluster)

@@ -119,6 +119,8 @@ class DatagramTransport(UdpTransport):
         message is whole (None meanwhile). Elsewhere: the production path."""
         if not self._reassembling:
             return super()._hand_on(head, payload, handle)
+        if head.stage in hdr.STAGE_NAMES:  # a data datagram, as the production path counts
+            self.counters.bytes_received += len(payload)
         if head.fragments > 1:
             whole = self._reassemble(head, payload)
             if whole is None:

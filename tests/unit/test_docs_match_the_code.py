@@ -212,3 +212,16 @@ def test_every_link_between_the_documents_resolves():
             if not target.startswith("http") and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(REPO)} -> {target}")
     assert broken == []
+
+
+def test_the_readme_says_where_make_setup_puts_lossbed_and_how_to_reach_it():
+    """`make setup` installs the `lossbed` script (pyproject's) into the Makefile's VENV's
+    bin/: the README says so, and how to put it on PATH (#66)."""
+    import re
+    import tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    venv = re.search(r"^VENV \?= (\S+)$", (REPO / "Makefile").read_text(), re.M).group(1)
+    assert "lossbed" in scripts
+    assert f"`{venv}/bin/lossbed`" in README_ALONE
+    assert f'export PATH="$PWD/{venv}/bin:$PATH"' in README_ALONE

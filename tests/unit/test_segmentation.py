@@ -94,6 +94,9 @@ def test_a_segmented_send_arrives_as_datagrams_with_their_own_headers():
     assert sent.segmented_sends == 3
     assert sent.packets_sent == received.packets_received == 100
     assert received.malformed == received.foreign == 0
+    # the payload bytes, counted the same way on both ends (bytes_received was declared
+    # and always 0 before #66)
+    assert received.bytes_received == sent.bytes_sent > 0
 
 
 def test_without_segmentation_nothing_is_cut():
