@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from harness.bench.own_cluster import own_cluster
 from harness.launch import (
     BENCH_TIMEOUT_S,
     FAILURE_GRACE_MEANS,
@@ -29,7 +30,7 @@ from testbed.errors import NotAResult, TimedOut, UsageError
 
 def _cmd_collective_bench(args) -> int:
     checks.loss_fraction("--loss", *args.loss)  # (before torch is imported)
-    _check_at_least(args, ("iters", 1), ("mtu", 68))
+    checks.at_least(args, ("iters", 1), ("mtu", 68))
     if args.cluster is None and args.hosts < 2:
         raise UsageError("--hosts", f"{args.hosts} host cannot run a collective",
                          "Use --hosts 2 or more (4 by default)")
@@ -72,7 +73,7 @@ def _cmd_train(args) -> int:
     from harness.train.config import TrainConfig
 
     cfg = TrainConfig(**{**options.values(TrainConfig, args),
-                         "save_model": _new_folder(args.save_model, "--save-model")})
+                         "save_model": checks.new_folder(args.save_model, "--save-model")})
     cfg.validate()  # the options and LOSSBED_* settings first, before any cluster is touched
     from harness import launch
 
@@ -107,48 +108,13 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _check_at_least(args, *limits: tuple[str, int]) -> None:
-    """Counts given on the command line, each at least its limit."""
-    for name, least in limits:
-        value = getattr(args, name)
-        if value < least:
-            option = "--" + name.replace("_", "-")
-            raise UsageError(option, f"{value} is too small", f"Give {least} or more")
-
-
-def _new_folder(path: str | None, option: str) -> str | None:
-    """An absolute path for a folder a run writes, refused if it holds anything already (a
-    run never overwrites what another left)."""
-    if path is None:
-        return None
-    folder = Path(path).resolve()
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise UsageError(option, f"{folder} exists and is not an empty folder",
-                         "Give a new folder (nothing is overwritten)")
-    return str(folder)
-
-
-@contextlib.contextmanager
-def _bench_cluster(prefix: str, spec):
-    """A local cluster made for one bench alone (spec.hosts, spec.mtu), removed after, also
-    on Ctrl-C and on failure. Its datagrams are sealed like any others unless the bench
-    was asked for --unsealed (spec.isolated: then its profiles say isolated)."""
-    name = f"{prefix}{os.getpid() % 100000}"
-    cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=spec.hosts, name=name,
-                                                         mtu=spec.mtu))
-    try:
-        yield cluster
-    finally:
-        clusters.down(name)
-
-
 def _cmd_bench(args) -> int:
     checks.loss_fraction("--loss", *args.loss)  # (before torch is imported)
     from harness.bench.spec import default_steps
 
     if args.steps is None:  # the length of the record's answer in the regime asked for
         args.steps = default_steps(args.regime or "finetune")
-    _check_at_least(args, ("hosts", 2), ("steps", 1), ("seeds", 1), ("mtu", 68))
+    checks.at_least(args, ("hosts", 2), ("steps", 1), ("seeds", 1), ("mtu", 68))
     if args.many_rank:  # the question at n ranks, in this process (no cluster)
         from harness.reproduce import scale_bench
 
@@ -179,7 +145,7 @@ def _cmd_bench(args) -> int:
 
         for loss in [x for x in spec.losses if x > 0]:
             engine.refuse_for_this_kernel(profiles.load(spec.profile, loss=loss), spec.hosts)
-        place = _bench_cluster("bench", spec)
+        place = own_cluster("bench", spec)
     from harness.bench.training_bench import run_bench  # (torch: after the cluster is named)
 
     with place as cluster:
@@ -209,7 +175,7 @@ def _cmd_reproduce(args) -> int:
     logging.getLogger("harness.transport").setLevel(logging.WARNING)
     # the training rows' benches each on a cluster of their own
     result = report.run(quick=not args.full, out=out, rows=rows,
-                        make_cluster=lambda spec: _bench_cluster("repro", spec),
+                        make_cluster=lambda spec: own_cluster("repro", spec),
                         echo=lambda line: print(line, file=sys.stderr, flush=True),
                         regime=_regime_options(args))
     print(report.markdown(result))

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from harness import launch, rank_protocol
+from harness import job_checks, launch, rank_protocol
 from harness.metrics.counts import summed
 from harness.metrics.hdr import Histogram
 from harness.rank_protocol import ControllerEnv, RankEnv, ScriptRankMetrics
@@ -57,8 +57,6 @@ STOP_GRACE_S = 20.0  # how long torchrun gets to stop its workers before it is k
 # once a rank has said what ended it (its error mark): the time its own torchrun gets to
 # exit with its code before every host is stopped (--grace-s is for a failure unexplained)
 SAID_GRACE_S = 2.0
-TIMEOUT_MEANS = ("the whole job's limit in seconds (0: none): past it the job is stopped, "
-                 "the impairment cleared, and the report says timed_out (exit 124)")
 
 
 class Checked(NamedTuple):
@@ -125,7 +123,7 @@ class RunSpec:
             raise UsageError("--impair-from", f"{self.impair_from!r}",
                              f"Use one of: {', '.join(IMPAIR_FROM)}")
         checks.seconds("--grace-s", self.grace_s, GRACE_S, GRACE_MEANS)
-        checks.seconds("--timeout-s", self.timeout_s, 3600, TIMEOUT_MEANS)
+        checks.seconds("--timeout-s", self.timeout_s, 3600, launch.TIMEOUT_MEANS)
         checks.loss_fraction("--loss", *checks.given(self.loss))
         from harness.transport.semantics import Semantics
 
@@ -184,29 +182,6 @@ def launcher(cluster: Cluster, host, spec: RunSpec) -> list[str]:
     if found:
         return [found]
     return [cluster.rank_python(host), "-m", "torch.distributed.run"]
-
-
-def check_script(cluster: Cluster, checked: Checked, hosts: list[HostCommand]) -> None:
-    """torchrun and the script are where each host will look for them, checked before
-    anything is impaired (a missing script is refused, not found on the hosts mid-run)."""
-    runs_a_file = not {"-m", "--module", "--no-python", "--no_python"} & {
-        o.split("=", 1)[0] for o in checked.torchrun_options}
-    script = checked.script[0]
-    for hc in hosts[:1] if cluster.shares_this_machine else hosts:
-        wanted = [("torchrun", hc.argv[0], "-x")] if hc.argv[1:2] != ["-m"] else []
-        if runs_a_file:
-            wanted.append(("script", script if script.startswith("/") else
-                           f"{hc.cwd.rstrip('/')}/{script}", "-f"))
-        for what, path, test in wanted:
-            if cluster.shares_this_machine:
-                found = os.access(path, os.X_OK) if test == "-x" else os.path.isfile(path)
-            else:
-                found = hc.host.run(["test", test, path], timeout=30).returncode == 0
-            if not found:
-                raise UsageError("--", f"{path}: no such {'program' if test == '-x' else 'file'}"
-                                 f" on {hc.host.name} ({what}; started in {hc.cwd})",
-                                 "Start lossbed run in the script's folder, give its path, or "
-                                 "name the folder it is in on the hosts with --workdir DIR")
 
 
 def commands(cluster: Cluster, spec: RunSpec, checked: Checked, job_id: str, key: str | None,
@@ -282,7 +257,9 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
     gate = f"/tmp/{job_id}.gate" if spec.impair_from == "joined" else None
     metrics_dir = str(out / "ranks") if cluster.shares_this_machine else None
     hosts = commands(cluster, spec, checked, job_id, key, gate, metrics_dir)
-    check_script(cluster, checked, hosts)  # (before anything is impaired or started)
+    # torchrun, the script and the ranks' Python, before anything is impaired or started
+    job_checks.check_script(cluster, checked, hosts)
+    job_checks.check_ranks_python(cluster, hosts)
     # The job's TMPDIR on each machine, removed with it: torchrun's agent makes a log
     # folder there (torchelastic_*) that it never removes, nor do scripts always their own
     scratch = f"/tmp/{job_id}.tmp"
@@ -437,8 +414,9 @@ def _on_joined(cluster: Cluster, the_plan, choice, applied: Impaired, gate, echo
 
 def _wait(procs, job: _Job, on_joined, gate, grace_s: float, timeout_s: float = 0.0) -> int:
     """Until every torchrun ended (one failed: the others get grace_s, SAID_GRACE_S where a
-    rank said why, then are stopped), or the job ran past timeout_s (0: no limit; then job.timed_out, and TimedOut's exit
-    code); the profile applied when the job joins. The first non-zero exit code, else 0."""
+    rank said why, then are stopped), or the job ran past timeout_s (0: no limit; then
+    job.timed_out, and TimedOut's exit code); the profile applied when the job joins. The
+    first non-zero exit code, else 0."""
     opened = gate is None
     failed_at = None
     deadline = time.monotonic() + timeout_s if timeout_s else math.inf

@@ -129,3 +129,24 @@ def user_name_or_path(text: str) -> str:
             or os.path.exists(text)):
         return user_path(text)
     return text
+
+
+def at_least(args, *limits: tuple[str, int]) -> None:
+    """Counts given on the command line (argparse's args), each at least its limit."""
+    for name, least in limits:
+        value = getattr(args, name)
+        if value < least:
+            option = "--" + name.replace("_", "-")
+            raise UsageError(option, f"{value} is too small", f"Give {least} or more")
+
+
+def new_folder(path: str | None, option: str) -> str | None:
+    """An absolute path for a folder a run writes, refused if it holds anything already (a
+    run never overwrites what another left)."""
+    if path is None:
+        return None
+    folder = Path(path).resolve()
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise UsageError(option, f"{folder} exists and is not an empty folder",
+                         "Give a new folder (nothing is overwritten)")
+    return str(folder)

@@ -327,8 +327,7 @@ class GoBackN:
         rows = np.flatnonzero(classes == native.DATA)
         if len(rows) and t.drop_mask is not None:
             rows = t.unmasked(rows)
-        # (retransmitted copies too: what came off the wire, as bytes_sent counts it)
-        c.bytes_received += int(rx.sizes[rows].sum()) - len(rows) * hdr.HEADER_BYTES
+        c.bytes_received += hdr.payload_bytes(rx.sizes[rows])  # (retransmitted copies too)
         if not len(rows):
             self._acknowledge_all()
             return

@@ -102,3 +102,9 @@ def payload_floats(mtu: int) -> int:
     if room < 4:
         raise ValueError(f"MTU {mtu} leaves no room for a payload")
     return room // 4
+
+
+def payload_bytes(sizes) -> int:
+    """The payload of data datagrams of these sizes (a numpy array), headers left out: what
+    a receiver's bytes_received counts, as bytes_sent does on the sender's side."""
+    return int(sizes.sum()) - len(sizes) * HEADER_BYTES

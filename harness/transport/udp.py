@@ -134,8 +134,7 @@ class UdpTransport:
 
     @property
     def segments(self) -> int:
-        """Datagrams one send may carry (1: no UDP GSO); the sender's own count, which
-        falls to 1 if the route refuses segmentation."""
+        """Datagrams one send may carry (1: no UDP GSO; 1 once the route refused it)."""
         return self._tx.segments
 
     @property
@@ -155,8 +154,7 @@ class UdpTransport:
             self.sock.close()
 
     def next_step(self) -> int:
-        """The number of the next collective step: every rank calls collectives in the same
-        order, so the numbers agree across ranks."""
+        """The next collective step's number (the same on every rank: one order of calls)."""
         step = self._step
         self._step += 1
         return step
@@ -270,9 +268,7 @@ class UdpTransport:
         if len(rows) and self.drop_mask is not None:
             rows = self._unmasked(rows)
         if len(rows):
-            # (as bytes_sent: the payload of the data datagrams, headers left out)
-            self.counters.bytes_received += (int(rx.sizes[rows].sum())
-                                             - len(rows) * hdr.HEADER_BYTES)
+            self.counters.bytes_received += hdr.payload_bytes(rx.sizes[rows])
             for verdict, count in handle_batch(rx.data, rows).items():
                 self._count(verdict, count)
         others = np.flatnonzero(classes == native.OTHER).tolist()
@@ -365,8 +361,7 @@ class UdpTransport:
         if head.fragments != 1:
             self.counters.malformed += 1
             return MALFORMED
-        if head.stage in hdr.STAGE_NAMES:  # a data datagram (not an end marker)
-            self.counters.bytes_received += len(payload)
+        self.counters.bytes_received += len(payload) if head.stage in hdr.STAGE_NAMES else 0
         verdict = handle(head, payload)
         self._count(verdict)
         return verdict

@@ -38,6 +38,7 @@ class PythonFacts:
     cuda_available: bool = False
     gpus: list[str] = field(default_factory=list)
     nccl: str | None = None
+    api_error: str | None = None  # harness.api (what the ranks import) could not be imported
 
     def get(self, name: str, default=None):  # (the JSON's readers: facts["python"].get)
         value = getattr(self, name, default)

@@ -112,6 +112,14 @@ def nic_findings(name: str, nic: NicFacts, forced: bool) -> list[Finding]:
     return found
 
 
+def venv_of(python: str | None) -> str:
+    """The environment a Python belongs to: the folder above its bin/ (VENV= of make)."""
+    from pathlib import PurePosixPath
+
+    path = PurePosixPath(python or "/path/to/venv/bin/python")
+    return str(path.parent.parent) if path.parent.name == "bin" else "/path/to/venv"
+
+
 def python_findings(name: str, py: PythonFacts | None, request: Request,
                     driver: str | None) -> list[Finding]:
     if py is None:
@@ -129,7 +137,11 @@ def python_findings(name: str, py: PythonFacts | None, request: Request,
                     "needs gcc, python3-dev, libssl-dev)"),
         Finding(name, "torch", py.torch or py.torch_error or "not installed",
                 ok=bool(py.torch) and release(py.torch) >= MIN_TORCH, needed=True,
-                fix="install torch>=2.4 for this Python (the build for your CUDA)")]
+                fix="install torch>=2.4 for this Python (the build for your CUDA)"),
+        Finding(name, "lossbed's packages", py.api_error or "importable (harness.api)",
+                ok=py.api_error is None, needed=True,
+                fix=f"make setup VENV={venv_of(py.executable)} (installs lossbed's packages "
+                    "into that environment, keeping its torch)")]
     if not py.torch:
         return found
     cuda_needed = request.device == "cuda" or request.backend == "nccl"

@@ -52,6 +52,18 @@ def interpreter_facts() -> dict:
     return facts
 
 
+def api_facts() -> dict:
+    """Whether this Python can import what the ranks import (harness.api: torch, numpy and
+    lossbed's other packages): {} when it can, else api_error, the import's error. Run in
+    the ranks' Python (python_facts' child), never in the controller: the network side
+    does not import harness."""
+    try:
+        importlib.import_module("harness.api")
+    except Exception as err:
+        return {"api_error": f"{type(err).__name__}: {err}"}
+    return {}
+
+
 def compiled_core() -> str:
     """The path of the data plane's compiled core built for this Python, once it has loaded
     (its libcrypto linked). Found beside the training side's package without importing it
@@ -146,8 +158,8 @@ def python_facts(python: str, project: str, timeout_s: float = 120.0) -> dict:
     here = str(Path(__file__).resolve().parents[2])
     if Path(python).resolve() == Path(sys.executable).resolve() and project in ("", here):
         return interpreter_facts()
-    code = ("import json; from testbed.host.checkup import interpreter_facts; "
-            "print(json.dumps(interpreter_facts()))")
+    code = ("import json; from testbed.host.checkup import interpreter_facts, api_facts; "
+            "print(json.dumps({**interpreter_facts(), **api_facts()}))")
     try:
         ran = subprocess.run([python, "-c", code], capture_output=True, text=True,
                              timeout=timeout_s, env={**os.environ, "PYTHONPATH": project},

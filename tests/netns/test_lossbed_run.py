@@ -297,3 +297,30 @@ def test_a_script_that_is_not_there_is_refused_before_anything_is_impaired(clust
     done = lossbed("run", "--cluster", cluster.name, "--print", "--workdir", str(project),
                    "--", "torchrun", "llm_training.py", cwd=tmp_path, timeout=60)
     assert done.returncode == 0 and f"cd {project} && env " in done.stdout, done.stderr
+
+
+def test_a_python_without_lossbeds_packages_is_refused_before_anything_is_impaired(
+        cluster, tmp_path):
+    """-- /path/to/venv/bin/torchrun of a venv without lossbed's packages: every rank died
+    on ModuleNotFoundError 24 s after the profile was applied (#66). Now refused first,
+    naming that Python and the fix."""
+    import subprocess
+    import sys
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)],
+                   check=True, timeout=120)
+    torchrun = venv / "bin" / "torchrun"
+    torchrun.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\n")
+    torchrun.chmod(0o755)
+    (tmp_path / "train.py").write_text("print('never run')\n")
+    done = lossbed("run", "--cluster", cluster.name, "--impair-from", "start", "--out",
+                   str(tmp_path / "out"), "--", str(torchrun), "train.py", cwd=tmp_path,
+                   timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert (f"{venv / 'bin' / 'python'}, which runs the ranks on {cluster.hosts[0].name}, "
+            "cannot import lossbed's harness.api: ModuleNotFoundError") in done.stderr
+    assert f"make setup VENV={venv}" in done.stderr
+    assert "never run" not in done.stdout
+    assert_nothing_left(cluster)
+

@@ -112,3 +112,36 @@ def test_the_one_machine_doctor_can_leave_the_interpreter_out():
     assert not skipped & {"Python", "torch", "compiled core"}
     assert {"CAP_NET_ADMIN", "NIC", "tc"} <= skipped
     assert {"Python", "torch", "compiled core"} <= checks()
+
+
+def test_a_python_without_lossbeds_packages_is_refused_with_make_setup_venv():
+    """A venv with torch but not lossbed's other packages: every rank died on
+    ModuleNotFoundError after the profile was applied (#66); doctor names it, and the fix."""
+    python = {**CHECKUP["python"], "executable": "/home/me/venv/bin/python",
+              "api_error": "ModuleNotFoundError: No module named 'pydantic'"}
+    facts = {f"h{i}": HostFacts.from_dict({**CHECKUP, "host": f"h{i}", "python": python})
+             for i in (1, 2)}
+    said = judge.judge(_cluster(), facts, doctor.Request())
+    (first, _) = [f for f in said.blocking if f.check == "lossbed's packages"]
+    assert first.state == "ModuleNotFoundError: No module named 'pydantic'"
+    assert first.fix.startswith("make setup VENV=/home/me/venv ")
+    assert not [f for f in judge.judge(_cluster(), _facts(), doctor.Request()).blocking
+                if f.check == "lossbed's packages"]
+    assert judge.venv_of("/opt/env/bin/python3.12") == "/opt/env"
+    assert judge.venv_of("python3") == "/path/to/venv"
+
+
+def test_the_ranks_python_is_read_from_torchruns_first_line(tmp_path):
+    from harness import job_checks
+    from harness.torchrun import HostCommand
+
+    direct, via_env = tmp_path / "torchrun", tmp_path / "torchrun-env"
+    direct.write_text("#!/home/me/venv/bin/python3.12\nimport sys\n")
+    via_env.write_text("#!/usr/bin/env python3\n")
+    host = SimpleNamespace(name="h1")
+    assert job_checks.ranks_python(HostCommand(host, [str(direct), "x.py"], {}, "/"),
+                                   True) == "/home/me/venv/bin/python3.12"
+    assert job_checks.ranks_python(HostCommand(host, [str(via_env)], {}, "/"), True) == "python3"
+    assert job_checks.ranks_python(HostCommand(host, ["/usr/bin/python3", "-m",
+                                                      "torch.distributed.run"], {}, "/"),
+                                   True) == "/usr/bin/python3"

@@ -1,0 +1,84 @@
+"""What `lossbed run` checks on the hosts before anything is impaired or started: torchrun
+and the script are where each host will look for them, and the ranks' Python imports what
+a rank imports. A job refused here has touched nothing."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from testbed.errors import UsageError
+
+if TYPE_CHECKING:  # (the joins, for annotations)
+    from harness.torchrun import Checked, HostCommand
+    from testbed.clusters.contract import Cluster
+
+
+def check_script(cluster: Cluster, checked: Checked, hosts: list[HostCommand]) -> None:
+    """torchrun and the script are where each host will look for them, checked before
+    anything is impaired (a missing script is refused, not found on the hosts mid-run)."""
+    runs_a_file = not {"-m", "--module", "--no-python", "--no_python"} & {
+        o.split("=", 1)[0] for o in checked.torchrun_options}
+    script = checked.script[0]
+    for hc in hosts[:1] if cluster.shares_this_machine else hosts:
+        wanted = [("torchrun", hc.argv[0], "-x")] if hc.argv[1:2] != ["-m"] else []
+        if runs_a_file:
+            wanted.append(("script", script if script.startswith("/") else
+                           f"{hc.cwd.rstrip('/')}/{script}", "-f"))
+        for what, path, test in wanted:
+            if cluster.shares_this_machine:
+                found = os.access(path, os.X_OK) if test == "-x" else os.path.isfile(path)
+            else:
+                found = hc.host.run(["test", test, path], timeout=30).returncode == 0
+            if not found:
+                raise UsageError("--", f"{path}: no such {'program' if test == '-x' else 'file'}"
+                                 f" on {hc.host.name} ({what}; started in {hc.cwd})",
+                                 "Start lossbed run in the script's folder, give its path, or "
+                                 "name the folder it is in on the hosts with --workdir DIR")
+
+
+def ranks_python(hc: HostCommand, here: bool) -> str | None:
+    """The Python that the host's ranks will run: `python -m torch.distributed.run`'s, or
+    the one torchrun's first line (#!) names (read here where the host shares this
+    machine); None where that line names none."""
+    if hc.argv[1:2] == ["-m"]:
+        return hc.argv[0]
+    if here:
+        with open(hc.argv[0], "rb") as f:
+            first = f.readline(4096).decode(errors="replace")
+    else:
+        read = _text(hc.host.run(["head", "-c", "4096", hc.argv[0]], timeout=30).stdout)
+        first = read.splitlines()[0] if read else ""
+    words = first[2:].split() if first.startswith("#!") else []
+    if words[:1] and words[0].endswith("/env") and len(words) > 1:
+        return words[1]  # (#!/usr/bin/env python3: found on the host's PATH)
+    return words[0] if words else None
+
+
+def check_ranks_python(cluster: Cluster, hosts: list[HostCommand]) -> None:
+    """The ranks' Python imports what a rank imports (harness.api: torch, numpy and
+    lossbed's other packages), checked on each machine before anything is impaired: a
+    venv with torch alone had every rank die on ModuleNotFoundError after the profile was
+    applied (#66)."""
+    for hc in hosts[:1] if cluster.shares_this_machine else hosts:
+        python = ranks_python(hc, cluster.shares_this_machine)
+        if python is None or (cluster.shares_this_machine
+                              and os.path.realpath(python) == os.path.realpath(sys.executable)):
+            continue  # (lossbed's own Python has lossbed's packages)
+        done = hc.host.run(["env", f"PYTHONPATH={hc.env['PYTHONPATH']}", python, "-c",
+                            "import harness.api"], timeout=300)
+        if done.returncode != 0:
+            said = _text(done.stderr).strip().splitlines()
+            from testbed.doctor.judge import venv_of
+
+            raise UsageError("--", f"{python}, which runs the ranks on {hc.host.name}, "
+                             f"cannot import lossbed's harness.api: "
+                             f"{said[-1] if said else f'exit {done.returncode}'}",
+                             f"Install lossbed's packages there: make setup "
+                             f"VENV={venv_of(python)} (keeps its torch), or run the torchrun "
+                             "of lossbed's own .venv")
+
+
+def _text(data) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
