@@ -165,7 +165,7 @@ class Job:
         _wait_for_gate(told.gate)
         self._counted_from = self.transport.counters.to_dict()
         if hooks:
-            _install_error_mark(self.rank)
+            _install_error_mark(self.rank, self.host)
             atexit.register(self.finish)
 
     @classmethod
@@ -464,14 +464,15 @@ def _wait_for_gate(gate: str | None) -> None:
         time.sleep(0.05)
 
 
-def _install_error_mark(rank: int) -> None:
+def _install_error_mark(rank: int, host: str | None) -> None:
     """An error that ends this rank is named on stderr as one JSON line (`lossbed run`
     puts it in its report), then handled as before."""
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
         print(rank_protocol.mark(rank_protocol.ERROR_MARK,
-                                 {"rank": rank, "error": f"{kind.__name__}: {value}"}),
+                                 {"rank": rank, "host": host,
+                                  "error": f"{kind.__name__}: {value}"}),
               file=sys.stderr, flush=True)
         previous(kind, value, traceback)
 

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from harness import job_checks, launch, rank_protocol
+from harness.job_output import Job
 from harness.metrics.counts import summed
 from harness.metrics.hdr import Histogram
-from harness.rank_protocol import ControllerEnv, RankEnv, ScriptRankMetrics
+from harness.rank_protocol import ControllerEnv, RankEnv
 from harness.transport import auth
 from testbed import checks, ports, profiles, stats
 from testbed.errors import NotAResult, TimedOut, UsageError
@@ -214,36 +215,6 @@ def commands(cluster: Cluster, spec: RunSpec, checked: Checked, job_id: str, key
     return made
 
 
-@dataclass
-class _Job:
-    """What the hosts' output says, as it comes."""
-
-    joined: threading.Event = field(default_factory=threading.Event)
-    metrics: list[ScriptRankMetrics] = field(default_factory=list)
-    errors: list[dict] = field(default_factory=list)
-    timed_out: bool = False   # the job ran past --timeout-s and was stopped
-    stopped_by: str | None = None  # what stopped the hosts still running (None: they ended)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def take(self, line: str, stream) -> None:
-        """One line of a host's output: lossbed's own marks kept, the rest passed through."""
-        marked = rank_protocol.read_mark(line)
-        if marked is not None:
-            name, payload = marked
-            with self.lock:
-                if name == rank_protocol.JOINED_MARK:
-                    self.joined.set()
-                    return
-                if name == rank_protocol.METRICS_MARK:
-                    with contextlib.suppress(TypeError, ValueError):  # not its shape: output
-                        self.metrics.append(ScriptRankMetrics.from_dict(payload))
-                        return
-                if name == rank_protocol.ERROR_MARK:
-                    self.errors.append(payload)
-        stream.write(line + "\n")
-        stream.flush()
-
-
 def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = None) -> int:
     """Run the job; its exit code (130 on Ctrl-C). The report is in spec.out. checked:
     spec.validate()'s, where the caller has it already."""
@@ -263,7 +234,7 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
     # The job's TMPDIR on each machine, removed with it: torchrun's agent makes a log
     # folder there (torchelastic_*) that it never removes, nor do scripts always their own
     scratch = f"/tmp/{job_id}.tmp"
-    job, procs, threads, applied = _Job(), [], [], Impaired()
+    job, procs, threads, applied = Job(out / "logs"), [], [], Impaired()
     keeper = (lease.Keeper(cluster, cluster.lease_s / 3) if cluster.lease_s is not None
               else contextlib.nullcontext())
     started = time.monotonic()
@@ -283,7 +254,8 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
                                            cwd=hc.cwd))
                 for stream, sink in ((procs[-1].stdout, sys.stdout),
                                      (procs[-1].stderr, sys.stderr)):
-                    t = threading.Thread(target=_pump, args=(stream, job, sink), daemon=True)
+                    t = threading.Thread(target=job.pump, args=(stream, sink, hc.host.name),
+                                         daemon=True)
                     t.start()
                     threads.append(t)
             echo(f"[run] torchrun on {len(hosts)} host(s), job {job_id}; profile "
@@ -319,6 +291,9 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
     echo(f"[run] exit {code}; measured loss {_pct(summary['measured_loss'])}, "
          f"missing {_pct(summary['missing_fraction'])}, coverage {_pct(covered)}; "
          f"report in {out}/summary.json")
+    failure = job.failure_line(code, [hc.host.name for hc in hosts])
+    if failure:
+        echo(f"[run] {failure}")
     if summary["invalid"] and code == 0:
         # the job went well, but not under the impairment: no result, and no exit 0
         echo(f"[run] no result: {summary['invalid']}")
@@ -392,11 +367,6 @@ def _one_per_machine(cluster: Cluster) -> list:
     return cluster.hosts[:1] if cluster.shares_this_machine else list(cluster.hosts)
 
 
-def _pump(stream, job: _Job, sink) -> None:
-    for line in stream:
-        job.take(line.rstrip("\n"), sink)
-
-
 def _impair(cluster: Cluster, the_plan, choice, applied: Impaired, echo) -> None:
     engine.apply(cluster, the_plan, choice)
     applied.start = verify.read(cluster)
@@ -412,7 +382,7 @@ def _on_joined(cluster: Cluster, the_plan, choice, applied: Impaired, gate, echo
         host.run(["touch", gate], check=True)
 
 
-def _wait(procs, job: _Job, on_joined, gate, grace_s: float, timeout_s: float = 0.0) -> int:
+def _wait(procs, job: Job, on_joined, gate, grace_s: float, timeout_s: float = 0.0) -> int:
     """Until every torchrun ended (one failed: the others get grace_s, SAID_GRACE_S where a
     rank said why, then are stopped), or the job ran past timeout_s (0: no limit; then
     job.timed_out, and TimedOut's exit code); the profile applied when the job joins. The
@@ -442,7 +412,7 @@ def _wait(procs, job: _Job, on_joined, gate, grace_s: float, timeout_s: float = 
     return next((c for c in codes if c not in (None, 0)), 0 if None not in codes else 1)
 
 
-def summarise(cluster: Cluster, spec: RunSpec, job: _Job, applied: Impaired, code: int,
+def summarise(cluster: Cluster, spec: RunSpec, job: Job, applied: Impaired, code: int,
               wall_s: float, hosts: list[HostCommand]) -> dict:
     """The run's report: what the kernel lost, what the ranks measured, who failed."""
     ranks = sorted(job.metrics, key=lambda m: m.rank)
@@ -492,7 +462,7 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{x:.2%}"
 
 
-def _write(out: Path, job: _Job, summary: dict) -> None:
+def _write(out: Path, job: Job, summary: dict) -> None:
     ranks = out / "ranks"
     ranks.mkdir(exist_ok=True)
     for m in job.metrics:

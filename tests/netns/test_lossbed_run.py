@@ -173,6 +173,15 @@ def test_a_script_that_fails_on_one_rank_ends_the_job_cleared_and_named(cluster,
     done, summary = run(cluster, tmp_path / "fails", str(script), timeout=300)
     assert done.returncode != 0 and summary["exit_code"] == done.returncode
     assert summary["stopped_by"] == "rank 1's error"
+    # the last word names the rank, its host and the error, and where every host's output
+    # is (torchrun's own tracebacks are there, not on the terminal)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("[run] failed: rank 1 on "), last
+    assert last.endswith(f"RuntimeError: rank one gives up; every host's output: "
+                         f"{tmp_path / 'fails' / 'logs'}/"), last
+    assert sorted(p.name for p in (tmp_path / "fails" / "logs").iterdir()) == [
+        f"{h.name}.log" for h in cluster.hosts]
+    assert "ChildFailedError" not in done.stderr
     assert {"rank": 1, "error": "RuntimeError: rank one gives up"} in summary["failed"]
     assert "rank one gives up" in done.stderr  # the job's own output, passed through
     assert_nothing_left(cluster)

@@ -77,12 +77,42 @@ def test_the_metrics_records_survive_their_json_and_refuse_another_shape(record)
 def test_a_torchrun_job_that_prints_a_broken_metrics_mark_keeps_it_as_output():
     import io
 
-    job, out = torchrun._Job(), io.StringIO()
+    from harness.job_output import Job
+
+    job, out = Job(Path("/nonexistent")), io.StringIO()
     job.take(rank_protocol.mark(rank_protocol.METRICS_MARK, {"world": 2}), out)  # no rank
     job.take(rank_protocol.mark(rank_protocol.METRICS_MARK, {"rank": 0, "world": 2}), out)
     job.take(rank_protocol.mark(rank_protocol.JOINED_MARK, {"world": 2}), out)
     assert [m.rank for m in job.metrics] == [0] and job.joined.is_set()
     assert "lossbed_rank_metrics" in out.getvalue()
+
+
+def test_a_failed_job_says_in_one_line_which_rank_on_which_host_and_why(tmp_path):
+    """The torchrun tracebacks (110-174 lines) go to each host's log file; the last line
+    names the rank, its host and the error's last line, and where the logs are (#66)."""
+    import io
+
+    from harness.job_output import Job
+
+    job = Job(tmp_path / "logs")
+    traceback = ["Traceback (most recent call last):", '  File "train.py", line 3',
+                 "RuntimeError: rank one gives up", "[W1207 socket.cpp:207] [c10d] noise",
+                 "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+                 "train.py FAILED"]
+    job.pump(io.StringIO("".join(line + "\n" for line in traceback)), io.StringIO(), "h2")
+    assert (tmp_path / "logs" / "h2.log").read_text().splitlines() == traceback
+    assert job.failure_line(0, ["h1", "h2"]) is None
+    # a script without harness.api: the last line that reads as an error (not torchrun's
+    # own ChildFailedError), on its host
+    assert job.failure_line(1, ["h1", "h2"]) == (
+        "failed (exit 1): on h2: RuntimeError: rank one gives up; every host's output: "
+        f"{tmp_path / 'logs'}/")
+    # a rank that said what ended it (harness.api's error mark) is named first
+    job.take(rank_protocol.mark(rank_protocol.ERROR_MARK, {
+        "rank": 1, "host": "h2", "error": "RuntimeError: rank one gives up"}), io.StringIO())
+    assert job.failure_line(1, ["h1", "h2"]) == (
+        "failed: rank 1 on h2: RuntimeError: rank one gives up; every host's output: "
+        f"{tmp_path / 'logs'}/")
 
 
 def _cluster():
@@ -144,3 +174,37 @@ def test_no_other_module_of_harness_reads_what_a_rank_is_told():
     # the scan finds what it looks for (planted)
     planted = ast.parse('import os\nx = os.environ.get("LOSSBED_MTU")\ny = os.environ["RANK"]')
     assert _environment_reads(planted) == ["LOSSBED_MTU", "RANK"]
+
+
+AGENT_REPORT = [
+    "Traceback (most recent call last):",
+    '  File "/v/bin/torchrun", line 8, in <module>',
+    "    sys.exit(main())",
+    '  File "/v/lib/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 355',
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "============================================================",
+    "train.py FAILED",
+    "------------------------------------------------------------",
+    "Root Cause (first observed failure):",
+    "  exitcode  : 1 (pid: 12)",
+    "============================================================"]
+SCRIPTS_OWN = [
+    "Traceback (most recent call last):",
+    '  File "train.py", line 9, in <module>',
+    '  File "/v/lib/torch/distributed/distributed_c10d.py", line 2, in all_reduce',
+    "RuntimeError: rank one gives up"]
+
+
+def test_torchruns_own_failure_report_goes_to_the_log_alone_and_the_scripts_is_shown(
+        tmp_path):
+    import io
+
+    from harness.job_output import Job
+
+    shown = io.StringIO()
+    lines = ["step 1", *SCRIPTS_OWN, "[W1207 c10d] a warning", *AGENT_REPORT, "after"]
+    Job(tmp_path).pump(io.StringIO("".join(x + "\n" for x in lines)), shown, "h1")
+    assert shown.getvalue().splitlines() == [
+        "step 1", *SCRIPTS_OWN, "[W1207 c10d] a warning", "after"]
+    assert (tmp_path / "h1.log").read_text().splitlines() == lines
+
