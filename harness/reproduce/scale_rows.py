@@ -135,8 +135,11 @@ def _seed_runs(seed: int, size: dict, out: Path, loss: float, echo=None) -> list
                           start_from=str(start), drift_every=10, **model)
     sgd = replace(base, optimizer="sgd", lr=SGD_LR)
     plans = [("start", replace(base, steps=0)), ("reference", base), ("reference", sgd)]
-    # one lossy step's twin of each reference, on every seed
-    plans += [("twin", replace(base, drop_once=loss)), ("twin", replace(sgd, drop_once=loss))]
+    # one lossy step's twin of each reference, on every seed: at the smallest n (one n
+    # standing for the rest), or at every n (size's twins_every_n: what measures that)
+    for n in size["worlds"] if size.get("twins_every_n") else [min(size["worlds"])]:
+        plans += [("twin", replace(base, world=n, drop_once=loss)),
+                  ("twin", replace(sgd, world=n, drop_once=loss))]
     for n in size["worlds"]:
         plans += [("lossy", replace(base, world=n, variant="unbiased_drift", loss=loss,
                                     loss_seed=seed)),
@@ -192,10 +195,18 @@ def rows(records: list[dict]) -> list[dict]:
             if start is not None:
                 gains.setdefault(r["config"]["optimizer"], []).append(
                     100 * (r["ppl"] / start["ppl"] - 1))
-    # the chaos check per optimizer: each reference and its twin (one lossy step)
-    regimes = {opt: stability.check([(reference(t), t) for t in records
-                                     if t["role"] == "twin" and t["config"]["optimizer"] == opt])
-               for opt in ("adamw", "sgd")}
+    # the chaos check per optimizer and n: each reference and its twins (one lossy step);
+    # where the twins ran at the smallest n alone, that n's check stands for every n
+    twins = [t for t in records if t["role"] == "twin"]
+    twin_worlds = sorted({t["world"] for t in twins})
+    regimes = {(opt, n): stability.check([(reference(t), t) for t in twins
+                                          if t["config"]["optimizer"] == opt
+                                          and t["world"] == n])
+               for opt in ("adamw", "sgd") for n in twin_worlds}
+
+    def regime_at(opt: str, n: int) -> dict | None:
+        return regimes.get((opt, n)) or (regimes.get((opt, twin_worlds[0]))
+                                         if twin_worlds else None)
     per = {}  # (variant, n) -> [Δppl %] over seeds (and whose), and the drifts
     for r in records:
         if r["role"] == "lossy":
@@ -212,17 +223,19 @@ def rows(records: list[dict]) -> list[dict]:
             continue
         checks = []
         detail = {}
-        regime = regimes["sgd" if variant == "rps" else "adamw"]
-        held_back = withholding.by_the_regime(regime, "reliable/sgd" if variant == "rps"
-                                              else "reliable")
+        opt, ref = ("sgd", "reliable/sgd") if variant == "rps" else ("adamw", "reliable")
+        regime = regime_at(opt, min(points))
+        held = {n: withholding.by_the_regime(regime_at(opt, n), ref) for n in points}
+        held_back = held[min(points)] or held[max(points)]
         for n, e in points.items():
             mean, half = stats.mean_interval(e["deltas"])
             checks.append(delta_ppl(mean, half if math.isfinite(half) else None,
                                     len(e["deltas"]), BAND_PCT,
                                     f"Δppl % of {variant} at {rate:.0%} (n={n}, many-rank "
-                                    "mode)", held_back))
+                                    "mode)", held[n]))
             detail[n] = {"ppl_delta_pct": mean, "ppl_delta_ci95": half,
-                         "ppl_deltas": e["deltas"], "drift_max": max(e["drift"])}
+                         "ppl_deltas": e["deltas"], "drift_max": max(e["drift"]),
+                         "chaos_check": regimes.get((opt, n))}
         against = "reliable SGD" if variant == "rps" else "reliable AdamW"
         gain = gains.get("sgd" if variant == "rps" else "adamw")
         moved = ("" if not gain else "; lossless fine-tuning itself moved ppl by "

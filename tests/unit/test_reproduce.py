@@ -633,3 +633,23 @@ def claim_of(row: str) -> dict:
     from harness.metrics.verdict import claim, decrease
 
     return claim(row, "arXiv 1810.07766", "x", "y", [decrease("d", [-0.1, -0.2])])
+
+
+def test_row_8_with_twins_at_every_n_judges_each_n_by_its_own_check():
+    """A chaotic reference at n = 64 withholds the n = 64 checks alone; without twins at an
+    n, the smallest n's check stands for it (#65)."""
+    from harness.reproduce import scale_rows
+
+    records = _row_8_records()
+    for seed in (0, 1, 2):  # twins at n = 64 too: AdamW's stable, SGD's moved by 1%
+        records += [_row_8_record("twin", "reliable", 64, seed, 100.0),
+                    _row_8_record("twin", "reliable", 64, seed, 110.0 * (1.01 + seed / 100),
+                                  "sgd")]
+    claims = {c["row"]: c for c in scale_rows.rows(records)}
+    by_n = {c["quantity"]: c for c in claims["8b"]["checks"]}
+    at_4 = next(c for q, c in by_n.items() if "(n=4," in q)
+    at_64 = next(c for q, c in by_n.items() if "(n=64," in q)
+    assert at_4["disturbed"] is None and at_4["verdict"] == "holds"
+    assert at_64["disturbed"].startswith("regime unstable: the twins of reliable/sgd")
+    assert claims["8b"]["per_n"][64]["chaos_check"]["stable"] is False
+    assert claims["8a"]["verdict"] == "holds"  # AdamW's twins were stable at both n
