@@ -219,9 +219,14 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_report(args) -> int:
+    from harness import run_report
     from harness.bench import report
 
     folder = Path(args.dir)
+    kind = run_report.kind_of(folder)
+    if kind != "bench":  # a run's folder, or bench --many-rank's
+        print(f"redrew {folder}/: {run_report.redraw(folder, kind)}")
+        return 0
     records, summary = report.load(folder)
     names = report.redraw(folder, records, summary)
     print(f"redrew {folder}/: report.html, summary.md, {', '.join(names)}")
@@ -237,8 +242,13 @@ def _cmd_compare(args) -> int:
     if not (math.isfinite(args.ppl_points) and args.ppl_points >= 0):
         raise UsageError("--ppl-points", f"{args.ppl_points} is not a number of points",
                          "e.g. --ppl-points 1.0: a Δppl rise beyond 1 point regressed")
+    from harness import run_report
     from harness.bench.compare import compare, format_findings, load_summary
 
+    kinds = {run_report.kind_of(p) for p in (args.base, args.new)}
+    if kinds != {"bench"}:  # two runs, or two reproductions, side by side
+        print(run_report.compare_folders(Path(args.base), Path(args.new)))
+        return 0
     findings = compare(load_summary(args.base), load_summary(args.new),
                        threshold_pct=args.threshold_pct, ppl_points=args.ppl_points)
     print(format_findings(findings))

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from harness import job_checks, launch, rank_protocol
+from harness import job_checks, launch, rank_protocol, run_report
 from harness.job_output import Job
 from harness.metrics.counts import summed
 from harness.metrics.hdr import Histogram
@@ -55,8 +55,7 @@ JOB_ENV = rank_protocol.JOB  # the job's id, in every process of it (found by it
 GRACE_S = launch.FAILURE_GRACE_S  # the other hosts' time once one failed (--grace-s)
 GRACE_MEANS = launch.FAILURE_GRACE_MEANS
 STOP_GRACE_S = 20.0  # how long torchrun gets to stop its workers before it is killed
-# once a rank has said what ended it (its error mark): the time its own torchrun gets to
-# exit with its code before every host is stopped (--grace-s is for a failure unexplained)
+# once a rank said what ended it (its error mark), every host is stopped this soon after
 SAID_GRACE_S = 2.0
 
 
@@ -468,3 +467,4 @@ def _write(out: Path, job: Job, summary: dict) -> None:
     for m in job.metrics:
         (ranks / f"rank{m.rank}.json").write_text(json.dumps(m.to_dict()))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    run_report.write(out, summary)  # summary.md and report.html, as a bench writes

@@ -86,6 +86,9 @@ def test_the_plain_pytorch_example_goes_lossy_under_lossbed_run(cluster, tmp_pat
     assert math.isfinite(summary["script"]["final_loss"])
     assert sorted(p.name for p in (tmp_path / "plain" / "ranks").iterdir()) == [
         "rank0.json", "rank1.json", "rank2.json"]
+    # what a bench writes for a run, a run writes too
+    assert "measured loss" in (tmp_path / "plain" / "summary.md").read_text()
+    assert "<h1>lossbed run</h1>" in (tmp_path / "plain" / "report.html").read_text()
     for rank_file in (tmp_path / "plain" / "ranks").iterdir():
         # what the script made before it joined (torch alone: over 100,000 objects) is out
         # of the collector's scans, as in lossbed's own ranks: a full collection of it
