@@ -234,20 +234,25 @@ class Job:
         self._watch(ddp, state)
         return model
 
-    def bounded_drift(self, model, optimizer, *, resync_every: int = 0, scaler=None):
+    def bounded_drift(self, model, optimizer, *, resync_every: int = 0, scaler=None,
+                      clip_grad_norm: float | None = None):
         """unbiased_drift: DDP reduces nothing (the gradients stay local); the returned
         optimizer (a torch.optim.Optimizer with your optimizer's param_groups) reduces them
         to each shard's owner, steps your optimizer's class with your groups' settings
         there and broadcasts the parameters, a rank that misses a packet keeping its stale
         values (resync_every=K: a reliable resync every K steps). Use it as you would your
         optimizer: schedulers, zero_grad, state_dict (each rank its own), GradScaler (given
-        as scaler=: every rank skips the same steps)."""
+        as scaler=: every rank skips the same steps). clip_grad_norm=MAX clips by the
+        reduced gradient's norm, as clip_grad_norm_ does under DDP: call it instead of
+        clip_grad_norm_ (which would see this rank's own gradient); the norm it clipped
+        is the optimizer's last_grad_norm."""
         from harness.ddp.sharded import ShardedOptimizer, check_wrappable
 
         check_wrappable(optimizer, "bounded_drift")  # (before DDP is changed)
         ddp = _ddp(model, "bounded_drift")
         wrapped = ShardedOptimizer(ddp.module, optimizer, self._collective("received_mean"),
-                                   resync_every=resync_every, scaler=scaler)
+                                   resync_every=resync_every, scaler=scaler,
+                                   clip_grad_norm=clip_grad_norm)
         _keep_gradients_local(ddp)
         self._watch(ddp, wrapped)
         return wrapped
@@ -374,8 +379,10 @@ def lossy_gradients(model, estimator: str = "unbiased", *, scaler=None):
     return join().lossy_gradients(model, estimator, scaler=scaler)
 
 
-def bounded_drift(model, optimizer, *, resync_every: int = 0, scaler=None):
-    return join().bounded_drift(model, optimizer, resync_every=resync_every, scaler=scaler)
+def bounded_drift(model, optimizer, *, resync_every: int = 0, scaler=None,
+                  clip_grad_norm: float | None = None):
+    return join().bounded_drift(model, optimizer, resync_every=resync_every, scaler=scaler,
+                                clip_grad_norm=clip_grad_norm)
 
 
 def rps(model, optimizer, *, scaler=None):

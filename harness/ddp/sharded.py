@@ -27,7 +27,7 @@ import time
 import torch
 
 from harness.collectives.layout import Layout
-from harness.ddp import amp
+from harness.ddp import amp, clipping
 from harness.metrics.hdr import Histogram
 
 STATE_KEY = "lossbed_bounded_drift"
@@ -70,8 +70,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 collective, resync_every: int = 0, scaler=None, agree=amp.any_rank):
+                 collective, resync_every: int = 0, scaler=None, agree=amp.any_rank,
+                 clip_grad_norm: float | None = None, sum_over=clipping.sum_over_ranks):
         check_wrappable(optimizer, "bounded_drift")
+        clipping.check_max_norm(clip_grad_norm)
+        # clip by the reduced gradient's norm (DDP's meaning; harness/ddp/clipping.py)
+        self.clip_grad_norm, self.sum_over = clip_grad_norm, sum_over
+        self.last_grad_norm: float | None = None  # the reduced gradient's, before clipping
         if resync_every < 0:
             raise ValueError("resync_every must be >= 0 (0: never)")
         if any(optimizer.state.values()):
@@ -139,6 +144,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def _owner_step(self, start: int, end: int, mean_grad: torch.Tensor) -> None:
+        if self.clip_grad_norm is not None:
+            mean_grad, self.last_grad_norm = clipping.clip_shard(
+                mean_grad, self.clip_grad_norm, self.sum_over)
         for (lo, hi), group, inner_group in zip(self.pieces, self.param_groups,
                                                 self.inner.param_groups, strict=True):
             piece = inner_group["params"][0]

@@ -118,8 +118,10 @@ def loss_of(m, rank, step):
     return torch.nn.functional.mse_loss(m(x), y)
 
 
-def reference(world: int, steps: int, optimizer=torch.optim.AdamW) -> torch.Tensor:
-    """Reliable data-parallel training: the mean of the ranks' gradients, one optimizer."""
+def reference(world: int, steps: int, optimizer=torch.optim.AdamW,
+              clip: float | None = None, norms: list | None = None) -> torch.Tensor:
+    """Reliable data-parallel training: the mean of the ranks' gradients, one optimizer;
+    clip: clip_grad_norm_ on that mean, as a DDP script clips (norms: each step's norm)."""
     m = model()
     opt = groups(m, optimizer)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
@@ -131,6 +133,10 @@ def reference(world: int, steps: int, optimizer=torch.optim.AdamW) -> torch.Tens
             grads.append([p.grad.clone() for p in m.parameters()])
         for i, p in enumerate(m.parameters()):
             p.grad = torch.stack([g[i] for g in grads]).mean(0)
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+            if norms is not None:
+                norms.append(float(norm))
         opt.step()
         sched.step()
     return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
@@ -142,11 +148,14 @@ def flat(m) -> torch.Tensor:
 
 def train_bounded_drift(world: int, steps: int, *, stop_after: int | None = None,
                         scaler: bool = False, tell_scaler: bool = True,
-                        overflow: tuple[int, int] | None = None, scheme: str = "drift"):
+                        overflow: tuple[int, int] | None = None, scheme: str = "drift",
+                        clip: float | None = None, local_clip: float | None = None):
     """Each rank's (model, optimizer, scheduler) trained with bounded_drift's optimizer (or
     rps's). stop_after: save each rank's state there, build everything anew, load it and go
     on. scaler: under a GradScaler (given to the optimizer unless not tell_scaler);
-    overflow=(rank, step): that rank's gradients are infinite at that step."""
+    overflow=(rank, step): that rank's gradients are infinite at that step. clip: the
+    wrapper's clip_grad_norm; local_clip: clip_grad_norm_ in the script, on this rank's own
+    gradient (what a DDP script did under bounded_drift before #66)."""
     shared = LosslessWorld(world)
 
     def build(rank, amp):
@@ -158,7 +167,8 @@ def train_bounded_drift(world: int, steps: int, *, stop_after: int | None = None
                                scaler=given, agree=agree)
         else:
             opt = ShardedOptimizer(m, groups(m), ShardedMember(shared, rank), scaler=given,
-                                   agree=agree)
+                                   agree=agree, clip_grad_norm=clip,
+                                   sum_over=AgreeingMember(shared, rank).sum)
         return m, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
 
     def body(rank):
@@ -181,6 +191,8 @@ def train_bounded_drift(world: int, steps: int, *, stop_after: int | None = None
             opt.zero_grad(set_to_none=step % 2 == 0)
             if amp is None:
                 loss.backward()
+                if local_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(m.parameters(), local_clip)
                 opt.step()
             else:
                 amp.scale(loss).backward()
@@ -201,6 +213,10 @@ class AgreeingMember:
 
     def any(self, flag: bool) -> bool:
         return bool(torch.stack(self.w.exchange(self.rank, torch.tensor(float(flag)))).max())
+
+    def sum(self, value: float) -> float:
+        return float(torch.stack(self.w.exchange(
+            self.rank, torch.tensor(value, dtype=torch.float64))).sum())
 
 
 def test_bounded_drift_is_a_torch_optimizer_with_the_users_groups():
@@ -224,6 +240,30 @@ def test_bounded_drift_trains_the_reliable_model_with_groups_and_a_scheduler(wor
     for m, opt in train_bounded_drift(world, 8):
         assert torch.allclose(flat(m), expected, rtol=0, atol=1e-6)
         assert opt.param_groups[1]["lr"] < 0.02 * 0.1  # the schedule reached the groups
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_clipping_under_bounded_drift_is_ddps_clipping_of_the_reduced_gradient(world):
+    """Lossless, bounded_drift(clip_grad_norm=C) ends with the model reliable DDP makes with
+    clip_grad_norm_(C) after backward (to float rounding); clip_grad_norm_ in the script
+    under bounded_drift clips each rank's own gradient, and ends elsewhere (#66)."""
+    norms: list[float] = []
+    expected = reference(world, 8, clip=0.05, norms=norms)
+    assert sum(n > 0.05 for n in norms) >= 4  # the clip acted on most steps
+    assert not torch.allclose(expected, reference(world, 8), atol=1e-4)  # and mattered
+    for m, opt in train_bounded_drift(world, 8, clip=0.05):
+        assert torch.allclose(flat(m), expected, rtol=0, atol=1e-6)
+        assert opt.last_grad_norm == pytest.approx(norms[-1], rel=1e-5)
+    for m, _ in train_bounded_drift(world, 8, local_clip=0.05):
+        assert not torch.allclose(flat(m), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "1"])
+def test_a_clip_that_is_not_a_positive_norm_is_refused(bad):
+    shared = LosslessWorld(1)
+    m = model()
+    with pytest.raises(ValueError, match="clip_grad_norm="):
+        ShardedOptimizer(m, groups(m), ShardedMember(shared, 0), clip_grad_norm=bad)
 
 
 def test_lost_groups_would_show():
