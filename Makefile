@@ -36,7 +36,7 @@ BENCH_ARGS = --loss $(LOSS) --profile $(PROFILE) --hosts $(HOSTS) --steps $(STEP
 # make provision INVENTORY=hosts.yml: the Ansible roles in ansible/ over the inventory.
 INVENTORY ?= ansible/inventory.example.yml
 
-.PHONY: setup setup-bench vm-guest test test-gpu lint clean bench bench-full reproduce \
+.PHONY: setup setup-bench vm-guest test test-gpu mutate lint clean bench bench-full reproduce \
 	reproduce-full provision
 
 # setup: everything `make test` needs (its VM tests included); setup-bench: what a bench needs
@@ -74,6 +74,14 @@ $(STAMP): pyproject.toml requirements.lock harness/transport/_wire.c \
 test: setup
 	$(VENV)/bin/pytest --strict-markers -n 2 --dist loadfile tests/unit
 	$(VENV)/bin/pytest --strict-markers tests --ignore=tests/unit
+
+# Mutation testing of the modules that decide a result (pyproject's [tool.mutmut]: which
+# modules, which tests), in mutants/; not part of `make test`. Prints the score and every
+# survivor (`mutmut show NAME` shows one).
+mutate: setup
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children 2 || true
+	$(VENV)/bin/python -m tests.mutation_score
 
 # The hardware tier on a GPU host, with the Python that holds its CUDA torch (VENV=... names
 # your own environment): one table and one JSON line; exit 3 where there is no GPU.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import socket
 import time
 from dataclasses import dataclass, field
@@ -57,8 +58,10 @@ class BenchSpec:
             if "@" in a:
                 Semantics.parse(a.partition("@")[2])
         checks.loss_fraction("--loss", *self.losses)
-        if any(s <= 0 for s in self.sizes_mib):
-            raise UsageError("--sizes", "sizes must be positive (MiB)", "e.g. --sizes 1 4")
+        bad = [s for s in self.sizes_mib if not (math.isfinite(s) and s > 0)]
+        if bad:  # (nan compares false to everything: it once passed, and 4 hosts came up)
+            raise UsageError("--sizes", f"{bad[0]:g} is not a size: sizes are positive "
+                             "numbers of MiB", "e.g. --sizes 1 4")
         if self.iters < 1:
             raise UsageError("--iters", f"{self.iters} is too few", "Use --iters 1 or more")
         if self.align_every < 0:

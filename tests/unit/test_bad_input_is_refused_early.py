@@ -25,6 +25,9 @@ def no_cluster_is_built(monkeypatch):
     (["collective-bench", "--loss", "0.1", "--profiles", "random-loss", "--sizes", "0"],
      ["--sizes"]),
     (["collective-bench", "--align-every", "-1"], ["--align-every", "0 or more"]),
+    # nan passed `size <= 0` and 4 hosts came up, then "internal error" (#68)
+    (["collective-bench", "--sizes", "nan"], ["--sizes", "nan is not a size"]),
+    (["collective-bench", "--sizes", "1", "inf"], ["--sizes", "inf is not a size"]),
     (["train", "--cluster", "nosuch", "--eval-tokens", "-1"], ["--eval-tokens", "negative"]),
     (["train", "--cluster", "nosuch", "--seed", "-3"], ["--seed", "negative"]),
     (["train", "--cluster", "nosuch", "--lr", "nan"], ["--lr"]),
