@@ -106,8 +106,9 @@ def _reads_as_error(line: str) -> bool:
 
 class _TorchrunReport:
     """Holds back what torchrun's agent writes when a worker failed: the traceback through
-    torch.distributed's own code and its ===== box of failures (both in the host's log
-    file). A traceback is held until it ends, then passed on unless its frames are
+    torch.distributed's own code and its ===== box of failures, and C++ tracebacks (c10d's
+    TCPStore prints one when the store's host leaves first), all in the host's log
+    file. A traceback is held until it ends, then passed on unless its frames are
     torchrun's; the box from its first ===== line to its last."""
 
     RULE = "=" * 20
@@ -120,6 +121,8 @@ class _TorchrunReport:
         """The lines to pass on now (None: the stream ended)."""
         if line is None:
             return self._end_block()
+        if line.lstrip().startswith("frame #") or "Exception raised from " in line:
+            return []  # a C++ traceback (TCPStore's at shutdown, of a run that went well)
         if self.in_box:
             if line.startswith(self.RULE) and len(self.block) > 1:
                 self.in_box, self.block = False, []

@@ -202,7 +202,10 @@ def test_torchruns_own_failure_report_goes_to_the_log_alone_and_the_scripts_is_s
     from harness.job_output import Job
 
     shown = io.StringIO()
-    lines = ["step 1", *SCRIPTS_OWN, "[W1207 c10d] a warning", *AGENT_REPORT, "after"]
+    cpp = ["Exception raised from recvBytes at /torch/csrc/distributed/c10d/Utils.hpp:667 "
+           "(most recent call first):", "frame #0: c10::Error::Error(...) + 0x98 (0x7f in "
+           "libc10.so)", "frame #1: <unknown function> + 0x5f (0x7f in libtorch_cpu.so)"]
+    lines = ["step 1", *SCRIPTS_OWN, "[W1207 c10d] a warning", *cpp, *AGENT_REPORT, "after"]
     Job(tmp_path).pump(io.StringIO("".join(x + "\n" for x in lines)), shown, "h1")
     assert shown.getvalue().splitlines() == [
         "step 1", *SCRIPTS_OWN, "[W1207 c10d] a warning", "after"]
