@@ -242,10 +242,8 @@ class Job:
         there and broadcasts the parameters, a rank that misses a packet keeping its stale
         values (resync_every=K: a reliable resync every K steps). Use it as you would your
         optimizer: schedulers, zero_grad, state_dict (each rank its own), GradScaler (given
-        as scaler=: every rank skips the same steps). clip_grad_norm=MAX clips by the
-        reduced gradient's norm, as clip_grad_norm_ does under DDP: call it instead of
-        clip_grad_norm_ (which would see this rank's own gradient); the norm it clipped
-        is the optimizer's last_grad_norm."""
+        as scaler=: every rank skips the same steps). clip_grad_norm=MAX: DDP's clipping, by
+        the reduced gradient's norm (last_grad_norm), in place of your clip_grad_norm_."""
         from harness.ddp.sharded import ShardedOptimizer, check_wrappable
 
         check_wrappable(optimizer, "bounded_drift")  # (before DDP is changed)
@@ -308,6 +306,20 @@ class Job:
             json.dumps(value)  # (refused here if it cannot be written)
             self._script[name] = value
 
+    def _replica_drift(self) -> float | None:
+        """The largest drift of this rank's lossy optimizers' replicas (a collective); None
+        without one, without the process group, or after a failure (peers may be gone)."""
+        import torch.distributed as dist
+
+        drifting = [t for t in self._timers if hasattr(t, "replica_drift")]
+        if not drifting or getattr(sys, "last_value", None) or not dist.is_initialized():
+            return None
+        try:
+            return max(t.replica_drift() for t in drifting)
+        except Exception as err:  # noqa: BLE001 - the metrics are still written
+            self._script.setdefault("lossbed_drift_error", str(err))
+            return None
+
     def metrics(self) -> dict:
         from harness.metrics.counts import summed
         from harness.metrics.hdr import Histogram
@@ -330,8 +342,8 @@ class Job:
             collective_totals=totals, transport=str(self.transport.semantics),
             authenticated=self.transport.authenticated, script=dict(self._script),
             gc={"frozen_objects": gc.get_freeze_count(),
-                "full_collections": _full_collections() - self._full_collections_from}
-        ).to_dict()
+                "full_collections": _full_collections() - self._full_collections_from},
+            drift=getattr(self, "_drift", None)).to_dict()
 
     def finish(self) -> None:
         """Send what the collectives still owe their peers, write this rank's metrics, close
@@ -339,6 +351,7 @@ class Job:
         if self._finished:
             return
         self._finished = True
+        self._drift = self._replica_drift()
         for collective in self._collectives:
             try:
                 collective.finish()

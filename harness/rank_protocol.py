@@ -220,6 +220,10 @@ class ScriptRankMetrics(_Record):
     authenticated: bool = False
     script: dict = field(default_factory=dict)         # what the script reported itself
     gc: dict = field(default_factory=dict)
+    # bounded_drift, rps: this rank's distance from the model its replicas are bounded by
+    # (the owners', the ranks' mean), relative, at the end (None: no such scheme, or none
+    # measured: the process group was gone, or the script failed)
+    drift: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -40,7 +40,8 @@ def figures(summary: dict) -> list[tuple[str, object]]:
             ("exit code", summary.get("exit_code")), ("timed out", summary.get("timed_out")),
             ("stopped by", summary.get("stopped_by")), ("ranks", summary.get("ranks")),
             ("steps", summary.get("steps")), ("tokens/s", summary.get("tokens_per_s")),
-            ("steps/s", summary.get("steps_per_s"))]
+            ("steps/s", summary.get("steps_per_s")),
+            ("replicas' drift (largest)", summary.get("drift"))]
     for key, label in (("step_ms", "step"), ("collective_ms", "collective")):
         for q in ("p50", "p99", "max"):
             rows.append((f"{label} {q} ms", _ms(summary, key, q)))

@@ -447,6 +447,7 @@ def summarise(cluster: Cluster, spec: RunSpec, job: Job, applied: Impaired, code
         "tokens_per_s": tokens / train_s if tokens and train_s else None,
         "step_ms": step_us.summary_ms(), "collective_ms": collective_us.summary_ms(),
         "transport_counters": counters, "collective_totals": totals, "script": script,
+        "drift": max((m.drift for m in ranks if m.drift is not None), default=None),
         "failed": job.errors, "wall_s": wall_s, "timed_out": job.timed_out,
         "stopped_by": job.stopped_by,
         "timeout_s": spec.timeout_s or None,

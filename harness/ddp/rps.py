@@ -72,6 +72,21 @@ class RPSOptimizer(torch.optim.Optimizer):
             p.copy_(self.flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
 
+    def replica_drift(self, mean_over_ranks=None) -> float:
+        """How far this rank's model is from the ranks' mean model (RPS's replicas differ
+        where packets were lost): ||mine - mean|| / ||mean||, the mean reliable (every rank
+        calls it: a collective)."""
+        from harness.collectives import process_group
+
+        mine = torch.cat([p.detach().reshape(-1).float().cpu() for p in self.model_params])
+        if mean_over_ranks is None:
+            import torch.distributed as dist
+
+            mean = process_group.all_reduce_(mine.clone()) / dist.get_world_size()
+        else:
+            mean = mean_over_ranks(mine)
+        return float((mine - mean).norm() / mean.norm().clamp_min(1e-12))
+
     def state_dict(self) -> dict:
         return self.inner.state_dict()
 

@@ -187,6 +187,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
             p.copy_(self.flat_params[offset:offset + n].view_as(p))
             offset += n
 
+    def replica_drift(self) -> float:
+        """How far this rank's parameters are from the owners' (the model bounded_drift
+        bounds them by): ||mine - owners'|| / ||owners'||, the owners' shards fetched
+        reliably (every rank calls it: a collective)."""
+        owners = self.flat_params.clone()
+        self.collective.resync(owners)
+        return float((self.flat_params - owners).norm() / owners.norm().clamp_min(1e-12))
+
     def _layout(self) -> dict:
         return {"rank": self.collective.rank, "world": self.collective.world,
                 "numel": self.numel, "shard": list(self.shard),

@@ -83,6 +83,7 @@ def test_the_plain_pytorch_example_goes_lossy_under_lossbed_run(cluster, tmp_pat
     assert_lossy_as_the_kernel_says(summary)
     assert summary["steps"] == 40 and summary["steps_per_s"] > 0
     assert summary["step_ms"]["p50"] > 0 and summary["collective_ms"]["p50"] > 0
+    assert summary["drift"] is None  # the gradient hook keeps every replica equal
     assert math.isfinite(summary["script"]["final_loss"])
     assert sorted(p.name for p in (tmp_path / "plain" / "ranks").iterdir()) == [
         "rank0.json", "rank1.json", "rank2.json"]
@@ -154,6 +155,9 @@ def test_the_hugging_face_example_trains_with_the_bounded_drift_broadcast(cluste
     ppl = summary["script"]["heldout_ppl"]
     assert 1 < ppl < 256, ppl  # better than guessing one of 256 bytes
     assert summary["tokens_per_s"] > 0
+    # the broadcasts' replicas differ where packets were lost: how far, in the report
+    assert 0 < summary["drift"] < 0.1, summary["drift"]
+    assert "replicas' drift (largest)" in (tmp_path / "hf" / "summary.md").read_text()
     assert_nothing_left(cluster)
 
 

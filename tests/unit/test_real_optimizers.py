@@ -55,7 +55,12 @@ class ShardedMember:
             params[s:e] = owners[r][s:e]
 
     def resync(self, params):
-        pass  # (nothing is lost: every rank holds the owners' values already)
+        """Every owner's shard of `params` to every rank (reliably)."""
+        layout = Layout(params.numel(), self.world, PER_PACKET)
+        owners = self.w.exchange(self.rank, params)
+        for r in range(self.world):
+            s, e = layout.shard_bounds(r)
+            params[s:e] = owners[r][s:e]
 
 
 class RPSMember:
@@ -432,3 +437,38 @@ def test_the_rate_lossbeds_own_schedule_sets_is_the_rate_a_step_uses():
     loss_of(m, 0, 0).backward()
     opt.step()
     assert torch.equal(flat(m), before)  # a rate of 0 (and decay scaled by it) moves nothing
+
+
+def test_the_replicas_drift_is_measured_against_the_model_they_are_bounded_by():
+    """What lossbed run reports as the replicas' drift (#66): 0 where nothing was lost; a
+    replica whose copy of another rank's shard went stale is that far from the owners'."""
+    world = 2
+    trained = train_bounded_drift(world, 3)
+    assert run_ranks(world, lambda rank: trained[rank][1].replica_drift()) == [0.0, 0.0]
+    opt0, opt1 = trained[0][1], trained[1][1]
+    start, end = opt1.shard  # rank 0 misses rank 1's last broadcast: its old values there
+    stale = opt0.flat_params.clone()
+    opt0.flat_params[start:end] += 0.5
+    drifts = run_ranks(world, lambda rank: trained[rank][1].replica_drift())
+    owners = stale
+    expected = float((opt0.flat_params - owners).norm() / owners.norm())
+    assert drifts[0] == pytest.approx(expected) and drifts[0] > 0.01
+    assert drifts[1] == 0.0
+    # rps: against the ranks' mean model; one replica moved is that far from the mean
+    shared = LosslessWorld(world)
+    models = [model() for _ in range(world)]
+    rps = [RPSOptimizer(m, torch.optim.SGD(m.parameters(), lr=0.1), RPSMember(shared, r))
+           for r, m in enumerate(models)]
+
+    def rps_drift(rank):
+        return rps[rank].replica_drift(lambda mine: torch.stack(
+            shared.exchange(rank, mine)).mean(0))
+
+    assert run_ranks(world, rps_drift) == [0.0, 0.0]
+    with torch.no_grad():
+        models[1][0].bias += 1.0
+    both = [flat(m) for m in models]
+    mean = (both[0] + both[1]) / 2
+    assert run_ranks(world, rps_drift) == pytest.approx(
+        [float((b - mean).norm() / mean.norm()) for b in both])
+
