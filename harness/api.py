@@ -58,7 +58,6 @@ which then has no metrics to gather).
 
 from __future__ import annotations
 
-import atexit
 import gc
 import json
 import os
@@ -70,7 +69,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from harness import rank_protocol
+from harness import rank_hooks, rank_protocol
 from harness.rank_protocol import RankEnv, ScriptRankMetrics
 from harness.transport.semantics import Semantics
 
@@ -165,8 +164,7 @@ class Job:
         _wait_for_gate(told.gate)
         self._counted_from = self.transport.counters.to_dict()
         if hooks:
-            _install_error_mark(self.rank, self.host)
-            atexit.register(self.finish)
+            rank_hooks.install(self.rank, self.host, self.finish)
 
     @classmethod
     def attach(cls, transport, store, *, rank: int, world: int,
@@ -482,18 +480,3 @@ def _wait_for_gate(gate: str | None) -> None:
             raise LossbedSetupError(f"the impairment was not applied within "
                                     f"{GATE_TIMEOUT_S:.0f} s ({gate} never appeared)")
         time.sleep(0.05)
-
-
-def _install_error_mark(rank: int, host: str | None) -> None:
-    """An error that ends this rank is named on stderr as one JSON line (`lossbed run`
-    puts it in its report), then handled as before."""
-    previous = sys.excepthook
-
-    def hook(kind, value, traceback):
-        print(rank_protocol.mark(rank_protocol.ERROR_MARK,
-                                 {"rank": rank, "host": host,
-                                  "error": f"{kind.__name__}: {value}"}),
-              file=sys.stderr, flush=True)
-        previous(kind, value, traceback)
-
-    sys.excepthook = hook

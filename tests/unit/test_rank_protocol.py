@@ -211,3 +211,21 @@ def test_torchruns_own_failure_report_goes_to_the_log_alone_and_the_scripts_is_s
         "step 1", *SCRIPTS_OWN, "[W1207 c10d] a warning", "after"]
     assert (tmp_path / "h1.log").read_text().splitlines() == lines
 
+
+
+def test_the_jobs_finish_runs_before_the_script_destroys_the_default_group(monkeypatch):
+    """Every example ends with dist.destroy_process_group(): the finish (metrics, and the
+    replicas' drift, which needs the group) runs first, once; another group's destroy does
+    not finish the job."""
+    import torch.distributed as dist
+
+    from harness import rank_hooks
+
+    calls = []
+    monkeypatch.setattr(dist, "destroy_process_group",
+                        lambda group=None: calls.append(("destroy", group)))
+    rank_hooks._finish_before_destroy(lambda: calls.append(("finish", None)))
+    rank_hooks._finish_before_destroy(lambda: calls.append(("twice", None)))  # not again
+    dist.destroy_process_group("subgroup")
+    dist.destroy_process_group()
+    assert calls == [("destroy", "subgroup"), ("finish", None), ("destroy", None)]
