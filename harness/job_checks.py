@@ -1,6 +1,8 @@
 """What `lossbed run` checks on the hosts before anything is impaired or started: torchrun
 and the script are where each host will look for them, and the ranks' Python imports what
-a rank imports. A job refused here has touched nothing."""
+a rank imports. A job refused here has touched nothing. (The hosts' commands are
+harness.torchrun's HostCommand: host, argv, env, cwd; its Checked: torchrun_options and
+script.)"""
 
 from __future__ import annotations
 
@@ -9,13 +11,13 @@ import sys
 from typing import TYPE_CHECKING
 
 from testbed.errors import UsageError
+from testbed.host.checkup import RANK_IMPORTS
 
 if TYPE_CHECKING:  # (the joins, for annotations)
-    from harness.torchrun import Checked, HostCommand
     from testbed.clusters.contract import Cluster
 
 
-def check_script(cluster: Cluster, checked: Checked, hosts: list[HostCommand]) -> None:
+def check_script(cluster: Cluster, checked, hosts: list) -> None:
     """torchrun and the script are where each host will look for them, checked before
     anything is impaired (a missing script is refused, not found on the hosts mid-run)."""
     runs_a_file = not {"-m", "--module", "--no-python", "--no_python"} & {
@@ -38,7 +40,7 @@ def check_script(cluster: Cluster, checked: Checked, hosts: list[HostCommand]) -
                                  "name the folder it is in on the hosts with --workdir DIR")
 
 
-def ranks_python(hc: HostCommand, here: bool) -> str | None:
+def ranks_python(hc, here: bool) -> str | None:
     """The Python that the host's ranks will run: `python -m torch.distributed.run`'s, or
     the one torchrun's first line (#!) names (read here where the host shares this
     machine); None where that line names none."""
@@ -56,7 +58,7 @@ def ranks_python(hc: HostCommand, here: bool) -> str | None:
     return words[0] if words else None
 
 
-def check_ranks_python(cluster: Cluster, hosts: list[HostCommand]) -> None:
+def check_ranks_python(cluster: Cluster, hosts: list) -> None:
     """The ranks' Python imports what a rank imports (harness.api: torch, numpy and
     lossbed's other packages), checked on each machine before anything is impaired: a
     venv with torch alone had every rank die on ModuleNotFoundError after the profile was
@@ -67,13 +69,13 @@ def check_ranks_python(cluster: Cluster, hosts: list[HostCommand]) -> None:
                               and os.path.realpath(python) == os.path.realpath(sys.executable)):
             continue  # (lossbed's own Python has lossbed's packages)
         done = hc.host.run(["env", f"PYTHONPATH={hc.env['PYTHONPATH']}", python, "-c",
-                            "import harness.api"], timeout=300)
+                            RANK_IMPORTS.strip()], timeout=300)
         if done.returncode != 0:
             said = _text(done.stderr).strip().splitlines()
             from testbed.doctor.judge import venv_of
 
             raise UsageError("--", f"{python}, which runs the ranks on {hc.host.name}, "
-                             f"cannot import lossbed's harness.api: "
+                             f"cannot import what a rank imports: "
                              f"{said[-1] if said else f'exit {done.returncode}'}",
                              f"Install lossbed's packages there: make setup "
                              f"VENV={venv_of(python)} (keeps its torch), or run the torchrun "

@@ -52,18 +52,6 @@ def interpreter_facts() -> dict:
     return facts
 
 
-def api_facts() -> dict:
-    """Whether this Python can import what the ranks import (harness.api: torch, numpy and
-    lossbed's other packages): {} when it can, else api_error, the import's error. Run in
-    the ranks' Python (python_facts' child), never in the controller: the network side
-    does not import harness."""
-    try:
-        importlib.import_module("harness.api")
-    except Exception as err:
-        return {"api_error": f"{type(err).__name__}: {err}"}
-    return {}
-
-
 def compiled_core() -> str:
     """The path of the data plane's compiled core built for this Python, once it has loaded
     (its libcrypto linked). Found beside the training side's package without importing it
@@ -152,14 +140,26 @@ def nic(host, carried: dict) -> dict:
     return facts
 
 
+# What a rank of a lossy job imports once it joins (its transport, collective and
+# optimizers), as a line of code for the ranks' Python to run: harness.api alone imports
+# neither numpy nor torch, so it would pass a Python that every rank then dies in
+RANK_IMPORTS = ("    import harness.api, harness.transport.udp, harness.collectives.lossy, "
+                "harness.ddp.hooks, harness.ddp.sharded, harness.ddp.rps")
+
+
 def python_facts(python: str, project: str, timeout_s: float = 120.0) -> dict:
     """interpreter_facts() of the ranks' Python: in this process when it is this Python with
     this project, else in that Python with the project on its PYTHONPATH."""
     here = str(Path(__file__).resolve().parents[2])
     if Path(python).resolve() == Path(sys.executable).resolve() and project in ("", here):
         return interpreter_facts()
-    code = ("import json; from testbed.host.checkup import interpreter_facts, api_facts; "
-            "print(json.dumps({**interpreter_facts(), **api_facts()}))")
+    # ... and whether it imports what a lossy rank imports (RANK_IMPORTS: numpy, torch and
+    # lossbed's other packages), in that Python alone: the network side never imports it
+    code = ("import json\nfrom testbed.host.checkup import interpreter_facts\n"
+            "facts = interpreter_facts()\ntry:\n" + RANK_IMPORTS + "\n"
+            "except Exception as err:\n"
+            "    facts['api_error'] = f'{type(err).__name__}: {err}'\n"
+            "print(json.dumps(facts))")
     try:
         ran = subprocess.run([python, "-c", code], capture_output=True, text=True,
                              timeout=timeout_s, env={**os.environ, "PYTHONPATH": project},

@@ -335,7 +335,7 @@ def test_a_python_without_lossbeds_packages_is_refused_before_anything_is_impair
                    timeout=120)
     assert done.returncode == 2, done.stderr
     assert (f"{venv / 'bin' / 'python'}, which runs the ranks on {cluster.hosts[0].name}, "
-            "cannot import lossbed's harness.api: ModuleNotFoundError") in done.stderr
+            "cannot import what a rank imports: ModuleNotFoundError") in done.stderr
     assert f"make setup VENV={venv}" in done.stderr
     assert "never run" not in done.stdout
     assert_nothing_left(cluster)
