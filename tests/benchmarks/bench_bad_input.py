@@ -1,12 +1,13 @@
 """Bad input across every command, as a newcomer types it (#57): each one's exit code, wall
-time and the first line it printed, as a markdown table; a traceback, an exit 0 or a
-refusal slower than --limit-s is flagged. Nothing here may touch a cluster: every command
+time and the first line it printed, as a markdown table; a traceback or an exit 0 is
+flagged, and a refusal slower than --limit-s is said beside it (a time depends on how busy
+the machine is: it fails nothing, #71). Nothing here may touch a cluster: every command
 that could names a cluster that does not exist (--cluster nosuch) or an inventory that
 cannot be read, so the worst a missed check can do is end on "not up".
 
     .venv/bin/python -m tests.benchmarks.bench_bad_input [--limit-s 1.0] [--out FILE]
 
-Exit 1 when any input is flagged.
+Exit 1 when any input is flagged (a traceback, or an exit 0 on bad input).
 """
 
 from __future__ import annotations
@@ -175,10 +176,11 @@ def main() -> int:
             said = (done.stderr.strip() or done.stdout.strip()).splitlines()
             first = next((line for line in said if "error" in line), said[0] if said else "")
             problems = [why for why, bad in (("traceback", "Traceback" in done.stderr),
-                                             ("exit 0", done.returncode == 0),
-                                             (f"over {args.limit_s:g} s", took > args.limit_s))
-                        if bad]
+                                             ("exit 0", done.returncode == 0)) if bad]
+            # a slow refusal is said, not failed on: it depends on how busy the machine is
+            slow = [f"over {args.limit_s:g} s"] if took > args.limit_s else []
             flagged += bool(problems)
+            problems += slow
             shown = " ".join(a if len(a) < 30 else "…" + a[-20:] for a in argv)
             rows.append(f"| `lossbed {shown}` | {done.returncode} | {took:.2f} | "
                         f"{first[:110].replace('|', '/')} | {', '.join(problems)} |")

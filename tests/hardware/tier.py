@@ -165,7 +165,9 @@ class Tier:
         lossy, clean = records["0.1"], records["0"]
         covered = lossy["coverage"]["fraction"] or 0.0
         slower = lossy["step_ms"]["p50"] / clean["step_ms"]["p50"]
-        ok = covered >= 0.9 and lossy["measured_loss"] > 0.05 and slower > 1.0
+        # coverage and the kernel's loss decide; the step time's ratio is printed, not judged
+        # (it depends on how busy the host is: #71)
+        ok = covered >= 0.9 and lossy["measured_loss"] > 0.05
         self.record("coverage", "passed" if ok else "failed", seconds,
                     f"coverage {covered:.1%}, measured loss {lossy['measured_loss']:.1%}, "
                     f"step p50 x{slower:.2f} at 10% (NCCL over the veths)",
