@@ -65,9 +65,11 @@ def check_ranks_python(cluster: Cluster, hosts: list) -> None:
     applied (#66)."""
     for hc in hosts[:1] if cluster.shares_this_machine else hosts:
         python = ranks_python(hc, cluster.shares_this_machine)
+        # (lossbed's own Python has lossbed's packages; by its path, not the binary it links
+        # to: every venv's python links to one interpreter, its packages are the venv's)
         if python is None or (cluster.shares_this_machine
-                              and os.path.realpath(python) == os.path.realpath(sys.executable)):
-            continue  # (lossbed's own Python has lossbed's packages)
+                              and os.path.abspath(python) == os.path.abspath(sys.executable)):
+            continue
         done = hc.host.run(["env", f"PYTHONPATH={hc.env['PYTHONPATH']}", python, "-c",
                             RANK_IMPORTS.strip()], timeout=300)
         if done.returncode != 0:
