@@ -67,3 +67,43 @@ def test_the_loss_rule_refuses_1_and_above_below_0_and_nan(value, says):
 ])
 def test_a_delta_straddling_the_band_is_inconclusive_not_a_failure(mean, half, expected):
     assert verdict.delta_ppl(mean, half, 4, 0.8).verdict == expected
+
+
+def test_every_reason_for_withholding_is_said_in_full():
+    """The reasons a row gets no verdict, word for word (mutants of their texts survived)."""
+    from harness.bench import withholding
+
+    assert withholding.by_the_regime(None) == (
+        "regime unchecked: no chaos check was run (no twin)")
+    assert withholding.by_the_regime(None, "reliable/sgd") == (
+        "regime unchecked: no chaos check of reliable/sgd was run (no twin)")
+    unstable = {"stable": False, "perturbation": "one lossy step", "delta_pct": 0.3,
+                "delta_ci95": 0.1, "tolerance_pct": 0.2}
+    assert withholding.by_the_regime(unstable, "reliable") == (
+        "regime unstable: the twins of reliable (one lossy step) moved lossless perplexity "
+        "by +0.300 ± 0.100% (tolerance ±0.2%)")
+    assert withholding.by_the_regime({**unstable, "stable": True}) is None
+    assert withholding.by_the_runs({"disturbed": [2, 3]}) == (
+        "disturbed: in the runs of seeds [2, 3] the collectives missed far more than the "
+        "network lost")
+    assert withholding.by_the_runs({"reference_missed_packets": [4]}) == (
+        "references late: the lossless references of seeds [4] missed packets: not the "
+        "lossless model")
+    assert withholding.by_the_runs({"disturbed": [], "reference_missed_packets": []}) is None
+
+
+@pytest.mark.parametrize(("numel", "world", "bounds"), [
+    (10, 3, [(0, 4), (4, 7), (7, 10)]),      # the first numel % world shards one longer
+    (9, 3, [(0, 3), (3, 6), (6, 9)]),
+    (2, 4, [(0, 1), (1, 2), (2, 2), (2, 2)]),  # fewer elements than ranks: empty shards
+    (11, 4, [(0, 3), (3, 6), (6, 9), (9, 11)]),
+])
+def test_the_shards_tile_the_tensor_in_rank_order(numel, world, bounds):
+    from harness.collectives.layout import Layout
+
+    layout = Layout(numel, world, per_packet=2)
+    assert [layout.shard_bounds(r) for r in range(world)] == bounds
+    # packets cut each shard in order, per_packet values each, the last one short
+    start, end = bounds[0]
+    assert [layout.packet_bounds(0, i) for i in range(layout.packets(0))] == [
+        (s, min(s + 2, end)) for s in range(start, end, 2)]
