@@ -140,3 +140,22 @@ def test_a_failed_reduce_reaches_backward_through_the_future():
     future = lossy_allreduce_hook(LossyHookState(collective), Bucket(99, torch.ones(4)))
     with pytest.raises(RuntimeError, match="injected"):
         future.wait()
+
+
+def test_clipping_after_the_hook_clips_the_reduced_gradient_as_ddp_does():
+    """Under lossy_gradients the gradient a script clips after backward is the reduced one,
+    in place (#66: a clip_grad_norm_ there means what it means under DDP): lossless, every
+    rank's clipped gradient is the clipped exact mean."""
+    def grads(rank, index):
+        return torch.linspace(-1, 1, 4000) * (rank + 1)
+
+    mean = torch.linspace(-1, 1, 4000) * 1.5
+    expected = mean.clone()
+    total = float(expected.norm())
+    expected *= min(1.0, 0.5 / (total + 1e-6))
+    for _, [(_, result)] in hooked(grads):
+        parameter = torch.nn.Parameter(torch.zeros(4000))
+        parameter.grad = result
+        assert float(torch.nn.utils.clip_grad_norm_([parameter], 0.5)) == pytest.approx(total)
+        assert torch.allclose(parameter.grad, expected, rtol=0, atol=1e-7)
+        assert total > 0.5  # (the clip acted)
