@@ -31,8 +31,9 @@ def statuses() -> dict[str, str]:
 
 def main() -> int:
     found = statuses()
-    if not found:
-        print("no mutation results: run `make mutate` (mutmut run) first")
+    if not found or set(found.values()) == {"not checked"}:
+        print("no mutant was checked: the selected tests must pass on the unmutated code "
+              "first (mutmut's output above says which failed), or `make mutate` has not run")
         return 2
     by_status = Counter(found.values())
     killed = by_status["killed"] + by_status["timeout"]
