@@ -135,8 +135,10 @@ def _seed_runs(seed: int, size: dict, out: Path, loss: float, echo=None) -> list
                           start_from=str(start), drift_every=10, **model)
     sgd = replace(base, optimizer="sgd", lr=SGD_LR)
     plans = [("start", replace(base, steps=0)), ("reference", base), ("reference", sgd)]
-    # one lossy step's twin of each reference, on every seed: at the smallest n (one n
-    # standing for the rest), or at every n (size's twins_every_n: what measures that)
+    # one lossy step's twin of each reference, on every seed: at the smallest n, which
+    # stands for every n (the global batch is fixed, the lost blocks are of the aggregated
+    # gradient: twins at n = 4 and 64 agreed to 1e-7, docs/results.md), or at every n
+    # (size's twins_every_n: tests/benchmarks/bench_row8_twins_per_n.py)
     for n in size["worlds"] if size.get("twins_every_n") else [min(size["worlds"])]:
         plans += [("twin", replace(base, world=n, drop_once=loss)),
                   ("twin", replace(sgd, world=n, drop_once=loss))]
