@@ -84,6 +84,11 @@ def test_the_plain_pytorch_example_goes_lossy_under_lossbed_run(cluster, tmp_pat
     assert summary["steps"] == 40 and summary["steps_per_s"] > 0
     assert summary["step_ms"]["p50"] > 0 and summary["collective_ms"]["p50"] > 0
     assert summary["drift"] is None  # the gradient hook keeps every replica equal
+    # every field of a run that moved data is filled in, but those that say nothing went
+    # wrong or was asked (#66: a declared field stuck at its default is caught here)
+    # (tokens_per_s: this script reports no tokens to lossbed.report)
+    assert sorted(k for k, v in summary.items() if v is None) == [
+        "drift", "invalid", "stopped_by", "timeout_s", "tokens_per_s"], summary
     assert math.isfinite(summary["script"]["final_loss"])
     assert sorted(p.name for p in (tmp_path / "plain" / "ranks").iterdir()) == [
         "rank0.json", "rank1.json", "rank2.json"]
