@@ -253,10 +253,11 @@ class Job:
         self._watch(ddp, wrapped)
         return wrapped
 
-    def rps(self, model, optimizer, *, scaler=None):
+    def rps(self, model, optimizer, *, scaler=None, clip_grad_norm: float | None = None):
         """RPS: DDP reduces nothing; the returned optimizer (your optimizer, its groups and
         state) steps on the local gradients, then averages the model over the ranks the RPS
-        way."""
+        way. clip_grad_norm=MAX: DDP's clipping, by the ranks' mean gradient's norm (reduced
+        reliably for it, each step: RPS itself reduces none)."""
         from harness.collectives.rps import RPS
         from harness.ddp.rps import RPSOptimizer
         from harness.ddp.sharded import check_wrappable
@@ -269,7 +270,8 @@ class Job:
             options.setdefault("key_prefix", "lossbed/api/rps")
         rps = RPS(self.transport, self.store, **options)
         self._collectives.append(rps.collective)
-        wrapped = RPSOptimizer(ddp.module, optimizer, rps, scaler=scaler)
+        wrapped = RPSOptimizer(ddp.module, optimizer, rps, scaler=scaler,
+                               clip_grad_norm=clip_grad_norm)
         self._watch(ddp, wrapped)
         return wrapped
 
@@ -396,8 +398,8 @@ def bounded_drift(model, optimizer, *, resync_every: int = 0, scaler=None,
                                 clip_grad_norm=clip_grad_norm)
 
 
-def rps(model, optimizer, *, scaler=None):
-    return join().rps(model, optimizer, scaler=scaler)
+def rps(model, optimizer, *, scaler=None, clip_grad_norm: float | None = None):
+    return join().rps(model, optimizer, scaler=scaler, clip_grad_norm=clip_grad_norm)
 
 
 def report(**figures) -> None:

@@ -4,7 +4,9 @@ stays local (its owners get the reduced gradient, a shard each), so clip_grad_no
 script would clip something else; the wrapper clips instead (bounded_drift(...,
 clip_grad_norm=MAX)): each owner's shard of the reduced gradient is scaled as
 torch.nn.utils.clip_grad_norm_ scales the whole, the total norm summed reliably from every
-owner's squared shard norm (one float a step)."""
+owner's squared shard norm (one float a step). Under rps no rank holds a reduced gradient:
+rps(..., clip_grad_norm=MAX) reduces the mean gradient reliably for its norm (clip_local).
+Under lossy_gradients the script's own clip_grad_norm_ sees the reduced gradient already."""
 
 from __future__ import annotations
 
@@ -40,3 +42,31 @@ def clip_shard(shard: torch.Tensor, max_norm: float,
     EPS)), and the total norm (every rank calls it once a step: the sum is collective)."""
     total = math.sqrt(sum_over(float(shard.double().pow(2).sum())))
     return shard * min(1.0, max_norm / (total + EPS)), total
+
+
+def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The mean of `tensor` over every rank, reliably (the default process group); a job
+    of one process: the tensor."""
+    import torch.distributed as dist
+
+    from harness.collectives import process_group
+
+    if not dist.is_available() or not dist.is_initialized():
+        return tensor
+    return process_group.all_reduce_(tensor.clone()) / dist.get_world_size()
+
+
+def clip_local(grads: list[torch.Tensor], max_norm: float,
+               mean_over=mean_over_ranks) -> float:
+    """rps: no rank holds the reduced gradient (RPS averages models), so the norm
+    clip_grad_norm_ would see under DDP is the norm of the ranks' mean gradient, reduced
+    reliably for it (the whole gradient, every step clipping is asked for: the price of
+    DDP's meaning there). Each rank's own gradient is scaled by that clip's coefficient:
+    lossless under SGD, the average of the steps is DDP's clipped step. The norm."""
+    flat = torch.cat([g.reshape(-1).float() for g in grads])
+    total = float(mean_over(flat).double().norm())
+    coef = min(1.0, max_norm / (total + EPS))
+    for g in grads:
+        g.mul_(coef)
+    return total
+

@@ -18,7 +18,7 @@ import time
 import torch
 
 from harness.collectives.rps import RPS
-from harness.ddp import amp
+from harness.ddp import amp, clipping
 from harness.ddp.sharded import check_wrappable, refuse_closure
 from harness.metrics.hdr import Histogram
 
@@ -28,8 +28,13 @@ class RPSOptimizer(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rps: RPS,
-                 scaler=None, agree=amp.any_rank):
+                 scaler=None, agree=amp.any_rank, clip_grad_norm: float | None = None,
+                 mean_over=clipping.mean_over_ranks):
         check_wrappable(optimizer, "rps")
+        clipping.check_max_norm(clip_grad_norm)
+        # DDP's clipping: by the ranks' mean gradient's norm (harness/ddp/clipping.py)
+        self.clip_grad_norm, self.mean_over = clip_grad_norm, mean_over
+        self.last_grad_norm: float | None = None
         self.scaler, self.agree = scaler, agree
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self.inner = optimizer
@@ -59,6 +64,12 @@ class RPSOptimizer(torch.optim.Optimizer):
         params = [p for group in self.param_groups for p in group["params"]]
         if not amp.agreed_step(self, params, self.scaler, self.agree):
             return  # (every rank skips it: no averaging)
+        if self.clip_grad_norm is not None:
+            # (every rank the same list, in order: a gradient not made is zeros)
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p)
+                     for p in self.model_params]
+            self.last_grad_norm = clipping.clip_local(grads, self.clip_grad_norm,
+                                                      self.mean_over)
         self.inner.step()
         offset = 0
         for p in self.model_params:

@@ -390,12 +390,15 @@ def test_another_ranks_shard_is_refused_naming_both_ranks():
     assert mine.param_groups[0]["params"][0] is m[0].weight
 
 
-def train_rps(world: int, steps: int, stop_after: int | None = None):
+def train_rps(world: int, steps: int, stop_after: int | None = None,
+              clip: float | None = None):
     shared = LosslessWorld(world)
 
     def build(rank):
         m = model()
-        opt = RPSOptimizer(m, groups(m, torch.optim.SGD), RPSMember(shared, rank))
+        opt = RPSOptimizer(m, groups(m, torch.optim.SGD), RPSMember(shared, rank),
+                           clip_grad_norm=clip, mean_over=lambda t, rank=rank: torch.stack(
+                               shared.exchange(rank, t)).mean(0))
         return m, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
 
     def body(rank):
@@ -428,6 +431,19 @@ def test_rps_is_the_users_optimizer_then_the_average():
     expected = reference(3, 6, torch.optim.SGD)
     for trained, _ in train_rps(3, 6):
         assert torch.allclose(flat(trained), expected, rtol=0, atol=1e-6)
+
+
+def test_clipping_under_rps_is_ddps_clipping_of_the_mean_gradient():
+    """RPS has no reduced gradient; rps(..., clip_grad_norm=C) clips each rank's own by the
+    ranks' mean gradient's norm (reduced reliably for it): lossless under SGD it ends with
+    DDP's model under clip_grad_norm_(C) (#66: clipping means DDP's under every scheme)."""
+    norms: list[float] = []
+    expected = reference(3, 6, torch.optim.SGD, clip=0.05, norms=norms)
+    assert sum(n > 0.05 for n in norms) >= 3  # the clip acted
+    assert not torch.allclose(expected, reference(3, 6, torch.optim.SGD), atol=1e-4)
+    for trained, opt in train_rps(3, 6, clip=0.05):
+        assert torch.allclose(flat(trained), expected, rtol=0, atol=1e-6)
+        assert opt.last_grad_norm == pytest.approx(norms[-1], rel=1e-5)
 
 
 def test_rps_resumes_bit_for_bit_and_refuses_a_closure():
