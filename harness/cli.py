@@ -452,6 +452,7 @@ def add_commands(sub) -> None:
     p.add_argument("--loss", type=checks.loss_text, nargs="+", default=[0, 0.01, 0.1],
                    help="loss rates as fractions (0.1 = 10%%)")
     p.add_argument("--profiles", nargs="+", default=["random-loss", "burst-loss"],
+                   type=checks.user_name_or_path,
                    help="profiles whose one loss rate --loss sets")
     p.add_argument("--algorithms", nargs="+",
                    default=["reliable", "zero_fill", "unbiased", "rescale", "rps"],

@@ -347,3 +347,20 @@ def test_a_python_without_lossbeds_packages_is_refused_before_anything_is_impair
     assert "never run" not in done.stdout
     assert_nothing_left(cluster)
 
+
+
+def test_a_train_whose_traffic_missed_the_impairment_is_no_result_and_exits_5(cluster,
+                                                                             tmp_path):
+    """train, like run, exits 5 on a run that is no result (#71: only run was tested): the
+    profile's match leaves the lossy collective's UDP out, so most bytes cross no
+    impairment, and the record says why."""
+    record = tmp_path / "runs.jsonl"
+    done = lossbed("train", "--cluster", cluster.name, "--profile", "random-loss", "--loss",
+                   str(LOSS), "--set", "match.exclude=[{protocol: udp}]", "--variant",
+                   "unbiased", "--steps", "5", "--json", str(record), timeout=300)
+    assert done.returncode == 5, done.stderr[-3000:]
+    assert "is no result under random-loss" in done.stderr
+    (line,) = record.read_text().splitlines()
+    said = json.loads(line)
+    assert said["invalid"].startswith("only ") and said["coverage"]["fraction"] < 0.9, said
+    assert_nothing_left(cluster)

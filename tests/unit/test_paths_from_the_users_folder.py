@@ -105,6 +105,7 @@ PATHS = [
     (["compare", "a", "b/summary.json"], ["base", "new"]),
     (["reproduce", "--out", "o"], ["out"]),
     (["collective-bench", "--json", "r.jsonl"], ["json"]),
+    (["collective-bench", "--profiles", "mine.yaml", "x/p.yml"], ["profiles"]),
 ]
 
 
@@ -115,8 +116,9 @@ def test_every_path_option_is_made_absolute_against_the_working_directory(
     args = build_parser().parse_args(argv)
     for dest in dests:
         value = getattr(args, dest)
-        assert os.path.isabs(value), (dest, value)
-        assert Path(value).is_relative_to(tmp_path), (dest, value)
+        for one in value if isinstance(value, list) else [value]:
+            assert os.path.isabs(one), (dest, one)
+            assert Path(one).is_relative_to(tmp_path), (dest, one)
 
 
 @pytest.mark.parametrize("argv,dest,name", [
@@ -138,7 +140,7 @@ def test_every_file_option_of_every_command_is_a_users_path():
     parser = build_parser()
     commands = next(a for a in parser._actions if a.dest == "command").choices
     path_like = {"inventory", "out", "corpus", "save_model", "workdir", "dir", "base", "new",
-                 "preset", "tokenizer", "hf_dataset", "profile"}
+                 "preset", "tokenizer", "hf_dataset", "profile", "profiles"}
     taken_as_typed = []
     for name, sub in commands.items():
         for action in sub._actions:
