@@ -41,3 +41,18 @@ def test_collective_bench_writes_every_field_for_every_run_and_cleans_up(tmp_pat
     assert "p99/rel" in result.stdout and "raw UDP rate" in result.stdout
     assert "dl r/b" in result.stdout
     assert set(netns_cluster.leftover_clusters()) == before  # its own cluster is gone
+
+
+def test_collective_bench_rows_whose_traffic_missed_the_impairment_exit_5(tmp_path):
+    """collective-bench exits 5 where its rows are no result (#71: only run was tested): a
+    profile of the user's whose match leaves the lossy collectives' UDP out."""
+    profile = tmp_path / "udp-spared.yaml"
+    profile.write_text("impairment:\n  loss: {model: bernoulli, loss_pct: 1}\n"
+                       "match:\n  exclude: [{protocol: udp}]\n")
+    before = set(netns_cluster.leftover_clusters())
+    result = lossbed("collective-bench", "--hosts", "2", "--sizes", "0.25", "--loss", "0.1",
+                     "--profiles", str(profile), "--algorithms", "unbiased", "--iters", "2",
+                     timeout=600)
+    assert result.returncode == 5, result.stderr[-3000:]
+    assert "no result" in result.stderr
+    assert set(netns_cluster.leftover_clusters()) == before
