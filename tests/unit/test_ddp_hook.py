@@ -120,7 +120,9 @@ def test_the_hook_returns_before_its_bucket_is_reduced_and_backward_goes_on():
     is gone after the last."""
     collective = HeldCollective()
     state = LossyHookState(collective)
-    threads_before = threading.active_count()
+    # (the threads alive before, by identity: one an earlier test left winding down may end
+    # meanwhile, which a count took for the hook's thread gone twice)
+    threads_before = set(threading.enumerate())
     futures = [lossy_allreduce_hook(state, Bucket(i, torch.ones(4), last=i == 2))
                for i in range(3)]
     assert not any(f.done() for f in futures)  # nothing reduced yet: backward went on
@@ -128,9 +130,9 @@ def test_the_hook_returns_before_its_bucket_is_reduced_and_backward_goes_on():
     assert [float(f.wait()[0]) for f in futures] == [2.0, 2.0, 2.0]
     assert collective.reduced == [0, 1, 2]
     deadline = time.monotonic() + 5
-    while threading.active_count() > threads_before and time.monotonic() < deadline:
+    while set(threading.enumerate()) - threads_before and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert threading.active_count() == threads_before
+    assert set(threading.enumerate()) - threads_before == set()
     assert state.collective_us.total == 3
 
 
