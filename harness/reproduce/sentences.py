@@ -27,6 +27,13 @@ SHRINKS = "1810.07766: the harm of the drop rate shrinks as the number of server
 CONVERGES = "1810.07766: RPS under loss converges like reliable training"
 NONE = "none: lossbed's own"
 
+# what the regime map's rows, and the trend rows of rows 7 and 8, test (each said once)
+REGIME_MAP = "lossbed's: the regime map (where the band holds)"
+TREND = ("the claim: as stated, the paired decrease from the smallest to the largest n, "
+         "shown by a one-sided test")
+BOUND = ("weaker: the harm did not grow by more than 0.4 points (holds also where nothing "
+         "shrank)")
+
 # row -> (the claim it is about, what its test is)
 SENTENCES: dict[str, tuple[str, str]] = {
     "1a": (UNBIASED, "the claim: its mechanism, each element the mean of what arrived"),
@@ -50,24 +57,20 @@ SENTENCES: dict[str, tuple[str, str]] = {
     "4d": (NONE, "lossbed's: burst loss, beyond both papers (they assume independent loss)"),
     "4e": (BOUNDED, "the claim: in training, the drift's growth exponent at most 0.25"),
     "5": (UNBIASED, "weaker: what each part of the scheme buys, each against the band"),
-    "6a": (NONE, "lossbed's: the regime map (where the band holds)"),
-    "6b": (NONE, "lossbed's: the regime map (where the band holds)"),
-    "6c": (NONE, "lossbed's: the regime map (where the band holds)"),
+    "6a": (NONE, REGIME_MAP),
+    "6b": (NONE, REGIME_MAP),
+    "6c": (NONE, REGIME_MAP),
     "6d": (BAND, "the claim: its band in the regime closest to the paper's runs "
                  "(fine-tuning)"),
     "6c-resync": (NONE, "lossbed's: the mitigation curve"),
     "7a": (CONVERGES, "the claim: read as Δppl within ±0.8% of reliable SGD at each n"),
-    "7b": (SHRINKS, "the claim: as stated, the paired decrease from the smallest to the "
-                    "largest n, shown by a one-sided test"),
-    "7c": (SHRINKS, "weaker: the harm did not grow by more than 0.4 points (holds also "
-                    "where nothing shrank)"),
+    "7b": (SHRINKS, TREND),
+    "7c": (SHRINKS, BOUND),
     "8a": (BAND, "the claim: its band at n = 4 to 64 (many-rank mode)"),
     "8b": (CONVERGES, "the claim: read as Δppl within ±0.8% of reliable SGD at each n "
                       "(many-rank mode)"),
-    "8c": (SHRINKS, "the claim: as stated, the paired decrease from the smallest to the "
-                    "largest n, shown by a one-sided test (many-rank mode)"),
-    "8d": (SHRINKS, "weaker: the harm did not grow by more than 0.4 points (holds also "
-                    "where nothing shrank)"),
+    "8c": (SHRINKS, TREND + " (many-rank mode)"),
+    "8d": (SHRINKS, BOUND),
 }
 
 
