@@ -112,6 +112,17 @@ def decrease(quantity: str, differences: list[float],
                     k, disturbed)
 
 
+def bounded_growth(quantity: str, differences: list[float], tolerance: float,
+                   disturbed: str | None = None) -> Check:
+    """The weaker check beside a trend claim: the same paired differences grew by at most
+    `tolerance` (a decrease counted as 0), their two-sided 95% interval against it."""
+    from testbed.stats import mean_interval
+
+    mean, half = mean_interval(differences) if differences else (math.nan, math.inf)
+    return Check(quantity + ", a decrease counted as 0", max(mean, 0.0) if mean == mean
+                 else mean, half, 0.0, tolerance, len(differences), disturbed=disturbed)
+
+
 def paired(smaller: dict, larger: dict) -> list[float]:
     """larger[seed] - smaller[seed] over the seeds both have (dicts of seed -> value)."""
     return [larger[s] - smaller[s] for s in sorted(set(smaller) & set(larger))]

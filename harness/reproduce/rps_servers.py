@@ -17,16 +17,14 @@ each bench with its stability twins (harness/bench/withholding.py). Three claims
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from harness.bench import withholding
 from harness.bench.spec import BenchSpec
 from harness.bench.training_bench import run_bench
 from harness.metrics.verdict import BAND_PCT as PPL_BAND_PCT
-from harness.metrics.verdict import Check, claim, decrease, paired
+from harness.metrics.verdict import Check, bounded_growth, claim, decrease, paired
 from harness.reproduce.training import check
-from testbed.stats import mean_interval
 
 PAPER = "arXiv 1810.07766"
 WORLDS = (2, 4, 8)
@@ -72,10 +70,8 @@ def trend_checks(smallest: dict, largest: dict, worlds: tuple[int, int]) -> tupl
     differences = paired(_by_seed(smallest), _by_seed(largest))
     held_back = (withholding.withheld(smallest) or withholding.withheld(largest))
     what = f"Δppl % of rps at n={worlds[1]} minus at n={worlds[0]} (10% loss, paired by seed)"
-    mean, half = mean_interval(differences) if differences else (math.nan, math.inf)
-    bound = Check(what + ", a decrease counted as 0", max(mean, 0.0) if mean == mean
-                  else mean, half, 0.0, TREND_TOLERANCE, len(differences), disturbed=held_back)
-    return decrease(what, differences, held_back), bound
+    return (decrease(what, differences, held_back),
+            bounded_growth(what, differences, TREND_TOLERANCE, held_back))
 
 
 def rows(summaries: dict[int, dict]) -> list[dict]:
