@@ -4,7 +4,6 @@ kind (it asks the contract instead: shares_this_machine, lease_s, connect(), ...
 
 from __future__ import annotations
 
-import ast
 import ipaddress
 import sys
 
@@ -62,55 +61,3 @@ def test_every_kind_implements_the_contract(kind):
     assert host.mgmt_address == {"netns": "", "vm": "", "remote": "10.10.0.1"}[kind]
 
 
-def _is_cluster(node) -> bool:
-    return isinstance(node, ast.Name) and node.id == "cluster"
-
-
-def _kind_tests(tree) -> list[int]:
-    """Lines comparing a cluster's kind: `cluster.kind == ...` or `getattr(cluster, "kind",
-    ...) == ...` (a queue pair's kind, or `up --kind`'s argument, is something else)."""
-    lines = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            sides = [node.left, *node.comparators]
-            reads_kind = any(
-                (isinstance(s, ast.Attribute) and s.attr == "kind" and _is_cluster(s.value))
-                or (isinstance(s, ast.Call) and getattr(s.func, "id", "") == "getattr"
-                    and len(s.args) >= 2 and _is_cluster(s.args[0])
-                    and getattr(s.args[1], "value", None) == "kind")
-                for s in sides)
-            if reads_kind:
-                lines.append(node.lineno)
-    return lines
-
-
-def test_no_code_outside_the_clusters_decides_by_a_clusters_kind():
-    found = []
-    for folder in ("harness", "testbed"):
-        for path in sorted((REPO / folder).rglob("*.py")):
-            relative = path.relative_to(REPO)
-            if relative.parts[:2] == ("testbed", "clusters"):
-                continue  # the kinds themselves, and loading a record by its kind
-            text = path.read_text()
-            found += [f"{relative}:{line}" for line in _kind_tests(ast.parse(text))]
-    assert not found, "ask the Cluster contract instead: " + ", ".join(found)
-
-
-def _probes(tree) -> list[int]:
-    """Lines that probe a cluster or a host for a member with getattr() instead of calling
-    what the contract declares."""
-    return [node.lineno for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "getattr"
-            and node.args and isinstance(node.args[0], ast.Name | ast.Attribute)
-            and ast.unparse(node.args[0]).split(".")[-1] in ("cluster", "host", "h")]
-
-
-def test_no_code_probes_a_cluster_or_a_host_with_getattr():
-    found = []
-    for folder in ("harness", "testbed"):
-        for path in sorted((REPO / folder).rglob("*.py")):
-            relative = path.relative_to(REPO)
-            found += [f"{relative}:{line}" for line in _probes(ast.parse(path.read_text()))]
-    assert not found, "declare the member in the contract instead: " + ", ".join(found)
-    planted = ast.parse("x = getattr(cluster, 'ssh', False)\ny = getattr(hc.host, 'gpus', 0)")
-    assert _probes(planted) == [1, 2]

@@ -4,38 +4,10 @@ own, not part of the data plane."""
 
 from __future__ import annotations
 
-import ast
-
 import numpy as np
 import pytest
 
 from harness.transport import _wire, native
-from tests.helpers import REPO
-
-NATIVE_CALLS = {"apply", "screen", "in_order", "send"}
-
-
-def _calls(path):
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            yield node
-
-
-def test_no_production_caller_passes_the_core_more_than_its_data_by_position():
-    """native.apply, screen, in_order and a Sender's send take their buffers and rows by
-    position and everything else by name; only native.py itself calls _wire."""
-    crowded, raw = [], []
-    for path in (REPO / "harness").rglob("*.py"):
-        where = path.relative_to(REPO)
-        for call in _calls(path):
-            name = call.func.attr
-            owner = ast.unparse(call.func.value)
-            if owner == "_wire" and path.name != "native.py":
-                raw.append(f"{where}:{call.lineno}")
-            if name in NATIVE_CALLS and ("native" in owner or "_tx" in owner
-                                         or "tx_again" in owner) and len(call.args) > 2:
-                crowded.append(f"{where}:{call.lineno} {owner}.{name}: {len(call.args)}")
-    assert raw == [] and crowded == [], (raw, crowded)
 
 
 def test_the_data_plane_carries_no_benchmark_functions():

@@ -37,6 +37,12 @@ def test_every_setting_of_train_is_a_field_with_the_fields_default_and_choices()
     assert train["warmup_steps"].type is int and train["warmup_steps"].default is None
 
 
+def _flags_by_hand(block: str) -> list[str]:
+    """TrainConfig's flags a parser's code writes as strings."""
+    return [options.flag_of(f) for f in options.options(TrainConfig)
+            if f'"{options.flag_of(f)}"' in block]
+
+
 def test_no_option_of_train_is_written_by_hand_in_the_cli():
     """The train parser's code names none of TrainConfig's flags: adding a setting to
     TrainConfig with option() is the whole change (a flag written again would also clash)."""
@@ -44,8 +50,10 @@ def test_no_option_of_train_is_written_by_hand_in_the_cli():
     start = text.index('sub.add_parser("train"')
     block = text[start:text.index("sub.add_parser(", start + 1)]
     assert "options.add_options(p, TrainConfig)" in block
-    assert [options.flag_of(f) for f in options.options(TrainConfig)
-            if f'"{options.flag_of(f)}"' in block] == []
+    assert _flags_by_hand(block) == []
+    # planted: a flag written again is named; another command's flag is not
+    assert _flags_by_hand('p.add_argument("--steps", type=int)\n'
+                          'p.add_argument("--hosts", type=int)') == ["--steps"]
 
 
 def test_the_bench_shares_the_training_options_with_its_own_defaults():

@@ -5,7 +5,6 @@ exchange endpoints through the one exchange (transport/endpoints.py)."""
 
 from __future__ import annotations
 
-import ast
 import inspect
 
 import pytest
@@ -46,16 +45,6 @@ def test_the_verbs_transport_has_every_member_of_the_contract():
             f"self.{name}," in source), name
 
 
-def test_the_collective_asks_the_transport_rather_than_probing_it():
-    tree = ast.parse((REPO / "harness" / "collectives" / "lossy.py").read_text())
-    probes = [node.lineno for node in ast.walk(tree)
-              if isinstance(node, ast.Call) and getattr(node.func, "id", "") in (
-                  "getattr", "hasattr")
-              and node.args and ast.unparse(node.args[0]) in ("t", "transport",
-                                                               "self.transport")]
-    assert probes == [], f"lossy.py probes its transport at lines {probes}"
-
-
 def test_one_endpoint_exchange_for_both_transports():
     for path in ("harness/transport/udp.py", "harness/verbs/transport.py"):
         text = (REPO / path).read_text()
@@ -66,36 +55,13 @@ def test_one_endpoint_exchange_for_both_transports():
 def test_the_screening_chain_is_written_once():
     """Every transport refuses a unit from the wire through transport/screening.py: no other
     module of harness/ returns a screening verdict of its own."""
-    refusals = {"FOREIGN", "UNAUTHENTICATED", "MISDIRECTED", "MASKED"}
-    written = []
-    for path in (REPO / "harness").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Return) and isinstance(node.value, ast.Name)
-                    and node.value.id in refusals):
-                written.append(f"{path.relative_to(REPO)}:{node.lineno}")
-    assert written and all(w.startswith("harness/transport/screening.py") for w in written), \
-        written
+    from tests import source_checks
+
+    screening = (REPO / "harness/transport/screening.py").read_text()
+    # the refusals are returned there (the rest of harness/: tests/unit/test_source_checks.py)
+    assert source_checks.screening_verdicts(screening, "harness/transport/screening.py")
     for path in ("harness/transport/udp.py", "harness/verbs/transport.py"):
         assert "screen(head, " in (REPO / path).read_text(), path
-
-
-def test_go_back_n_and_the_collectives_use_the_transport_only_through_its_joints():
-    """#55 item 3: GoBackN gets an RcWire (what the transport lends it), and reads no
-    private member of the transport; no collective replaces the transport's stash (it
-    takes it: take_stash) or reaches for a private member."""
-    reaching = []
-    for path in [REPO / "harness/transport/gobackn.py",
-                 *sorted((REPO / "harness/collectives").glob("*.py"))]:
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
-                    and not node.attr.startswith("__") and isinstance(node.value, ast.Attribute) \
-                    and node.value.attr in ("t", "transport"):
-                reaching.append(f"{path.name}:{node.lineno} .{node.value.attr}.{node.attr}")
-            if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Attribute) and t.attr == "stash" for t in node.targets):
-                reaching.append(f"{path.name}:{node.lineno} replaces a stash")
-    assert reaching == []
 
 
 def test_every_verdict_counts_into_a_declared_counter():
