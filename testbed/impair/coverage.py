@@ -63,9 +63,11 @@ def read_traffic(host) -> dict:
     return {"interfaces": interfaces, "rdma": read_rdma_ports()}
 
 
-def read_rdma_ports(root: Path = RDMA_ROOT) -> dict:
+def read_rdma_ports(root: Path | None = None) -> dict:
     """device/port -> its data counters in bytes, for hardware RDMA devices only: a software
-    device (Soft-RoCE, siw: no `device` link) sends through a netdev, counted there."""
+    device (Soft-RoCE, siw: no `device` link) sends through a netdev, counted there. root:
+    RDMA_ROOT, as it is when called."""
+    root = RDMA_ROOT if root is None else root
     ports = {}
     if not root.is_dir():
         return ports
@@ -85,8 +87,9 @@ def read_rdma_ports(root: Path = RDMA_ROOT) -> dict:
     return ports
 
 
-def rdma_devices(root: Path = RDMA_ROOT) -> list[str]:
+def rdma_devices(root: Path | None = None) -> list[str]:
     """The hardware RDMA devices here (what NCCL's IB transport would use)."""
+    root = RDMA_ROOT if root is None else root
     if not root.is_dir():
         return []
     return sorted(d.name for d in root.iterdir() if (d / "device").exists())
