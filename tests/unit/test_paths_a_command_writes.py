@@ -105,6 +105,6 @@ def test_a_runs_folder_is_new_or_empty_and_comes_back_absolute(tmp_path, monkeyp
     (tmp_path / "used" / "x").write_text("")
     (tmp_path / "file").write_text("")
     for taken in ("used", "file"):
-        assert _refusal(lambda: checks.new_folder(taken, "--out")) == (
+        assert _refusal(lambda taken=taken: checks.new_folder(taken, "--out")) == (
             "--out", f"{tmp_path / taken} exists and is not an empty folder",
             "Give a new folder (nothing is overwritten)")
