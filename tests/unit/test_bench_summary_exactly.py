@@ -84,7 +84,7 @@ def _same(got, want, where="summary"):
             _same(got[key], want[key], f"{where}.{key}")
     elif isinstance(want, list | tuple):
         assert isinstance(got, list | tuple) and len(got) == len(want), (where, got, want)
-        for i, (g, w) in enumerate(zip(got, want)):
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
             _same(g, w, f"{where}[{i}]")
     else:
         assert got == want and type(got) is type(want), (where, got, want)
