@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from harness.bench import collective_command
 from harness.bench.own_cluster import own_cluster
 from harness.launch import (
     BENCH_TIMEOUT_S,
@@ -21,48 +22,10 @@ from harness.launch import (
     TIMEOUT_MEANS,
     TRAIN_TIMEOUT_S,
 )
-from testbed import checks, clusters
+from testbed import checks
 from testbed import cli as testbed_cli
 from testbed.cli import add_inventory, add_min_coverage, add_profile_changes, cluster_of
-from testbed.clusters import netns as netns_cluster
 from testbed.errors import NotAResult, TimedOut, UsageError
-
-
-def _cmd_collective_bench(args) -> int:
-    checks.loss_fraction("--loss", *args.loss)  # (before torch is imported)
-    checks.at_least(args, ("iters", 1), ("mtu", 68))
-    if args.cluster is None and args.hosts < 2:
-        raise UsageError("--hosts", f"{args.hosts} host cannot run a collective",
-                         "Use --hosts 2 or more (4 by default)")
-    # (a cluster that is not up is named before torch loads)
-    cluster = clusters.load(args.cluster) if args.cluster is not None else None
-    from harness.bench import collective_bench as cb
-
-    spec = cb.BenchSpec(sizes_mib=args.sizes, losses=args.loss, profiles=args.profiles,
-                        algorithms=args.algorithms, iters=args.iters, unsealed=args.unsealed,
-                        align_every=args.align_every)
-    spec.validate()
-    own = None
-    if cluster is None:
-        own = f"cb{os.getpid() % 100000}"
-        cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=args.hosts, name=own,
-                                                             mtu=args.mtu))
-    try:
-        rows = cb.run(cluster, spec, progress=lambda m: print(m, file=sys.stderr, flush=True),
-                      min_coverage=args.min_coverage)
-    finally:
-        if own:
-            clusters.down(own)
-    print(cb.format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        print(f"wrote {len(rows)} rows to {args.json}")
-    if any(r.get("invalid") for r in rows):
-        raise NotAResult("rows under an impairment their traffic did not meet are no "
-                         "result (marked ! above)")
-    return 0
 
 
 def _cmd_train(args) -> int:
@@ -306,7 +269,7 @@ def add_commands(sub) -> None:
     p.add_argument("--json", metavar="FILE", type=checks.user_path,
                    help="append the run's record to this file")
     add_min_coverage(p)
-    _add_unsealed(p)
+    options.add_unsealed(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("bench", help="the variants (default reliable, unbiased_drift, rps) "
@@ -368,7 +331,7 @@ def add_commands(sub) -> None:
     p.add_argument("--cluster", help="reuse this cluster instead of building one")
     add_inventory(p)
     add_min_coverage(p)
-    _add_unsealed(p)
+    options.add_unsealed(p)
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
@@ -399,7 +362,7 @@ def add_commands(sub) -> None:
                    help="where the command starts on each host "
                    "(default: here, on hosts that share this machine; else their checkout)")
     add_min_coverage(p)
-    _add_unsealed(p)
+    options.add_unsealed(p)
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- torchrun [torchrun options] script.py [args]")
     p.set_defaults(func=_cmd_run)
@@ -440,41 +403,7 @@ def add_commands(sub) -> None:
                    help="results folder (default: results/reproduce-TIME)")
     p.set_defaults(func=_cmd_reproduce)
 
-    p = sub.add_parser("collective-bench",
-                       help="lossy all-reduce, RPS and gloo side by side under loss")
-    p.add_argument("--cluster", help="use this cluster (default: build a local one)")
-    p.add_argument("--hosts", type=int, default=4, help="hosts of the local cluster")
-    p.add_argument("--mtu", type=int, default=9000,
-                   help="MTU of the local cluster (jumbo frames, where a data plane is judged "
-                        "against the wire; bench trains at 1500)")
-    p.add_argument("--sizes", type=float, nargs="+", default=[1, 4, 16, 64], metavar="MIB",
-                   help="tensor sizes in MiB")
-    p.add_argument("--loss", type=checks.loss_text, nargs="+", default=[0, 0.01, 0.1],
-                   help="loss rates as fractions (0.1 = 10%%)")
-    p.add_argument("--profiles", nargs="+", default=["random-loss", "burst-loss"],
-                   type=checks.user_name_or_path,
-                   help="profiles whose one loss rate --loss sets")
-    p.add_argument("--algorithms", nargs="+",
-                   default=["reliable", "zero_fill", "unbiased", "rescale", "rps"],
-                   help="reliable (gloo's all-reduce), zero_fill, unbiased (received mean), "
-                        "rescale (1/(1-p)), rps; each optionally @TRANSPORT")
-    p.add_argument("--iters", type=int, default=10, help="timed all-reduces per size")
-    p.add_argument("--align-every", type=int, default=0, metavar="N",
-                   help="the lossy collectives' ranks meet in the store every N-th step "
-                        "before it starts (default 0: at the first only, as training does; "
-                        "1: every step, two store round trips on each step's time)")
-    p.add_argument("--json", metavar="FILE", type=checks.user_path,
-                   help="also write one JSON object per line")
-    add_min_coverage(p)
-    _add_unsealed(p)
-    p.set_defaults(func=_cmd_collective_bench)
-
-
-def _add_unsealed(p) -> None:
-    p.add_argument("--unsealed", action="store_true",
-                   help="send the datagrams without their MAC (default: every datagram "
-                        "sealed with a key drawn for the launch); to price the MAC, on a "
-                        "network only the experiment uses")
+    collective_command.add_parser(sub)
 
 
 def build_parser():

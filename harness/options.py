@@ -74,3 +74,11 @@ def _type(hint):
     if kind not in (int, float, str):
         raise TypeError(f"an option's type must be int, float or str (or a Literal), not {hint}")
     return kind
+
+
+def add_unsealed(p: argparse.ArgumentParser) -> None:
+    """--unsealed, as every command that sends datagrams takes it."""
+    p.add_argument("--unsealed", action="store_true",
+                   help="send the datagrams without their MAC (default: every datagram "
+                        "sealed with a key drawn for the launch); to price the MAC, on a "
+                        "network only the experiment uses")

@@ -18,17 +18,26 @@ FIELDS = {"algorithm", "size_bytes", "profile", "loss", "measured_loss", "p50_ms
 def test_collective_bench_writes_every_field_for_every_run_and_cleans_up(tmp_path):
     out = tmp_path / "cb.jsonl"
     before = set(netns_cluster.leftover_clusters())
-    result = lossbed("collective-bench", "--hosts", "2", "--sizes", "0.25", "--loss", "0", "0.1",
-                     "--profiles", "random-loss", "--iters", "3", "--json", str(out),
-                     timeout=600)
+    # the sizes as nccl-tests takes them (-b/-e/-f): 64 KiB and 256 KiB
+    result = lossbed("collective-bench", "--hosts", "2", "-b", "64K", "-e", "256K", "-f", "4",
+                     "--loss", "0", "0.1", "--profiles", "random-loss", "--iters", "3",
+                     "--json", str(out), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     algorithms = {"reliable", "zero_fill", "unbiased", "rescale", "rps"}
-    assert {(r["profile"], r["algorithm"]) for r in rows} == \
-        {(p, a) for p in ("clean", "random-loss") for a in algorithms}
+    assert {(r["profile"], r["algorithm"], r["size_bytes"]) for r in rows} == \
+        {(p, a, s) for p in ("clean", "random-loss") for a in algorithms
+         for s in (65536, 262144)}
     for row in rows:
         assert FIELDS <= set(row), FIELDS - set(row)
-        assert row["hosts"] == 2 and row["mtu"] == 9000 and row["size_bytes"] == 262144
+        assert row["hosts"] == 2 and row["mtu"] == 9000
+        # nccl-tests' units: the mean iteration; busbw = algbw * 2(n-1)/n, 1 for 2 ranks
+        nccl = row["nccl"]
+        assert nccl["size"] == row["size_bytes"] and nccl["count"] == row["size_bytes"] // 4
+        assert nccl["algbw"] == pytest.approx(row["size_bytes"] / (row["mean_ms"] / 1e3) / 1e9)
+        assert nccl["busbw"] == pytest.approx(nccl["algbw"])
+        assert nccl["loss"] == row["measured_loss"]
+        assert nccl["missing"] == row["missing_fraction"]
         assert row["align_every"] == 0  # the lossy collective as training runs it
     for row in rows:  # rank 0's stages that ended at their deadline, lossy ones only
         if row["algorithm"] == "reliable":
@@ -40,6 +49,10 @@ def test_collective_bench_writes_every_field_for_every_run_and_cleans_up(tmp_pat
     assert all(0.05 < r["measured_loss"] < 0.15 for r in lossy)  # the kernel applied ~10%
     assert "p99/rel" in result.stdout and "raw UDP rate" in result.stdout
     assert "dl r/b" in result.stdout
+    for algorithm in algorithms:  # nccl-tests' table: a block per algorithm and case
+        for case in ("clean at 0%", "random-loss at 10%"):
+            assert f"# all-reduce {algorithm}, 2 ranks, {case} (measured " in result.stdout
+    assert result.stdout.count("#        (B)   (elements)") == 10
     assert set(netns_cluster.leftover_clusters()) == before  # its own cluster is gone
 
 
