@@ -282,3 +282,93 @@ def test_a_verdicts_cell():
     assert cell({"verdict": "holds", "ppl_delta_ci95": 0.1}) == "holds"
     assert cell({"verdict": "inconclusive", "ppl_delta_ci95": None,
                  "verdict_withheld": "why"}) == "inconclusive (withheld)"
+
+
+def test_records_without_roles_a_late_reference_and_reliables_full_run_under_loss():
+    records = [
+        _run("reliable", 0, 2, 10.0), _run("reliable", 0, 3, 10.2, packets_lost=4,
+                                           packets_sent=100),
+        _run("unbiased_drift", 0.1, 2, 10.1, tokens_per_s=80.0),
+        _run("unbiased_drift", 0.1, 3, 10.3, tokens_per_s=90.0, disturbed=True),
+        # reliable under loss: a full run and a speed run, at 50 and 95 tokens/s
+        _run("reliable", 0.1, 2, 10.5, "lossy", tokens_per_s=50.0),
+        _run("reliable", 0.1, 2, 10.9, "speed", steps=5, tokens_per_s=95.0)]
+    got = bench_summary.summarise(with_twins(records), {}, "gloo")
+    rows = {(r["loss"], r["variant"]): r for r in got["rows"]}
+    lossy = rows[(0.1, "unbiased_drift")]
+    assert lossy["roles"] == ["lossy"] and lossy["ppl_deltas"] == [
+        pytest.approx(1.0), pytest.approx((10.3 / 10.2 - 1) * 100)]
+    assert lossy["disturbed"] == [3] and lossy["reference_missed_packets"] == [3]
+    assert rows[(0, "reliable")]["reference_missed_packets"] == []
+    assert lossy["throughput_vs_reliable"] == pytest.approx(85.0 / 95.0)  # the speed run
+    assert got["checks"]["references_missing_packets"] == [
+        {"variant": "reliable", "seed": 3, "packets_lost": 4, "packets_sent": 100}]
+
+
+def with_twins(records: list[dict]) -> list[dict]:
+    """The records and a twin of each lossless reliable run, moved by nothing."""
+    return records + [dict(r, role="twin", model_sha="twin") for r in records
+                      if r["variant"] == "reliable" and r["loss"] == 0 and not r.get("role")]
+
+
+def test_one_seed_no_speed_runs_and_runs_without_step_times():
+    empty = Histogram().to_dict()
+    records = [
+        _run("reliable", 0, 2, 10.0),
+        _run("unbiased_drift", 0.1, 2, 10.1, "lossy", tokens_per_s=80.0, step_hist=empty,
+             drift_steps=[(1, 0.01), (10, 0.1), (100, 1.0)]),
+        _run("reliable", 0.1, 2, 10.5, "lossy", tokens_per_s=40.0)]
+    row = {(r["loss"], r["variant"]): r
+           for r in bench_summary.summarise(records, {}, "gloo")["rows"]}[
+        (0.1, "unbiased_drift")]
+    # one seed: a mean and no interval, of Δppl and of the drift's growth
+    assert row["ppl_delta_pct"] == pytest.approx(1.0) and row["ppl_delta_ci95"] is None
+    assert row["drift_growth"] == pytest.approx(1.0) and row["drift_growth_ci95"] is None
+    # no speed runs: against reliable's own runs at the loss
+    assert row["throughput_vs_reliable"] == pytest.approx(2.0)
+    # no step times: no tail and no ratio of one
+    assert (row["step_p99_ms"], row["step_max_ms"]) == (None, None)
+    assert (row["p99_vs_reliable"], row["max_vs_reliable"]) == (None, None)
+
+
+def test_each_row_is_placed_on_its_own_references_curve():
+    from harness.bench import progress
+
+    curve = [[0, 30.0], [5, 12.0]]
+    records = [_run("reliable", 0, s, 10.0, progress_steps=curve) for s in (2, 3)] + [
+        _run("unbiased_drift", 0.1, 2, 11.0, "lossy"),
+        _run("unbiased_drift", 0.1, 3, 10.5, "lossy")]
+    got = bench_summary.summarise([dict(r) for r in records], {}, "gloo")
+    row = next(r for r in got["rows"] if r["variant"] == "unbiased_drift")
+    refs = {(r["variant"], r["seed"]): r for r in records if r["variant"] == "reliable"}
+    want = progress.row_progress(records[2:], refs, "reliable")
+    assert row["steps_behind_by_seed"] == want["steps_behind_by_seed"]
+    assert set(row["steps_behind_by_seed"]) == {"2", "3"}
+    assert 0 < row["steps_behind"] < 5
+
+
+def test_the_budget_decides_by_the_band_the_bench_was_judged_against():
+    records = [_run("reliable", 0, s, 10.0) for s in (2, 3)] + [
+        _run("unbiased_drift", 0.1, 2, 10.03, "lossy"),
+        _run("unbiased_drift", 0.1, 3, 10.05, "lossy")]
+    got = bench_summary.summarise(with_twins(records), {}, "gloo", band_pct=0.5)
+    row = next(r for r in got["rows"] if r["variant"] == "unbiased_drift")
+    assert row["verdict"] == verdict.INCONCLUSIVE
+    priced = got["budget"]["rows"][0]
+    assert got["budget"]["target_ci95"] == 0.25
+    assert priced["seeds_to_decide"] == bench_summary.seeds_for(
+        row["delta_sd"], 0.5 - abs(row["ppl_delta_pct"]))
+    assert priced["seeds_to_decide"] != bench_summary.seeds_for(
+        row["delta_sd"], 0.8 - abs(row["ppl_delta_pct"]))
+
+
+def test_a_row_on_the_bands_edge_or_beyond_any_seeds_is_not_priced_to_decide():
+    rows = [{"reference": "reliable", "ppl_deltas": [0.8, 0.8], "delta_sd": 0.0,
+             "ppl_delta_pct": 0.8, "loss": 0.1, "variant": "edge",
+             "verdict": verdict.INCONCLUSIVE},
+            {"reference": "reliable", "ppl_deltas": [-900.0, 900.0], "delta_sd": 1e6,
+             "ppl_delta_pct": 0.0, "loss": 0.1, "variant": "wild", "verdict": "holds"}]
+    priced = bench_summary.budget([{"seed": 2, "role": "lossy", "run_s": 60.0}], rows, 60.0)
+    edge, wild = priced["rows"]
+    assert edge["seeds_to_decide"] is None and edge["minutes_to_decide"] is None
+    assert wild["seeds_for_target"] is None and wild["minutes_for_target"] is None

@@ -143,12 +143,14 @@ def test_at_egress_the_dropped_packets_join_the_device_count_and_rdma_by_the_mas
                 "rdma": {"mlx5_0/1": {"rx_bytes": 5, "rx_packets": 5, "tx_bytes": 4100,
                                       "tx_packets": 5}}}},
         {"h1": [_seen("h1", 1000, 1000, dropped=100, direction="egress"),
+                # a path that measured no sizes: its drops add packets, no bytes
+                _seen("h1", 0, None, dropped=3, direction="egress"),
                 _seen("h1", 10, 1000, direction="ingress")]},
         rdma_by_drop_mask=True)
     # the device counted 900 packets (900,000 IP bytes), the impairment dropped 100 of
     # 1000 bytes before it: 1000 packets left, all seen; the mask impairs the port's 4000
     assert egress.hosts == [coverage.HostCoverage(
-        "h1", "egress", 1_000_000 + 4000, 1000 + 4, 1_000_000 + 4000, 1000 + 4, {}, 0)]
+        "h1", "egress", 1_000_000 + 4000, 1000 + 4, 1_000_000 + 4000, 1000 + 3 + 4, {}, 0)]
 
 
 SHORT = {"rdma mlx5_0/1 on h1 (kernel bypass)": 10, "eth0 on h1, " + EXEMPT_WORDS: 10,

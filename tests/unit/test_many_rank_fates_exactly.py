@@ -105,6 +105,10 @@ def test_gilbert_elliott_is_its_chain_per_link_carried_across_calls():
                for step, n in enumerate(calls)]
         assert [g.dtype for g in got] == [np.bool_] * 4
         assert [list(g) for g in got] == _chain(4, source, receiver, p, r, h, k, calls)
+    # the defaults: seed 0, no loss in good (k = 1), all lost in bad (h = 0)
+    plain = fates.GilbertElliottFate(2, p, r)
+    assert list(plain.arrived(1, 0, 0, STAGE_REDUCE, 1, 30)) == _chain(0, 0, 1, p, r, 0.0, 1.0,
+                                                                       [30])[0]
     again = fates.GilbertElliottFate(3, p, r, h, k, seed=4)
     assert list(again.arrived(1, 0, 0, STAGE_REDUCE, 1, 6)) == _chain(4, 0, 1, p, r, h, k,
                                                                       [6])[0]

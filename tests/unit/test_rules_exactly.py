@@ -239,3 +239,18 @@ def test_an_unknown_estimator_names_the_known_ones():
         rebuild.rebuild("median", np.zeros(1), np.ones(1), np.zeros(1), 2, 0.1)
     assert str(refused.value) == ("unknown estimator 'median': use one of zero_fill, "
                                   "received_mean, rescale")
+
+
+def test_a_loss_of_100_is_not_read_as_a_percent():
+    assert _refusal(lambda: checks.loss_fraction("--loss", 100)) == (
+        "--loss", "100 is not a fraction in [0, 1)", "--loss is a fraction: --loss 0.1 means 10%")
+    assert _refusal(lambda: checks.loss_fraction("--loss", 99.5))[2].endswith(
+        "; for 99.5% write --loss 0.995")
+
+
+def test_the_question_on_pilot_seeds_and_of_several_variants():
+    spec = BenchSpec(variants=["reliable", "unbiased_drift", "rps"], seeds=2, first_seed=1)
+    text = question(spec)["text"]
+    assert ("seeds 1-2 (pilot seeds 1 among them: not a confirmation of the choices they "
+            "made), one loss realisation each") in text
+    assert "(unbiased_drift against reliable; rps against reliable/sgd)?" in text

@@ -105,9 +105,10 @@ def test_rdma_ports_are_read_in_bytes_for_hardware_devices_only(tmp_path):
     _port(tmp_path, "mlx5_0", "1", {**COUNTERS, "port_rcv_data": 1})
     _port(tmp_path, "mlx5_0", "2", {**COUNTERS, "port_xmit_data": "x"})  # unreadable: skipped
     _port(tmp_path, "mlx5_0", "3", None)                                 # no counters: skipped
+    _port(tmp_path, "mlx5_0", "4", COUNTERS)                             # and after them, read
     _port(tmp_path, "rxe0", "1", COUNTERS, hardware=False)                # Soft-RoCE: a netdev's
     ports = coverage.read_rdma_ports(tmp_path)
-    assert list(ports) == ["mlx5_0/1", "mlx5_1/1"]
+    assert list(ports) == ["mlx5_0/1", "mlx5_0/4", "mlx5_1/1"]
     assert ports["mlx5_1/1"] == {"rx_bytes": 1000, "tx_bytes": 400, "rx_packets": 9,
                                  "tx_packets": 4}
     assert ports["mlx5_0/1"]["rx_bytes"] == 4
@@ -134,5 +135,6 @@ def test_the_host_operation_reads_the_rdma_root_it_is_pointed_at(tmp_path, monke
     monkeypatch.setattr(coverage, "RDMA_ROOT", tmp_path)
     # read_traffic's default is the module's root at call time
     read = coverage.read_traffic(_Host(_Netlink([], [])))
+    assert coverage.rdma_devices() == ["mlx5_0"]
     assert read == {"interfaces": {}, "rdma": {"mlx5_0/1": {
         "rx_bytes": 1000, "tx_bytes": 400, "rx_packets": 9, "tx_packets": 4}}}
