@@ -41,6 +41,9 @@ class Timing:
 
     def __init__(self):
         self.times: list[float] = []
+        # the rank's CPU time over its timed iterations (every thread of the process: the
+        # late end markers' sender too), for the collective's CPU cost per byte
+        self.cpu_s = 0.0
         self.sent = self.missing = self.expected = 0
         # rank 0's stages that ended at their deadline, not by their packets or end markers:
         # where a lossy p99 is the deadline's rather than the machine's
@@ -52,10 +55,12 @@ class Timing:
         sent0, missing0 = counters.packets_sent, counters.missing
         expected0 = counters.packets_received + counters.missing
         hit0 = {stage: totals.get(f"{stage}_deadlines_hit", 0) for stage in self.deadlines_hit}
+        cpu0 = time.process_time()
         for _ in range(iters):
             t0 = time.perf_counter()
             collective(tensor)
             self.times.append(time.perf_counter() - t0)
+        self.cpu_s += time.process_time() - cpu0
         self.sent += counters.packets_sent - sent0
         self.missing += counters.missing - missing0
         self.expected += counters.packets_received + counters.missing - expected0
@@ -79,6 +84,9 @@ class Timing:
             "missing_fraction": self.missing / self.expected
             if lossy and self.expected else None,
             "deadlines_hit": dict(self.deadlines_hit) if lossy else None,
+            # rank 0's CPU time per byte of the tensor, per all-reduce (its process, every
+            # thread: what the collective costs a host's cores as the tensor grows)
+            "cpu_ns_per_byte": self.cpu_s / len(times) / size_bytes * 1e9,
         }
 
 

@@ -62,7 +62,8 @@ def nccl_row(row: dict) -> dict:
             "type": "float", "redop": "sum" if row["algorithm"] == "reliable" else "mean",
             "time_us": seconds * 1e6, "algbw": algbw,
             "busbw": algbw * bus_factor(row["hosts"]),
-            "loss": row["measured_loss"], "missing": row.get("missing_fraction")}
+            "loss": row["measured_loss"], "missing": row.get("missing_fraction"),
+            "cpu_ns_per_byte": row.get("cpu_ns_per_byte")}
 
 
 def table(rows: list[dict]) -> str:
@@ -78,18 +79,21 @@ def table(rows: list[dict]) -> str:
             f"# all-reduce {algorithm}, {first['hosts']} ranks, {profile} at {loss:.0%} "
             f"(measured {first['measured_loss']:.2%}), {first['iterations']} iterations",
             f"#{'size':>11} {'count':>12} {'type':>6} {'redop':>6} {'time':>10} "
-            f"{'algbw':>7} {'busbw':>7} {'loss':>6} {'missing':>8}",
+            f"{'algbw':>7} {'busbw':>7} {'loss':>6} {'missing':>8} {'cpu':>7}",
             f"#{'(B)':>11} {'(elements)':>12} {'':>6} {'':>6} {'(us)':>10} "
-            f"{'(GB/s)':>7} {'(GB/s)':>7} {'(%)':>6} {'(%)':>8}"]
+            f"{'(GB/s)':>7} {'(GB/s)':>7} {'(%)':>6} {'(%)':>8} {'(ns/B)':>7}"]
         for r in sorted(block, key=lambda r: r["size_bytes"]):
             n = nccl_row(r)
             missing = f"{n['missing'] * 100:.3f}" if n["missing"] is not None else "-"
+            cpu = (f"{n['cpu_ns_per_byte']:.2f}" if n["cpu_ns_per_byte"] is not None
+                   else "-")
             lines.append(f" {n['size']:>11} {n['count']:>12} {n['type']:>6} {n['redop']:>6} "
                          f"{n['time_us']:>10.1f} {n['algbw']:>7.3f} {n['busbw']:>7.3f} "
-                         f"{n['loss'] * 100:>6.2f} {missing:>8}")
+                         f"{n['loss'] * 100:>6.2f} {missing:>8} {cpu:>7}")
     if rows:
         lines.append("# time: the mean iteration; algbw = size / time; busbw = algbw * "
                      "2(n-1)/n (nccl-tests' all-reduce); GB/s of 10^9 bytes; loss: what the "
                      "kernel dropped in the case; missing: the packets the collective did "
-                     "not receive (gloo: none, it retransmits)")
+                     "not receive (gloo: none, it retransmits); cpu: rank 0's CPU time per "
+                     "byte of one all-reduce (every thread of its process)")
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 processes on loopback (127.0.0.1 only), rank 0 under cProfile, sealed or not.
 
     .venv/bin/python -m tests.benchmarks.bench_core_profile [--mtu 9000] [--mib 4]
-        [--iters 40] [--unsealed] [--perf [--top 15]]
+        [--iters 40] [--unsealed] [--perf [--top 15]] [--flamegraph FILE.svg]
 
 Prints, for rank 0, the seconds per all-reduce spent in each call of _wire (send: build,
 seal and the sendmmsg system calls; receive: recvmmsg; screen: header checks and the MACs;
@@ -15,6 +15,12 @@ of the ranks by where it was spent, the kernel included, which cProfile cannot s
 the rest of the kernel, the MAC (libcrypto), the compiled core by function, Python, numpy,
 torch (the store) and the C library; also the CPU-seconds the ranks used per all-reduce
 against the cores' wall time, which says whether the machine is the bound. Needs `perf`.
+
+--flamegraph FILE.svg draws rank 0's measured all-reduces as a flame graph (py-spy, a
+[dev] dependency, sampling rank 0 with its native frames: the compiled core, numpy and the C
+library's system calls under the Python that called them), and prints the share of its
+samples under each of the same parts as the cProfile view; the kernel's own share is
+--perf's.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -178,6 +185,76 @@ def perf_main(args) -> None:
                       "missing": result["missing"]}))
 
 
+# Where a flame graph's stack is, by the first of its frames (leaf last) that matches.
+STACK_PARTS = (
+    ("send (build, seal, sendmmsg)", re.compile(r"send_packets|Sender|sendmmsg|send_end")),
+    ("receive (recvmmsg)", re.compile(r"recvmmsg|Receiver|receive_batch")),
+    ("screen (headers, MACs)", re.compile(r"\bscreen|gmac|GMAC|ghash|aes", re.I)),
+    ("apply (place, sum)", re.compile(r"\bapply\b|handle_batch|all_finite")),
+    ("wait (poll)", re.compile(r"\bpoll\b|epoll|select")),
+    ("rebuild (estimator)", re.compile(r"\brebuild\b")),
+    ("align (store)", re.compile(r"align|TCPStore|store")),
+)
+
+
+def stack_shares(folded: str) -> dict[str, float]:
+    """Percent of the samples under each part, from py-spy's folded stacks ("a;b;c N"): a
+    stack belongs to the first part (in STACK_PARTS' order) any of its frames names."""
+    shares = {name: 0 for name, _ in STACK_PARTS} | {"other (Python, numpy)": 0}
+    total = 0
+    for line in folded.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        total += int(count)
+        name = next((name for name, pattern in STACK_PARTS if pattern.search(stack)),
+                    "other (Python, numpy)")
+        shares[name] += int(count)
+    return {name: 100 * n / total if total else 0.0 for name, n in shares.items()}
+
+
+def flamegraph_main(args) -> None:
+    """The --flamegraph view: py-spy on rank 0 during the measured all-reduces."""
+    from pathlib import Path
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not os.path.exists(spy):
+        raise SystemExit("--flamegraph needs py-spy (pip install -e '.[dev]')")
+    ctx = multiprocessing.get_context("spawn")
+    out, go, ready = ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=rank_main, args=(r, args, out, go, ready))
+             for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=600)
+    with tempfile.TemporaryDirectory(prefix="lossbed-spy-") as folder:
+        raw = os.path.join(folder, "rank0.txt")
+        spies = [subprocess.Popen(
+            [spy, "record", "--native", "--nonblocking", "--rate", "250", "--format", fmt,
+             "-o", path, "--pid", str(procs[0].pid)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for fmt, path in (("raw", raw), ("flamegraph", args.flamegraph))]
+        time.sleep(2.0)  # py-spy attached
+        go.set()
+        result = out.get(timeout=600)
+        for spy_process in spies:
+            spy_process.send_signal(signal.SIGINT)
+        for spy_process in spies:
+            spy_process.wait(120)
+        for p in procs:
+            p.join(60)
+        shares = stack_shares(Path(raw).read_text())
+    print(f"rank 0, {args.mib} MiB all-reduce, MTU {args.mtu}, "
+          f"{'unsealed' if args.unsealed else 'sealed'}: {result['wall_s'] * 1e3:.1f} ms per "
+          f"all-reduce; py-spy's samples of rank 0 by part (flame graph: {args.flamegraph})")
+    for name, percent in shares.items():
+        print(f"  {name:<30} {percent:5.1f}%  {percent / 100 * result['wall_s'] * 1e3:7.2f} ms")
+    print(json.dumps({"wall_s": result["wall_s"], "shares_pct": shares, "mtu": args.mtu,
+                      "mib": args.mib, "sealed": not args.unsealed,
+                      "flamegraph": args.flamegraph}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mtu", type=int, default=9000)
@@ -189,9 +266,15 @@ def main() -> None:
                              "cProfile on rank 0")
     parser.add_argument("--top", type=int, default=15,
                         help="with --perf: how many of the busiest symbols to list")
+    parser.add_argument("--flamegraph", metavar="FILE.svg",
+                        help="py-spy's flame graph of rank 0 (native frames included) "
+                             "instead of cProfile")
     args = parser.parse_args()
     if args.perf:
         perf_main(args)
+        return
+    if args.flamegraph:
+        flamegraph_main(args)
         return
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()

@@ -53,7 +53,7 @@ def test_the_bus_factor_is_nccl_tests_all_reduce():
 
 ROW = {"algorithm": "unbiased", "size_bytes": 4 << 20, "mean_ms": 2.0, "hosts": 4,
        "measured_loss": 0.0998, "missing_fraction": 0.1002, "profile": "random-loss",
-       "loss": 0.1, "iterations": 10}
+       "loss": 0.1, "iterations": 10, "cpu_ns_per_byte": 1.25}
 
 
 def test_a_row_in_nccl_tests_units():
@@ -61,7 +61,8 @@ def test_a_row_in_nccl_tests_units():
     algbw = (4 << 20) / 2e-3 / 1e9
     assert got == {"size": 4 << 20, "count": 1 << 20, "type": "float", "redop": "mean",
                    "time_us": pytest.approx(2000.0), "algbw": pytest.approx(algbw),
-                   "busbw": pytest.approx(algbw * 1.5), "loss": 0.0998, "missing": 0.1002}
+                   "busbw": pytest.approx(algbw * 1.5), "loss": 0.0998, "missing": 0.1002,
+                   "cpu_ns_per_byte": 1.25}
     gloo = nccl_units.nccl_row({**ROW, "algorithm": "reliable", "missing_fraction": None,
                                 "hosts": 2})
     assert gloo["busbw"] == pytest.approx(gloo["algbw"]) and gloo["missing"] is None
@@ -74,13 +75,13 @@ def test_the_table_has_a_block_per_case_and_algorithm_its_sizes_in_order():
     assert lines[0] == ("# all-reduce unbiased, 4 ranks, random-loss at 10% (measured 9.98%), "
                         "10 iterations")
     assert lines[1].split() == ["#", "size", "count", "type", "redop", "time", "algbw",
-                                "busbw", "loss", "missing"]
+                                "busbw", "loss", "missing", "cpu"]
     assert lines[3].split() == ["4194304", "1048576", "float", "mean", "2000.0", "2.097",
-                                "3.146", "9.98", "10.020"]
+                                "3.146", "9.98", "10.020", "1.25"]
     assert lines[4].split() == ["8388608", "2097152", "float", "mean", "4000.0", "2.097",
-                                "3.146", "9.98", "10.020"]
+                                "3.146", "9.98", "10.020", "1.25"]
     assert lines[5].startswith("# all-reduce reliable, 4 ranks")
-    assert lines[8].split()[-1] == "-"
+    assert lines[8].split()[-2:] == ["-", "1.25"]
     assert lines[-1].startswith("# time: the mean iteration; algbw = size / time; busbw")
     assert nccl_units.table([]) == ""
 

@@ -107,12 +107,13 @@ def test_rdma_ports_are_read_in_bytes_for_hardware_devices_only(tmp_path):
     _port(tmp_path, "mlx5_0", "3", None)                                 # no counters: skipped
     _port(tmp_path, "mlx5_0", "4", COUNTERS)                             # and after them, read
     _port(tmp_path, "rxe0", "1", COUNTERS, hardware=False)                # Soft-RoCE: a netdev's
+    _port(tmp_path, "vmw_pvrdma0", "1", COUNTERS)                        # hardware after it
     ports = coverage.read_rdma_ports(tmp_path)
-    assert list(ports) == ["mlx5_0/1", "mlx5_0/4", "mlx5_1/1"]
+    assert list(ports) == ["mlx5_0/1", "mlx5_0/4", "mlx5_1/1", "vmw_pvrdma0/1"]
     assert ports["mlx5_1/1"] == {"rx_bytes": 1000, "tx_bytes": 400, "rx_packets": 9,
                                  "tx_packets": 4}
     assert ports["mlx5_0/1"]["rx_bytes"] == 4
-    assert coverage.rdma_devices(tmp_path) == ["mlx5_0", "mlx5_1"]
+    assert coverage.rdma_devices(tmp_path) == ["mlx5_0", "mlx5_1", "vmw_pvrdma0"]
 
 
 def test_a_port_missing_one_counter_is_skipped_and_the_rest_still_read(tmp_path):
