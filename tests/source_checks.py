@@ -269,6 +269,22 @@ def rank_environment_reads(text: str, path: str) -> list[int]:
             if name.startswith("LOSSBED_") or name in TORCHRUN_VARIABLES]
 
 
+# ---- the GPU path (#67) --------------------------------------------------------------------
+
+
+def device_wide_waits(text: str, path: str) -> list[int]:
+    """A wait for a whole device or stream where one event would do: torch.cuda.synchronize()
+    or a stream's .synchronize() (an Event's is its own copy's, and allowed)."""
+    found = []
+    for n in _walk(text):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                and n.func.attr == "synchronize":
+            owner = ast.unparse(n.func.value)
+            if owner in ("torch.cuda", "cuda") or "stream" in owner.lower():
+                found.append(n.lineno)
+    return found
+
+
 # ---- the register -------------------------------------------------------------------------
 
 CHECKS = [
@@ -370,4 +386,11 @@ CHECKS = [
         'import os\nx = os.environ.get("LOSSBED_MTU")\ny = os.environ["RANK"]\n', (2, 3),
         'import os\nx = os.environ.get("HOME")\ny = os.getenv("CUDA_VISIBLE_DEVICES")\n',
         applies=lambda path: not path.endswith("/rank_protocol.py")),
+    SourceCheck(
+        "a whole device waited for in the hook", "a bucket's copies are waited for by their "
+        "own events: the hook never stops the device or its stream (#67)", ("harness/ddp",),
+        device_wide_waits,
+        "import torch\ntorch.cuda.synchronize()\ntorch.cuda.current_stream(d).synchronize()\n",
+        (2, 3), "copied.synchronize()\nevent.synchronize()\n",
+        planted_path="harness/ddp/hooks.py"),
 ]

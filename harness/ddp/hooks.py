@@ -11,9 +11,11 @@ communication overlaps backward (the thread lives for one backward: started by i
 bucket, ended after its last, so nothing of lossbed's runs between steps, when a DataLoader
 may fork). Buckets are reduced one after the other, in the order DDP hands them over (the
 collective's steps are numbered in that order on every rank). The lossy collective works on
-CPU float32: CUDA buckets go through a pinned host buffer (one per bucket, reused; the copy
-to it is made before the hook returns), and the future completes once the result is back on
-the device's stream.
+CPU float32: other buckets go through a host buffer (harness/ddp/staging.py). A CUDA
+bucket's copy to pinned memory is queued on a copy stream behind an event of the compute
+stream, so backward goes on meanwhile; the reducing thread waits on that bucket's copy
+alone, and the compute stream waits for the copy back on the GPU (no synchronisation of the
+whole device).
 """
 
 # No `from __future__ import annotations` here: DDP checks the hook's return annotation
@@ -26,6 +28,7 @@ import torch
 
 from harness.collectives.lossy import LossyCollective
 from harness.ddp import amp
+from harness.ddp.staging import CudaStaging, HostStaging, staging_for
 from harness.metrics.hdr import Histogram
 
 
@@ -39,17 +42,18 @@ class LossyHookState:
         self.collective = collective
         # GradScaler's skips agreed (ddp/amp.py): a bucket of this step was not finite here
         self.agree_skips, self.agree, self.not_finite = agree_skips, agree, False
-        self.staging: dict[int, torch.Tensor] = {}
+        self.host = HostStaging()
+        self.cuda = CudaStaging(self.host.buffers) if torch.cuda.is_available() else None
         self.collective_us = Histogram()
         self.overlap = Overlap()
 
+    @property
+    def staging(self) -> dict[int, torch.Tensor]:
+        """The host buffers, one per bucket index (both stagings share them)."""
+        return self.host.buffers
+
     def host_buffer(self, index: int, like: torch.Tensor) -> torch.Tensor:
-        buffer = self.staging.get(index)
-        if buffer is None or buffer.numel() != like.numel():
-            buffer = torch.empty(like.numel(), dtype=torch.float32,
-                                 pin_memory=like.is_cuda and torch.cuda.is_available())
-            self.staging[index] = buffer
-        return buffer
+        return self.host.buffer(index, like)
 
 
 class Overlap:
@@ -83,17 +87,18 @@ def lossy_allreduce_hook(state: LossyHookState, bucket) -> torch.futures.Future[
     grads = bucket.buffer()
     index, last = bucket.index(), bucket.is_last()
     started = time.perf_counter()
-    staged = grads.is_cuda or grads.dtype != torch.float32
-    if staged:
-        host = state.host_buffer(index, grads)
-        host.copy_(grads.view(-1))  # synchronous: the bucket's gradients are final here
+    staging = staging_for(grads, state.host, state.cuda)
+    if staging is not None:
+        # the copy out (queued behind the bucket's gradients on a CUDA device)
+        host, copied = staging.to_host(index, grads)
+        consumer = torch.cuda.current_stream(grads.device) if grads.is_cuda else None
 
     def reduce() -> torch.Tensor:
-        if staged:
+        if staging is not None:
+            if copied is not None:
+                copied.synchronize()  # this bucket's copy, not the whole device
             state.collective.allreduce(host, bucket=index)
-            grads.view(-1).copy_(host, non_blocking=grads.is_cuda)
-            if grads.is_cuda:
-                torch.cuda.current_stream(grads.device).synchronize()
+            staging.to_device(host, grads, consumer)
         else:
             state.collective.allreduce(grads.view(-1), bucket=index)
         if state.agree_skips:

@@ -13,6 +13,7 @@ import torch
 
 from harness.collectives.lossy import LossyCollective
 from harness.ddp.hooks import LossyHookState, lossy_allreduce_hook
+from harness.ddp.staging import HostStaging
 from harness.reproduce.loopback import on_every_rank
 from tests.unit.test_transport_hostile import make_pair
 
@@ -75,12 +76,53 @@ def test_a_bucket_of_another_dtype_is_staged_reduced_and_returned_in_its_dtype(d
 
 
 def test_a_staging_buffer_is_reused_and_remade_only_when_the_bucket_changes_size():
-    state = LossyHookState.__new__(LossyHookState)
-    state.staging = {}
+    staging = HostStaging()
     like = torch.zeros(100, dtype=torch.bfloat16)
-    first = state.host_buffer(3, like)
-    assert state.host_buffer(3, like) is first
-    assert state.host_buffer(3, torch.zeros(200)).numel() == 200  # (DDP rebuilt its buckets)
+    first = staging.buffer(3, like)
+    assert staging.buffer(3, like) is first
+    assert staging.buffer(3, torch.zeros(200)).numel() == 200  # (DDP rebuilt its buckets)
+
+
+class _Event:
+    def __init__(self, said):
+        self.said = said
+
+    def synchronize(self):
+        self.said.append("waited for this bucket's copy")
+
+
+class _OrderedStaging:
+    """A staging as CudaStaging is used: an event to wait on per copy out."""
+
+    def __init__(self, said):
+        self.said, self.host = said, torch.zeros(4)
+
+    def to_host(self, index, grads):
+        self.said.append(f"copy out {index}")
+        self.host.copy_(grads)
+        return self.host, _Event(self.said)
+
+    def to_device(self, host, grads, consumer):
+        self.said.append(f"copy back {consumer}")
+        grads.copy_(host)
+
+
+def test_a_staged_bucket_is_copied_out_at_once_and_reduced_after_its_own_copy(monkeypatch):
+    """The copy out is queued before the hook returns; the reducing thread waits on that
+    copy's event alone before the collective reads the buffer, and the copy back is made
+    for the stream the hook was called on (#67 item 6: no synchronisation of the device)."""
+    from harness.ddp import hooks
+
+    said = []
+    collective = HeldCollective()
+    state = LossyHookState(collective)
+    monkeypatch.setattr(hooks, "staging_for", lambda grads, cpu, cuda: _OrderedStaging(said))
+    grads = torch.ones(4)
+    future = lossy_allreduce_hook(state, Bucket(0, grads))
+    assert said == ["copy out 0"] and not future.done()  # backward goes on meanwhile
+    collective.go.set()
+    assert torch.equal(future.wait(), torch.full((4,), 2.0))
+    assert said == ["copy out 0", "waited for this bucket's copy", "copy back None"]
 
 
 def test_a_float32_cpu_bucket_is_reduced_in_place_without_staging():
@@ -161,3 +203,12 @@ def test_clipping_after_the_hook_clips_the_reduced_gradient_as_ddp_does():
         assert float(torch.nn.utils.clip_grad_norm_([parameter], 0.5)) == pytest.approx(total)
         assert torch.allclose(parameter.grad, expected, rtol=0, atol=1e-7)
         assert total > 0.5  # (the clip acted)
+
+
+def test_each_bucket_is_staged_by_what_it_is():
+    from harness.ddp.staging import staging_for
+
+    cpu, cuda = HostStaging(), object()
+    assert staging_for(torch.zeros(2), cpu, cuda) is None  # CPU float32: as it is
+    assert staging_for(torch.zeros(2, dtype=torch.bfloat16), cpu, cuda) is cpu
+    assert staging_for(torch.zeros(2, dtype=torch.float64), cpu, cuda) is cpu
