@@ -36,7 +36,7 @@ BENCH_ARGS = --loss $(LOSS) --profile $(PROFILE) --hosts $(HOSTS) --steps $(STEP
 # make provision INVENTORY=hosts.yml: the Ansible roles in ansible/ over the inventory.
 INVENTORY ?= ansible/inventory.example.yml
 
-.PHONY: setup setup-bench vm-guest test test-gpu mutate lint clean bench bench-full reproduce \
+.PHONY: setup setup-bench vm-guest test test-gpu gpu-check mutate lint clean bench bench-full reproduce \
 	reproduce-full provision
 
 # setup: everything `make test` needs (its VM tests included); setup-bench: what a bench needs
@@ -87,6 +87,11 @@ mutate: setup
 # your own environment): one table and one JSON line; exit 3 where there is no GPU.
 test-gpu: setup-bench
 	$(PY) -m tests.hardware.tier
+
+# On one GPU host (<= 8 min): how much of the lossy collective the DDP hook hides behind
+# backward, and the collective's busbw (tests/hardware/gpu_check.py); exit 3 without a GPU.
+gpu-check: setup-bench
+	$(PY) -m tests.hardware.gpu_check
 
 bench: setup-bench
 	$(VENV)/bin/lossbed bench $(BENCH_ARGS)

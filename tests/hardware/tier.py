@@ -7,6 +7,8 @@ Steps, each in a process of its own under its own timeout, within one budget (8 
   core    the compiled data plane imports in this Python (built in place if not)
   doctor  `lossbed doctor --device cuda` on 2 namespace hosts (they share the GPU)
   hook    the DDP hook's CUDA staging path and the DDP wrap (tests/unit, CUDA cases included)
+  overlap how much of the lossy collective the hook hides behind backward on the GPU, and
+          its busbw (tests/hardware/gpu_check.py, `make gpu-check`)
   train   every variant, tiny and small, --device cuda, 2 hosts sharing the GPU, 10% loss
   nccl    `reliable` over NCCL with a GPU per rank (2 GPUs or more)
   coverage `reliable` over NCCL on the 2 namespace hosts sharing the GPU, at 0% and 10% loss:
@@ -33,7 +35,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = ("core", "doctor", "hook", "train", "nccl", "coverage", "wire")
+STEPS = ("core", "doctor", "hook", "overlap", "train", "nccl", "coverage", "wire")
 VARIANTS = ("reliable", "unbiased", "unbiased_drift", "rps")
 PRESETS = ("tiny", "small")
 
@@ -173,6 +175,17 @@ class Tier:
                     f"step p50 x{slower:.2f} at 10% (NCCL over the veths)",
                     coverage=covered, step_p50_ratio=slower)
 
+    def overlap(self) -> None:
+        code, output, seconds = _run([sys.executable, "-m", "tests.hardware.gpu_check",
+                                      "--budget-s", str(min(240, self.left()))],
+                                     min(270, self.left()))
+        (self.out / "overlap.txt").write_text(output)
+        last = output.strip().splitlines()[-1] if output.strip() else ""
+        data = json.loads(last) if code == 0 and last.startswith("{") else {}
+        self.record("overlap", "passed" if code == 0 else "failed", seconds,
+                    f"{data['hidden']:.0%} hidden behind backward, busbw "
+                    f"{data['busbw_gbps']:.2f} GB/s" if data else last, overlap=data)
+
     def wire(self) -> None:
         result = self.out / "wire.json"
         code, output, seconds = _run(
@@ -245,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu_host = tier.doctor() if "doctor" in steps else None
             gpus_shown = tier.rows[-1].get("gpus", "0") if gpu_host is not None else "0"
             gpus = int(gpus_shown.split()[0]) if gpus_shown.split()[0].isdigit() else 0
-            for step in ("hook", "train", "nccl", "coverage"):
+            for step in ("hook", "overlap", "train", "nccl", "coverage"):
                 if step not in steps:
                     continue
                 if gpu_host is False:
