@@ -16,7 +16,8 @@ the rest of the kernel, the MAC (libcrypto), the compiled core by function, Pyth
 torch (the store) and the C library; also the CPU-seconds the ranks used per all-reduce
 against the cores' wall time, which says whether the machine is the bound. Needs `perf`.
 
---flamegraph FILE.svg draws rank 0's measured all-reduces as a flame graph (py-spy, a
+--flamegraph FILE.svg draws rank 0's measured all-reduces as a flame graph (and FILE.folded,
+its stacks as text) (py-spy, a
 [dev] dependency, sampling rank 0 with its native frames: the compiled core, numpy and the C
 library's system calls under the Python that called them), and prints the share of its
 samples under each of the same parts as the cProfile view; the kernel's own share is
@@ -41,6 +42,8 @@ import time
 from datetime import timedelta
 
 import numpy as np
+
+from tests.benchmarks import flamegraph
 
 PORT = 29741
 WORLD = 4
@@ -213,6 +216,20 @@ def stack_shares(folded: str) -> dict[str, float]:
     return {name: 100 * n / total if total else 0.0 for name, n in shares.items()}
 
 
+def heaviest_leaves(folded: str, top: int) -> list[tuple[str, float]]:
+    """The frames most samples ended in (the leaf of each stack), with their share."""
+    leaves: dict[str, int] = {}
+    total = 0
+    for line in folded.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if count.isdigit():
+            total += int(count)
+            leaf = stack.rsplit(";", 1)[-1]
+            leaves[leaf] = leaves.get(leaf, 0) + int(count)
+    ranked = sorted(leaves.items(), key=lambda kv: -kv[1])[:top]
+    return [(leaf, 100 * n / total) for leaf, n in ranked]
+
+
 def flamegraph_main(args) -> None:
     """The --flamegraph view: py-spy on rank 0 during the measured all-reduces."""
     from pathlib import Path
@@ -230,26 +247,38 @@ def flamegraph_main(args) -> None:
         ready.get(timeout=600)
     with tempfile.TemporaryDirectory(prefix="lossbed-spy-") as folder:
         raw = os.path.join(folder, "rank0.txt")
-        spies = [subprocess.Popen(
-            [spy, "record", "--native", "--nonblocking", "--rate", "250", "--format", fmt,
-             "-o", path, "--pid", str(procs[0].pid)],
+        # (native frames need the process paused for each sample: at 250 Hz, a few % of
+        # its time; rank 0's all-reduce time below is measured under it)
+        spying = subprocess.Popen(
+            [spy, "record", "--native", "--rate", "250", "--format", "raw", "-o", raw,
+             "--pid", str(procs[0].pid)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            for fmt, path in (("raw", raw), ("flamegraph", args.flamegraph))]
         time.sleep(2.0)  # py-spy attached
         go.set()
         result = out.get(timeout=600)
-        for spy_process in spies:
-            spy_process.send_signal(signal.SIGINT)
-        for spy_process in spies:
-            spy_process.wait(120)
+        spying.send_signal(signal.SIGINT)
+        _, spy_err = spying.communicate(timeout=120)
         for p in procs:
             p.join(60)
-        shares = stack_shares(Path(raw).read_text())
+        if not os.path.exists(raw):
+            raise SystemExit(f"py-spy wrote nothing: {spy_err.strip()[-500:]}")
+        # rank 0's main thread in its measured loop only (py-spy samples every thread,
+        # multiprocessing's idle queue feeder too)
+        folded = "\n".join(line for line in Path(raw).read_text().splitlines()
+                           if "rank_main (" in line)
+        Path(args.flamegraph).with_suffix(".folded").write_text(folded)  # (to read as text)
+        Path(args.flamegraph).write_text(flamegraph.svg(folded, (
+            f"rank 0 of 4, {args.mib} MiB lossy all-reduce, MTU {args.mtu}, "
+            f"{'unsealed' if args.unsealed else 'sealed'} (py-spy --native)")))
+        shares = stack_shares(folded)
     print(f"rank 0, {args.mib} MiB all-reduce, MTU {args.mtu}, "
           f"{'unsealed' if args.unsealed else 'sealed'}: {result['wall_s'] * 1e3:.1f} ms per "
           f"all-reduce; py-spy's samples of rank 0 by part (flame graph: {args.flamegraph})")
     for name, percent in shares.items():
         print(f"  {name:<30} {percent:5.1f}%  {percent / 100 * result['wall_s'] * 1e3:7.2f} ms")
+    print(f"the {args.top} frames most samples ended in:")
+    for leaf, percent in heaviest_leaves(folded, args.top):
+        print(f"  {percent:5.1f}%  {leaf[:110]}")
     print(json.dumps({"wall_s": result["wall_s"], "shares_pct": shares, "mtu": args.mtu,
                       "mib": args.mib, "sealed": not args.unsealed,
                       "flamegraph": args.flamegraph}))
