@@ -97,6 +97,19 @@ def rules_messages(text: str, path: str) -> list[int]:
     return [i for i, line in enumerate(text.splitlines(), 1) if RULES_MESSAGE.search(line)]
 
 
+def private_loss_rules(text: str, path: str) -> list[int]:
+    """A loss fraction bounded by a comparison of its own (0 <= rate < 1, 0 < loss < 1...)
+    rather than by testbed/checks.loss_fraction."""
+    found = []
+    for n in _walk(text):
+        if (isinstance(n, ast.Compare) and len(n.comparators) == 2
+                and isinstance(n.left, ast.Constant) and n.left.value == 0
+                and isinstance(n.comparators[1], ast.Constant) and n.comparators[1].value == 1
+                and re.search(r"rate|loss|fraction|drop", ast.unparse(n.comparators[0]))):
+            found.append(n.lineno)
+    return found
+
+
 def loss_as_set_text(text: str, path: str) -> list[int]:
     return [n.lineno for n in _walk(text)
             if isinstance(n, ast.JoinedStr) and any(
@@ -317,6 +330,15 @@ CHECKS = [
         rules_messages,
         'x = 1\nmsg = f"{v} is not a fraction in [0, 1)"\n', (2,),
         'msg = f"{v} is not a share of the hosts"\n',
+        applies=lambda path: path != "testbed/checks.py"),
+    SourceCheck(
+        "a private copy of the loss rule", "a loss fraction is checked by the one rule, "
+        "testbed/checks.loss_fraction (#68: no copies in dropmask, fates, the profile model)",
+        ("harness", "testbed"), private_loss_rules,
+        "def f(rate, loss):\n    if not 0 <= rate < 1:\n        pass\n"
+        "    ok = 0 < self.loss < 1\n", (2, 4),
+        "def f(rate, value):\n    checks.loss_fraction('--loss', rate)\n"
+        "    ok = 0 < value < 1\n    near = 0 <= rate <= 2\n",
         applies=lambda path: path != "testbed/checks.py"),
     SourceCheck(
         "a loss written as set text", "the loss goes down typed: nothing builds a "

@@ -19,6 +19,7 @@ import numpy as np
 
 from harness.transport.dropmask import DropMask
 from harness.transport.header import STAGE_REDUCE, Header
+from testbed import checks
 
 
 class Fate:
@@ -50,8 +51,7 @@ class BernoulliFate(Fate):
     SeededFate gives the transport's own identities instead."""
 
     def __init__(self, seed: int, rate: float):
-        if not 0 <= rate < 1:
-            raise ValueError(f"drop rate {rate} must be in [0, 1)")
+        checks.loss_fraction("the drop rate", rate)  # (the one rule of a loss fraction)
         self.seed, self.rate = seed, rate
 
     def arrivals(self, receiver, step, stage, sends):

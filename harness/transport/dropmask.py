@@ -22,6 +22,7 @@ import hashlib
 import struct
 
 from harness.transport.header import Header
+from testbed import checks
 from testbed.errors import UsageError
 
 _KEY = struct.Struct("<QHHIBHIHH")
@@ -30,8 +31,7 @@ RECENT_STEPS = 8  # how far back a copy of a dropped packet is recognised as one
 
 class DropMask:
     def __init__(self, seed: int, rate: float, receiver: int = 0):
-        if not 0 <= rate < 1:
-            raise ValueError(f"drop rate {rate} must be in [0, 1)")
+        checks.loss_fraction("the drop rate", rate)  # (the one rule of a loss fraction)
         if not 0 <= seed < 2**64:
             raise ValueError(f"seed {seed} must be in [0, 2^64)")
         self.seed, self.rate, self.receiver = seed, rate, receiver
@@ -92,7 +92,8 @@ def parse_drop_mask(text: str | None) -> DropMask | None:
         if not sep:
             raise ValueError("no ':'")
         return DropMask(int(seed), float(rate))
-    except (ValueError, OverflowError) as err:
-        raise UsageError("LOSSBED_DROP_MASK", f"{text!r} is not SEED:RATE ({err})",
+    except (ValueError, OverflowError, UsageError) as err:
+        why = err.problem if isinstance(err, UsageError) else err
+        raise UsageError("LOSSBED_DROP_MASK", f"{text!r} is not SEED:RATE ({why})",
                          "Write e.g. LOSSBED_DROP_MASK=7:0.1 (seed 7, 10% of datagrams)") \
             from None

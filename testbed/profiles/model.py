@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from testbed import ports
+from testbed import checks, ports
 
 # ---- what the kernel's fields can hold -------------------------------------------------------
 # A value past these is refused here, with the reason, instead of being cut or wrapped when it
@@ -481,8 +481,9 @@ class Profile(_Strict):
         it was told to), for per-host or per-link loss (their paths would keep their own
         rate while the record says `fraction`), and for a model whose rate is not one
         number (p_pct/r_pct, four-state)."""
-        if not 0 < fraction < 1:
-            raise ValueError(f"a loss of {fraction} is not a fraction in (0, 1)")
+        checks.loss_fraction("--loss", fraction)  # (the one rule of a loss fraction)
+        if fraction == 0:  # (0 is no loss: the loader makes it without_loss())
+            raise ValueError("a loss of 0 sets no loss rate: use without_loss()")
         loss = self.impairment.loss
         if loss is None:
             raise ValueError(f"profile {self.name!r} has no loss model for a loss rate to set: "

@@ -6,12 +6,15 @@ every rate each fate takes."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from harness.scale import fates
 from harness.transport.dropmask import DropMask
 from harness.transport.header import STAGE_BROADCAST, STAGE_REDUCE, Header
+from testbed.errors import UsageError
 
 
 class _Recording(fates.Fate):
@@ -52,10 +55,11 @@ def test_bernoulli_is_one_seeded_draw_per_receiver_step_and_stage():
 
 def test_bernoulli_takes_a_rate_in_0_to_1():
     assert all(a.all() for a in fates.BernoulliFate(1, 0.0).arrivals(0, 0, 0, [50, 50]))
-    for rate in (1.0, 1.5, -0.1):
-        with pytest.raises(ValueError) as refused:
+    for rate in (1.0, 1.5, -0.1, math.nan):
+        with pytest.raises(UsageError) as refused:  # the one rule (testbed/checks.py)
             fates.BernoulliFate(1, rate)
-        assert str(refused.value) == f"drop rate {rate} must be in [0, 1)"
+        assert (refused.value.field, refused.value.problem) == (
+            "the drop rate", f"{rate:g} is not a fraction in [0, 1)")
 
 
 def test_the_seeded_fate_is_the_transports_mask_on_its_identities():

@@ -55,10 +55,15 @@ def test_a_gilbert_model_given_by_its_rates_is_refused(tmp_path):
         profiles.load(str(path), loss=0.1)
 
 
-@pytest.mark.parametrize("loss", [0.0, 1.0, -0.1])
-def test_with_loss_takes_a_fraction_strictly_between_0_and_1(loss):
-    with pytest.raises(ValueError, match="fraction"):
+@pytest.mark.parametrize("loss", [1.0, -0.1, float("nan")])
+def test_with_loss_takes_a_fraction_by_the_one_rule(loss):
+    with pytest.raises(UsageError, match="is not a fraction in \\[0, 1\\)"):
         profiles.load("random-loss").with_loss(loss)
+
+
+def test_with_loss_leaves_no_loss_to_without_loss():
+    with pytest.raises(ValueError, match="without_loss"):
+        profiles.load("random-loss").with_loss(0.0)
 
 
 @pytest.mark.parametrize("profile", ["clean", "asymmetric", "four-state"])
