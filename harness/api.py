@@ -311,11 +311,11 @@ class Job:
         without one, without the process group, or after a failure (peers may be gone)."""
         import torch.distributed as dist
 
-        drifting = [t for t in self._timers if hasattr(t, "replica_drift")]
-        if not drifting or getattr(sys, "last_value", None) or not dist.is_initialized():
+        if not self._timers or getattr(sys, "last_value", None) or not dist.is_initialized():
             return None
         try:
-            return max(t.replica_drift() for t in drifting)
+            drifts = [d for t in self._timers if (d := t.replica_drift()) is not None]
+            return max(drifts) if drifts else None
         except Exception as err:  # noqa: BLE001 - the metrics are still written
             self._script.setdefault("lossbed_drift_error", str(err))
             return None

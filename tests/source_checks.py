@@ -255,6 +255,17 @@ def cluster_probes(text: str, path: str) -> list[int]:
             and ast.unparse(n.args[0]).split(".")[-1] in ("cluster", "host", "h")]
 
 
+def timing_probes(text: str, path: str) -> list[int]:
+    """getattr/hasattr on a variant's timing object (a CollectiveTiming declares what is
+    read of it)."""
+    return [n.lineno for n in _walk(text)
+            if isinstance(n, ast.Call) and getattr(n.func, "id", "") in ("getattr", "hasattr")
+            and n.args and re.search(r"\b(timing|timer|t|o)\b", ast.unparse(n.args[0]))
+            and isinstance(n.args[1], ast.Constant)
+            and n.args[1].value in ("collective", "rps", "totals", "replica_drift",
+                                    "collective_us", "lossy_collective")]
+
+
 # ---- the rank protocol ---------------------------------------------------------------------
 
 TORCHRUN_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -401,6 +412,13 @@ CHECKS = [
         "instead", ("harness", "testbed"), cluster_probes,
         "x = getattr(cluster, 'ssh', False)\ny = getattr(hc.host, 'gpus', 0)\n", (1, 2),
         "x = getattr(args, 'host', None)\ny = cluster.ssh\n"),
+    SourceCheck(
+        "a timing object probed", "every variant's wrapper declares its members "
+        "(harness/ddp/timing.py: CollectiveTiming); nothing probes it with getattr/hasattr",
+        ("harness",), timing_probes,
+        'c = getattr(timing, "collective", None)\nif hasattr(timing, "rps"):\n    pass\n'
+        'd = [t for t in ts if hasattr(t, "replica_drift")]\n', (1, 2, 4),
+        'c = timing.lossy_collective()\nx = getattr(args, "collective", None)\n'),
     SourceCheck(
         "what a rank is told read past its protocol", "only rank_protocol.py reads what a "
         "rank is told (LOSSBED_*, torchrun's variables)", ("harness",),

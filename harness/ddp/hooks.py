@@ -47,6 +47,12 @@ class LossyHookState:
         self.collective_us = Histogram()
         self.overlap = Overlap()
 
+    def lossy_collective(self) -> LossyCollective:
+        return self.collective
+
+    def replica_drift(self) -> None:
+        return None  # (an all-reduce of gradients: every rank steps the same model)
+
     @property
     def staging(self) -> dict[int, torch.Tensor]:
         """The host buffers, one per bucket index (both stagings share them)."""
@@ -126,6 +132,12 @@ class ReliableTiming:
 
     def __init__(self):
         self.collective_us = Histogram()
+
+    def lossy_collective(self) -> None:
+        return None  # torch.distributed's own all-reduce
+
+    def replica_drift(self) -> None:
+        return None
 
 
 def timed_allreduce_hook(state: ReliableTiming, bucket):

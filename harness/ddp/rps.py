@@ -83,6 +83,9 @@ class RPSOptimizer(torch.optim.Optimizer):
             p.copy_(self.flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
 
+    def lossy_collective(self):
+        return self.rps.collective
+
     def replica_drift(self, mean_over_ranks=None) -> float:
         """How far this rank's model is from the ranks' mean model (RPS's replicas differ
         where packets were lost): ||mine - mean|| / ||mean||, the mean reliable (every rank

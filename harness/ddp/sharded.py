@@ -187,6 +187,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             p.copy_(self.flat_params[offset:offset + n].view_as(p))
             offset += n
 
+    def lossy_collective(self):
+        return self.collective
+
     def replica_drift(self) -> float:
         """How far this rank's parameters are from the owners' (the model bounded_drift
         bounds them by): ||mine - owners'|| / ||owners'||, the owners' shards fetched

@@ -155,7 +155,7 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
         torch.set_num_threads(threads_before)
     if cfg.save_to:
         torch.save(models.flat(replicas[0]), cfg.save_to)
-    collectives = [getattr(o, "collective", None) or o.rps.collective for o in optimizers]
+    collectives = [o.lossy_collective() for o in optimizers]
     expected = sum(c.expected for c in collectives)
     missing = sum(c.missing for c in collectives)
     scores = _scores(cfg, replicas, corpus, tok, per_packet)

@@ -80,17 +80,11 @@ TIMING_WARMUP_STEPS = 5
 SLOW_FACTOR = 5.0
 
 
-def _lossy_collective(timing):
-    """A variant's lossy collective (None for reliable)."""
-    collective = getattr(timing, "collective", None)  # the hook's and sharded optimizer's
-    if collective is None and hasattr(timing, "rps"):  # RPS holds one inside
-        collective = timing.rps.collective
-    return collective
-
-
 def _lossy_totals(timing) -> dict:
-    """What a variant's lossy collective has counted so far (nothing for reliable)."""
-    return dict(getattr(_lossy_collective(timing), "totals", None) or {})
+    """What a variant's lossy collective has counted so far (nothing for reliable):
+    `timing` is its CollectiveTiming (harness/ddp/timing.py)."""
+    collective = timing.lossy_collective()
+    return dict(collective.totals) if collective is not None else {}
 
 
 def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None,
@@ -172,7 +166,7 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
             print(f"[{label}] step {step + 1}/{cfg.steps} loss {value:.3f} {rate:.0f} tok/s, "
                   f"about {eta:.0f} s left in this run", file=sys.stderr, flush=True)
     train_s = time.perf_counter() - started - aside_s
-    collective = _lossy_collective(timing)
+    collective = timing.lossy_collective()
     if collective is not None:  # its last timed late markers, and its background sender
         collective.finish()
     after = transport.counters.to_dict()
