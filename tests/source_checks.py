@@ -250,9 +250,9 @@ def cluster_kind_tests(text: str, path: str) -> list[int]:
 
 def cluster_probes(text: str, path: str) -> list[int]:
     return [n.lineno for n in _walk(text)
-            if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "getattr"
+            if isinstance(n, ast.Call) and getattr(n.func, "id", "") in ("getattr", "hasattr")
             and n.args and isinstance(n.args[0], ast.Name | ast.Attribute)
-            and ast.unparse(n.args[0]).split(".")[-1] in ("cluster", "host", "h")]
+            and re.fullmatch(r"cluster|host|h\d*", ast.unparse(n.args[0]).split(".")[-1])]
 
 
 def timing_probes(text: str, path: str) -> list[int]:
@@ -408,10 +408,11 @@ CHECKS = [
         (1, 3), 'if qp.kind == "rc":\n    pass\n',
         applies=lambda path: not path.startswith("testbed/clusters/")),
     SourceCheck(
-        "a cluster or host probed with getattr", "declare the member in the contract "
+        "a cluster or host probed", "declare the member in the contract "
         "instead", ("harness", "testbed"), cluster_probes,
-        "x = getattr(cluster, 'ssh', False)\ny = getattr(hc.host, 'gpus', 0)\n", (1, 2),
-        "x = getattr(args, 'host', None)\ny = cluster.ssh\n"),
+        "x = getattr(cluster, 'ssh', False)\ny = getattr(hc.host, 'gpus', 0)\n"
+        "if not hasattr(h1, 'socket'):\n    pass\n", (1, 2, 3),
+        "x = getattr(args, 'host', None)\ny = cluster.ssh\nz = hasattr(hosts, 'x')\n"),
     SourceCheck(
         "a timing object probed", "every variant's wrapper declares its members "
         "(harness/ddp/timing.py: CollectiveTiming); nothing probes it with getattr/hasattr",

@@ -179,6 +179,14 @@ class RemoteHost:
     def exec_passthrough(self, argv) -> int:
         return subprocess.call(self.ssh_argv(shlex.join(argv)))
 
+    def socket(self, family=None, kind=None):
+        raise LossbedError(f"host {self.name} is remote: its sockets live there, not in the "
+                           "controller")
+
+    def offloads(self, ifname: str | None = None) -> dict[str, bool]:
+        raise LossbedError(f"host {self.name} is remote: its offloads are read there "
+                           "(lossbed doctor's checkup runs on it)")
+
 
 @dataclass
 class RemoteCluster(NamedHosts):

@@ -132,7 +132,7 @@ def nic(host, carried: dict) -> dict:
         value = read.stdout.decode().strip() if read.returncode == 0 else ""
         facts[key] = int(value) if value.lstrip("-").isdigit() else None
     try:
-        offloads = host.offloads() if hasattr(host, "offloads") else {}
+        offloads = host.offloads()
         facts["offloads_on"] = sorted(name for name, on in offloads.items() if on)
     except Exception as err:
         facts["offloads_on"] = None

@@ -60,6 +60,20 @@ class Host(Protocol):
 
     def agent_call(self, op: str, payload: dict): ...
 
+    def exec_passthrough(self, argv: Sequence[str]) -> int:
+        """Become `argv` inside the host (`lossbed exec`): output, input, signals and the
+        exit code pass straight through."""
+
+    def socket(self, family: int = socket.AF_INET, kind: int = socket.SOCK_DGRAM
+               ) -> socket.socket:
+        """A socket in the host's network, made in this process; refused (LossbedError,
+        saying where its sockets live) for a host whose network is elsewhere (a VM, a
+        remote machine)."""
+
+    def offloads(self, ifname: str | None = None) -> dict[str, bool]:
+        """The impaired interface's (or ifname's) merging offloads, on or off; refused as
+        socket() is where the host's network is elsewhere."""
+
 
 @dataclass(frozen=True)
 class NamespaceHost:
@@ -138,6 +152,10 @@ class LocalHost:
 
     def netlink(self) -> IPRoute:
         return IPRoute()
+
+    def exec_passthrough(self, argv) -> int:
+        os.execvp(argv[0], list(argv))
+        return 127  # not reached
 
     def socket(self, family=socket.AF_INET, kind=socket.SOCK_DGRAM) -> socket.socket:
         return socket.socket(family, kind)

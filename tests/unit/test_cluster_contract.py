@@ -61,3 +61,30 @@ def test_every_kind_implements_the_contract(kind):
     assert host.mgmt_address == {"netns": "", "vm": "", "remote": "10.10.0.1"}[kind]
 
 
+
+
+def test_a_host_whose_network_is_elsewhere_refuses_sockets_and_offloads_with_the_reason():
+    """Host declares socket() and offloads() (#68 item 4): a VM's and a remote machine's
+    sockets are not the controller's, and they say so; the raw UDP rate of such a cluster is
+    not measured (nan) rather than probed for."""
+    import math
+
+    from harness.bench.collective_bench import raw_udp_rate
+    from testbed.clusters.remote import RemoteHost
+    from testbed.clusters.vm.cluster import VMHost
+    from testbed.errors import LossbedError
+
+    for host, where in ((VMHost.__new__(VMHost), "is a VM"),
+                        (RemoteHost.__new__(RemoteHost), "is remote")):
+        object.__setattr__(host, "name", "h1")
+        for ask in (host.socket, host.offloads):
+            with pytest.raises(LossbedError, match=f"host h1 {where}"):
+                ask()
+
+    class Elsewhere:
+        hosts = [VMHost.__new__(VMHost), VMHost.__new__(VMHost)]
+        mtu = 1500
+
+    for h in Elsewhere.hosts:
+        object.__setattr__(h, "name", "h")
+    assert math.isnan(raw_udp_rate(Elsewhere()))

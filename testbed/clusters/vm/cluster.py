@@ -95,6 +95,14 @@ class VMHost:
         raise LossbedError(f"host {self.name} is a VM: its netlink work runs inside it "
                            "(testbed.host.agent), not from the controller")
 
+    def socket(self, family=None, kind=None):
+        raise LossbedError(f"host {self.name} is a VM: its sockets live inside it, not in "
+                           "the controller")
+
+    def offloads(self, ifname: str | None = None) -> dict[str, bool]:
+        raise LossbedError(f"host {self.name} is a VM: its offloads are read inside it "
+                           "(lossbed doctor's checkup runs there)")
+
     def agent_call(self, op: str, payload: dict):
         """testbed.host.agent's operation, served by the guest process itself (see guest.py)."""
         reply = channel.call(Path(self.channel), {
