@@ -29,8 +29,8 @@ def cluster_of(args):
     if getattr(args, "inventory", None):
         from testbed.clusters import remote
 
-        return remote.from_inventory(args.inventory, lease_s=args.lease_s,
-                                     force_interface=args.force_interface)
+        return clusters.opened(remote.from_inventory(
+            args.inventory, lease_s=args.lease_s, force_interface=args.force_interface))
     return clusters.load(getattr(args, "cluster", None))
 
 
@@ -456,10 +456,8 @@ def _check_arguments(args) -> None:
 
 def main(argv: list[str] | None = None, more=()) -> int:
     args = build_parser(more).parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
-    )
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # pyroute2 logs every netlink retry at INFO; keep the console for lossbed's own lines.
     logging.getLogger("pyroute2").setLevel(logging.WARNING)
     logging.getLogger("paramiko").setLevel(logging.WARNING)
@@ -483,6 +481,8 @@ def main(argv: list[str] | None = None, more=()) -> int:
               f"{log_path}; -v prints it here). Please report it with that file",
               file=sys.stderr)
         return 1
+    finally:
+        clusters.close_opened()  # (a remote cluster's connections: let go of, always)
 
 
 def _write_traceback() -> str:

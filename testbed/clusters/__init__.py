@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from testbed.clusters import naming, state
 from testbed.clusters import netns as netns_cluster
 from testbed.errors import ClusterError
@@ -26,8 +28,23 @@ def resolve_name(name: str | None, how: str = "--cluster NAME") -> str:
     return names[0]
 
 
+# The clusters a command loaded: closed when the command ends (testbed/cli.py's main calls
+# close_opened), whatever way it ends, so a remote cluster's connections are let go of
+_OPENED = contextlib.ExitStack()
+
+
+def opened(cluster):
+    """`cluster`, to be closed when the command ends (close_opened)."""
+    return _OPENED.enter_context(cluster)
+
+
+def close_opened() -> None:
+    """Close every cluster the command opened (Cluster.close), the last opened first."""
+    _OPENED.close()
+
+
 def load(name: str | None, how: str = "--cluster NAME"):
-    """The cluster object of a cluster that is fully up."""
+    """The cluster object of a cluster that is fully up (closed when the command ends)."""
     name = resolve_name(name, how)
     record = state.read(name)
     if record is None:
@@ -43,11 +60,11 @@ def load(name: str | None, how: str = "--cluster NAME"):
             f"was interrupted): remove it with: lossbed down {name}"
         )
     if record["kind"] == netns_cluster.KIND:
-        return netns_cluster.LocalCluster.from_record(record)
+        return opened(netns_cluster.LocalCluster.from_record(record))
     if record["kind"] == "vm":
         from testbed.clusters.vm.cluster import VMCluster
 
-        return VMCluster.from_record(record)
+        return opened(VMCluster.from_record(record))
     raise ClusterError(f"cluster {name!r} has unknown kind {record['kind']!r}")
 
 

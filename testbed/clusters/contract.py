@@ -60,6 +60,12 @@ class Cluster(Protocol):
     def close(self) -> None:
         """Let go of what connect() opened."""
 
+    def __enter__(self) -> Cluster:
+        """A cluster is a context manager: `with` closes it (NamedHosts)."""
+
+    def __exit__(self, *exc) -> None:
+        """close()."""
+
     def rank_python(self, host: Host) -> str:
         """The Python interpreter that runs ranks on the host."""
 
@@ -68,7 +74,13 @@ class Cluster(Protocol):
 
 
 class NamedHosts:
-    """host(name), the same for every kind."""
+    """host(name), and closing as a context manager, the same for every kind."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def host(self, name: str) -> Host:
         for h in self.hosts:

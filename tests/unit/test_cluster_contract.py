@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from testbed.clusters import contract
+from testbed.clusters.contract import NamedHosts
 from testbed.clusters.netns import LocalCluster
 from testbed.clusters.remote import RemoteCluster, RemoteHost
 from testbed.clusters.vm.cluster import VMCluster, VMHost
@@ -88,3 +89,47 @@ def test_a_host_whose_network_is_elsewhere_refuses_sockets_and_offloads_with_the
     for h in Elsewhere.hosts:
         object.__setattr__(h, "name", "h")
     assert math.isnan(raw_udp_rate(Elsewhere()))
+
+
+class _Closing(NamedHosts):
+    """A cluster that says when it is closed."""
+
+    def __init__(self, said):
+        self.name, self.hosts, self.said = "c", [], said
+
+    def close(self):
+        self.said.append("closed")
+
+
+def test_a_cluster_is_a_context_manager_that_closes_it():
+    said = []
+    with _Closing(said) as cluster:
+        assert isinstance(cluster, _Closing) and said == []
+    assert said == ["closed"]
+
+
+@pytest.mark.parametrize("ends", ["returns", "refuses", "breaks"])
+def test_every_cluster_a_command_opened_is_closed_however_it_ends(ends):
+    """#68 item 4: Cluster.close is called (a remote cluster's SSH connections were never
+    let go of): testbed/cli.py's main closes what the command opened (clusters.opened,
+    which load() and an inventory's cluster go through), on success, refusal and bugs."""
+    from testbed import cli, clusters
+    from testbed.errors import UsageError
+
+    said = []
+
+    def command(args):
+        clusters.opened(_Closing(said))
+        clusters.opened(_Closing(said))
+        if ends == "refuses":
+            raise UsageError("--x", "planted", "fix")
+        if ends == "breaks":
+            raise RuntimeError("a planted bug")
+        return 0
+
+    def add(sub):
+        sub.add_parser("planted-command").set_defaults(func=command)
+
+    code = cli.main(["planted-command"], more=[add])
+    assert code == {"returns": 0, "refuses": 2, "breaks": 1}[ends]
+    assert said == ["closed", "closed"]
