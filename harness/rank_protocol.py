@@ -53,6 +53,10 @@ JOINED_MARK = "lossbed_joined"          # rank 0: every rank's endpoints are exc
 METRICS_MARK = "lossbed_rank_metrics"   # a script's rank at its end: ScriptRankMetrics
 ERROR_MARK = "lossbed_rank_error"       # what ended a rank: {"rank", "error"}
 TRAIN_METRICS_MARK = "rank_metrics"     # lossbed's worker after each run: TrainRankMetrics
+BOUNDARY_MARK = "lossbed_boundary"      # rank 0 of the worker at a run boundary: Boundary
+RUN_RESULT_MARK = "lossbed_run_result"  # rank 0 of the worker after each run: its result
+MARKS = (JOINED_MARK, METRICS_MARK, ERROR_MARK, TRAIN_METRICS_MARK, BOUNDARY_MARK,
+         RUN_RESULT_MARK)
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
@@ -182,9 +186,51 @@ def read_mark(line: str) -> tuple[str, object] | None:
     if not isinstance(value, dict) or len(value) != 1:
         return None
     (name, payload), = value.items()
-    if name not in (JOINED_MARK, METRICS_MARK, ERROR_MARK, TRAIN_METRICS_MARK):
+    if name not in MARKS:
         return None
     return name, payload
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Rank 0 of lossbed's worker at a run boundary (harness.train.worker.wait_at_boundary):
+    before run `index` ("start", and once after the last run), when its model is built and
+    wrapped ("ready"), when its training ends ("trained"). The controller answers on rank
+    0's stdin with go() once it has done its part (harness.train.run: apply, read, clear),
+    or with STOP."""
+
+    index: int
+    phase: str = "start"
+
+    PHASES = ("start", "ready", "trained")
+
+    def __post_init__(self):
+        if self.phase not in self.PHASES:
+            raise ValueError(f"a run boundary's phase is one of {', '.join(self.PHASES)}, "
+                             f"not {self.phase!r}")
+
+    def line(self) -> str:
+        """What rank 0 prints."""
+        return mark(BOUNDARY_MARK, {"index": self.index, "phase": self.phase})
+
+    @classmethod
+    def read(cls, line: str) -> Boundary | None:
+        """The boundary a line of rank 0's says, or None for any other line."""
+        said = read_mark(line)
+        return cls(**said[1]) if said is not None and said[0] == BOUNDARY_MARK else None
+
+    def go(self) -> str:
+        """The controller's answer that lets rank 0 go on."""
+        return f"go {self.index}" + ("" if self.phase == "start" else f" {self.phase}")
+
+
+STOP = "stop"  # the controller's answer when its part failed: rank 0 stops
+
+
+def run_results(lines: list[str]) -> list[dict]:
+    """Rank 0's result of each run (RUN_RESULT_MARK), in order, from the lines it printed."""
+    return [payload for name, payload in filter(None, map(read_mark, lines))
+            if name == RUN_RESULT_MARK]
 
 
 class _Record:

@@ -168,10 +168,10 @@ class _Boundaries:
         return ended - begun if begun is not None and ended is not None else None
 
     def answer(self, line: str) -> str | None:
-        if not line.startswith('{"boundary"'):
+        boundary = rank_protocol.Boundary.read(line)
+        if boundary is None:
             return None
-        message = json.loads(line)
-        index, phase = message["boundary"], message.get("phase", "start")
+        index, phase = boundary.index, boundary.phase
         try:
             if phase == "start":
                 self.started_at[index] = time.monotonic()
@@ -191,8 +191,8 @@ class _Boundaries:
                 self.start = verify.read(self.cluster)
         except BaseException as err:  # rank 0 is told to stop; the launch reports this
             self.error = err
-            return "stop"
-        return f"go {index}" + ("" if phase == "start" else f" {phase}")
+            return rank_protocol.STOP
+        return boundary.go()
 
 
 def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
@@ -263,7 +263,7 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
         raise LossbedError(launch.failure_report(failed, "training"))
     printed = [[json.loads(line) for line in r.stdout.strip().splitlines()
                 if line.startswith("{")] for r in results]
-    lines = [x for x in printed[0] if "index" in x]  # rank 0's results, per run
+    lines = rank_protocol.run_results(results[0].stdout.splitlines())  # rank 0's, per run
     # every rank's metrics, per run: each rank prints them after each run, in order
     metrics = [[TrainRankMetrics.from_dict(x[TRAIN_METRICS_MARK]) for x in rank
                 if TRAIN_METRICS_MARK in x] for rank in printed]

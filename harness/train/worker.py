@@ -243,9 +243,10 @@ def wait_at_boundary(r, index: int, phase: str = "start") -> None:
     waits for rank 0. So each run's measured loss is its own training's. A rank 0 whose
     stdin is at its end (started without lossbed's controller, e.g. by hand with
     </dev/null) does not wait."""
-    expected = f"go {index}" + ("" if phase == "start" else f" {phase}")
+    boundary = rank_protocol.Boundary(index, phase)
+    expected = boundary.go()
     if r.rank == 0:
-        print(json.dumps({"boundary": index, "phase": phase}), flush=True)
+        print(boundary.line(), flush=True)
         answer = sys.stdin.readline() if sys.stdin is not None else ""
         if answer and answer.strip() != expected:
             raise SystemExit(f"rank 0: the controller answered {answer.strip()!r} at run "
@@ -270,7 +271,8 @@ def main(argv=None) -> int:
                                ready=lambda i=i: wait_at_boundary(r, i, "ready"),
                                trained=lambda i=i: wait_at_boundary(r, i, "trained"))
             if result is not None:
-                print(json.dumps({"index": i, **result}), flush=True)
+                print(rank_protocol.mark(rank_protocol.RUN_RESULT_MARK, {"index": i, **result}),
+                      flush=True)
         wait_at_boundary(r, len(configs))
     finally:
         r.close()

@@ -5,6 +5,9 @@ over 60 s (TCP's backoff) and the first step's alignment named them lost (CI, tw
 
 from __future__ import annotations
 
+import pytest
+
+from harness.rank_protocol import STOP, Boundary, mark, run_results
 from harness.train import run
 
 
@@ -23,13 +26,13 @@ def test_the_profile_is_applied_when_the_run_is_ready_and_cleared_when_it_has_tr
 
     runs = [run.Run(None, "random-loss", loss=0.3)]
     boundaries = run._Boundaries(object(), runs, {runs[0].network: (Plan(),)})
-    assert boundaries.answer('{"boundary": 0, "phase": "start"}') == "go 0"
+    assert boundaries.answer(Boundary(0).line()) == "go 0"
     assert events == []  # setup (DDP's broadcast) runs on a clean network
-    assert boundaries.answer('{"boundary": 0, "phase": "ready"}') == "go 0 ready"
+    assert boundaries.answer(Boundary(0, "ready").line()) == "go 0 ready"
     assert events[0][0] == "apply"
-    assert boundaries.answer('{"boundary": 0, "phase": "trained"}') == "go 0 trained"
+    assert boundaries.answer(Boundary(0, "trained").line()) == "go 0 trained"
     assert events[-1] == ("clear",) and boundaries.windows[0] is not None
-    assert boundaries.answer('{"boundary": 1, "phase": "start"}') == "go 1"  # after the last
+    assert boundaries.answer(Boundary(1).line()) == "go 1"  # after the last
     assert len(events) == 2
     assert boundaries.error is None
 
@@ -51,8 +54,26 @@ def test_a_runs_wall_time_is_the_gap_between_its_start_boundary_and_the_next(mon
     boundaries = run._Boundaries(object(), runs, {("clean", ()): (Plan(),)})
     for index in range(2):
         for phase in ("start", "ready", "trained"):
-            boundaries.answer(f'{{"boundary": {index}, "phase": "{phase}"}}')
+            boundaries.answer(Boundary(index, phase).line())
     assert boundaries.run_s(0) == 30.5
     assert boundaries.run_s(1) is None  # its end has not come yet
-    boundaries.answer('{"boundary": 2, "phase": "start"}')
+    boundaries.answer(Boundary(2).line())
     assert boundaries.run_s(1) == 41.5
+
+
+def test_the_boundary_its_answer_and_the_runs_result_are_declared_messages():
+    """#68 item 3: what rank 0 of the worker says at a boundary and after a run, and the
+    controller's answers, are declared in harness/rank_protocol.py beside their readers."""
+    said = Boundary(3, "ready")
+    assert Boundary.read(said.line()) == said and said.go() == "go 3 ready"
+    assert Boundary.read(Boundary(4).line()).go() == "go 4"
+    assert Boundary.read("[run 1/2] step 3/10 loss 4.2") is None
+    assert Boundary.read('{"boundary": 0}') is None  # (the old undeclared form)
+
+    with pytest.raises(ValueError, match="phase is one of start, ready, trained"):
+        Boundary(0, "done")
+    assert STOP == "stop"
+    lines = ["progress", mark("lossbed_run_result", {"index": 0, "ppl": 9.5}),
+             Boundary(1).line(), mark("lossbed_run_result", {"index": 1, "ppl": 9.1}),
+             mark("rank_metrics", {"rank": 0})]
+    assert run_results(lines) == [{"index": 0, "ppl": 9.5}, {"index": 1, "ppl": 9.1}]
