@@ -57,31 +57,35 @@ def rank_slots(cluster: Cluster) -> list[tuple[Host, int]]:
     return slots
 
 
-def rank_env(cluster: Cluster, rank: int, extra: dict | None = None) -> dict:
-    """Rank `rank`'s environment: its place (rank_protocol.RankEnv), the settings that keep
-    its collectives on the impaired interface (bypass), the controller's forwarded choices."""
+def rank_env(cluster: Cluster, rank: int, told: dict | None = None) -> dict:
+    """Rank `rank`'s environment: its place and what it is told (rank_protocol.RankEnv:
+    `told` sets its other fields, typed), the settings that keep its collectives on the
+    impaired interface (bypass), the controller's forwarded choices."""
     slots = rank_slots(cluster)
     host, local = slots[rank]
     chosen = ControllerEnv.from_env()
-    told = RankEnv(rank=rank, world=len(slots), local_rank=local,
-                   master_addr=cluster.hosts[0].address, master_port=ports.RENDEZVOUS,
-                   address=host.address, mtu=cluster.mtu, drop_mask=chosen.drop_mask,
-                   backend=chosen.backend or "gloo", rdma_device=chosen.rdma_device)
-    env = {**told.to_env(), **bypass.pinned_env(cluster, host),
+    fields = dict(rank=rank, world=len(slots), local_rank=local,
+                  master_addr=cluster.hosts[0].address, master_port=ports.RENDEZVOUS,
+                  address=host.address, mtu=cluster.mtu, drop_mask=chosen.drop_mask,
+                  backend=chosen.backend or "gloo", rdma_device=chosen.rdma_device)
+    env = {**RankEnv(**{**fields, **(told or {})}).to_env(), **bypass.pinned_env(cluster, host),
            "PYTHONPATH": host.project, "OMP_NUM_THREADS": "1"}
-    env.update(extra or {})
     return env
 
 
-def transport_env(profile) -> dict:
-    """What the ranks' transports may assume about the impairment `profile` applies.
+def segmentation_faithful(profile) -> bool:
+    """Whether the ranks' transports may hand the kernel whole sends to cut (UDP
+    segmentation offload) under the impairment `profile` applies: only where the impairment
+    sees the datagrams after they were cut, at the receiver's ingress (hosts run with
+    receive offloads off, so nothing merges them again). At the sender's egress, tc and
+    nftables see the send before it is cut and would lose its datagrams together, as one
+    burst."""
+    return profile.direction == "ingress"
 
-    UDP segmentation offload (one send, cut into datagrams by the kernel) is faithful only
-    where the impairment sees the datagrams after they were cut: at the receiver's ingress
-    (hosts run with receive offloads off, so nothing merges them again). At the sender's
-    egress, tc and nftables see the send before it is cut and would lose its datagrams
-    together, as one burst."""
-    return {rank_protocol.SEGMENTATION: "1" if profile.direction == "ingress" else "0"}
+
+def rank_settings(profile) -> dict:
+    """What the ranks are told about the impairment `profile` applies: RankEnv's fields."""
+    return {"segmentation": segmentation_faithful(profile)}
 
 
 def failure_report(failed: list[RankResult], what: str) -> str:
@@ -125,14 +129,15 @@ TIMEOUT_MEANS = ("the whole launch's limit in seconds: past it the ranks are sto
 
 
 def run(cluster: Cluster, module: str, args: list[str], *, timeout_s: float = 600,
-        extra_env: dict | None = None, echo_rank0=None, answer_rank0=None,
+        told: dict | None = None, echo_rank0=None, answer_rank0=None,
         authenticate: bool = True,
         failure_grace_s: float = FAILURE_GRACE_S) -> list[RankResult]:
-    """Run `python -m module args` as one rank per host and wait for all. If one fails, the
-    others get failure_grace_s to notice and say why, then are stopped. echo_rank0(line) is
-    called with each line rank 0 writes to stderr as it comes (progress). authenticate=False
-    (a network only the experiment uses: the profile says `isolated`) gives the ranks no
-    key, and their datagrams go unsealed.
+    """Run `python -m module args` as one rank per host and wait for all; `told`: fields
+    of what every rank is told (rank_protocol.RankEnv's, e.g. segmentation, transport). If
+    one fails, the others get failure_grace_s to notice and say why, then are stopped.
+    echo_rank0(line) is called with each line rank 0 writes to stderr as it comes
+    (progress). authenticate=False (a network only the experiment uses: the profile says
+    `isolated`) gives the ranks no key, and their datagrams go unsealed.
 
     answer_rank0(line) is called with each line rank 0 writes to stdout as it comes; what it
     returns (a string, or None for nothing) is written to rank 0's stdin. That is how the
@@ -143,11 +148,11 @@ def run(cluster: Cluster, module: str, args: list[str], *, timeout_s: float = 60
     slots = rank_slots(cluster)
     # A fresh key for this launch's datagrams (harness.transport.auth), to every rank in
     # its environment: never through the store or the network lossbed impairs.
-    job = {rank_protocol.KEY: auth.new_key()} if authenticate else {}
+    key = auth.new_key() if authenticate else None
     local = cluster.shares_this_machine
     try:
         for rank, (host, _) in enumerate(slots):
-            env = rank_env(cluster, rank, {**job, **(extra_env or {})})
+            env = rank_env(cluster, rank, {**(told or {}), "key": key})
             if local:  # a local rank inherits this environment; a remote or VM one has its own
                 # the project first, then what this process had on its path (kept, not lost)
                 path = [env["PYTHONPATH"], *filter(None, [os.environ.get("PYTHONPATH")])]

@@ -6,7 +6,7 @@ roce-ud, roce-uc[:BYTES], roce-rc[:BYTES]; or real RDMA queue pairs instead: ver
 verbs-uc[:BYTES], verbs-rc[:BYTES], see harness/verbs/transport.py), an optional seeded
 receiver-side drop mask (LOSSBED_DROP_MASK=SEED:RATE), and UDP segmentation offload where
 the controller says the impairment allows it (LOSSBED_UDP_SEGMENTATION=1, see
-launch.transport_env)."""
+launch.segmentation_faithful)."""
 
 from __future__ import annotations
 

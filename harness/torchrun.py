@@ -203,8 +203,7 @@ def commands(cluster: Cluster, spec: RunSpec, checked: Checked, job_id: str, key
         told = RankEnv(job=job_id, address=host.address, mtu=cluster.mtu,
                        transport=spec.transport, host=host.name, key=key or None,
                        gate=gate or None, metrics_dir=metrics_dir or None,
-                       segmentation=launch.transport_env(checked.profile)[
-                           rank_protocol.SEGMENTATION] == "1")
+                       segmentation=launch.segmentation_faithful(checked.profile))
         # harness.api from the checkout the controller runs (its protocol), then the user's
         user_path = os.environ.get("PYTHONPATH") if cluster.shares_this_machine else None
         env = {**told.to_env(), **bypass.pinned_env(cluster, host), "OMP_NUM_THREADS": "1",

@@ -288,6 +288,27 @@ def environment_reads(tree: ast.AST) -> list[tuple[int, str]]:
     return names
 
 
+def _names_a_rank_variable(node: ast.AST) -> bool:
+    said = ast.unparse(node)
+    return said.startswith("rank_protocol.") or (
+        isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and (node.value.startswith("LOSSBED_") or node.value in TORCHRUN_VARIABLES))
+
+
+def rank_environment_by_hand(text: str, path: str) -> list[int]:
+    """A rank's variable set by hand (env[rank_protocol.X] = ..., {"LOSSBED_X": ...})
+    rather than through rank_protocol.RankEnv's typed fields."""
+    found = []
+    for n in _walk(text):
+        if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) \
+                and _names_a_rank_variable(n.slice):
+            found.append(n.lineno)
+        if isinstance(n, ast.Dict) and any(k is not None and _names_a_rank_variable(k)
+                                           for k in n.keys):
+            found.append(n.lineno)
+    return found
+
+
 def rank_environment_reads(text: str, path: str) -> list[int]:
     return [line for line, name in environment_reads(ast.parse(text))
             if name.startswith("LOSSBED_") or name in TORCHRUN_VARIABLES]
@@ -420,6 +441,14 @@ CHECKS = [
         'c = getattr(timing, "collective", None)\nif hasattr(timing, "rps"):\n    pass\n'
         'd = [t for t in ts if hasattr(t, "replica_drift")]\n', (1, 2, 4),
         'c = timing.lossy_collective()\nx = getattr(args, "collective", None)\n'),
+    SourceCheck(
+        "a rank's variable set by hand", "the rank environment is built only through "
+        "rank_protocol.RankEnv (typed fields: no raw entries, no bool -> str -> bool) (#68)",
+        ("harness",), rank_environment_by_hand,
+        'env = {}\nenv[rank_protocol.WORK_LOCAL] = "1"\nx = {"LOSSBED_UDP_SEGMENTATION": "0"}\n',
+        (2, 3), 'told = {"work_local": True}\nv = env[rank_protocol.KEY]\n'
+        'env.pop(rank_protocol.KEY, None)\n',
+        applies=lambda path: not path.endswith("/rank_protocol.py")),
     SourceCheck(
         "what a rank is told read past its protocol", "only rank_protocol.py reads what a "
         "rank is told (LOSSBED_*, torchrun's variables)", ("harness",),

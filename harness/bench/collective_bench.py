@@ -131,7 +131,7 @@ def run(cluster: Cluster, spec: BenchSpec, progress=print,
                 "--sizes", *map(str, sizes), "--algorithms", *spec.algorithms,
                 "--iters", str(spec.iters), "--warmup", str(spec.warmup),
                 "--align-every", str(spec.align_every)],
-                timeout_s=3600, extra_env=launch.transport_env(profile),
+                timeout_s=3600, told=launch.rank_settings(profile),
                 authenticate=not spec.unsealed)
             end = verify.read(cluster)
             report = verify.report(cluster, end, start)

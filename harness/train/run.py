@@ -238,9 +238,9 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
     # dies, the hosts revert by themselves.
     keeper = (lease.Keeper(cluster, cluster.lease_s / 3) if cluster.lease_s is not None
               else contextlib.nullcontext())
-    transport_env = launch.transport_env(plans[runs[0].network][0].profile)
     # files only where this controller reads them (harness.train.worker.WRITES_FILES)
-    transport_env[rank_protocol.WORK_LOCAL] = "1" if cluster.shares_this_machine else "0"
+    told = {**launch.rank_settings(plans[runs[0].network][0].profile),
+            "work_local": cluster.shares_this_machine}
     # One key per launch: unless every run's profile says the network is isolated
     authenticate = not all(p.profile.isolated for p, _ in plans.values())
     try:
@@ -249,7 +249,7 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
                                  [json.dumps([r.cfg.to_dict() for r in runs]),
                                   str(work or "-")],  # ("-": the ranks write nothing)
                                  timeout_s=timeout_s, echo_rank0=echo,
-                                 extra_env=transport_env, answer_rank0=boundaries.answer,
+                                 told=told, answer_rank0=boundaries.answer,
                                  authenticate=authenticate,
                                  failure_grace_s=failure_grace_s)
     finally:

@@ -63,7 +63,7 @@ class UdpTransport:
     """segmentation=True lets batched sends hand the kernel up to ~64 KB at a time, cut
     into MTU-sized datagrams by UDP GSO after the sender's own hooks. Every datagram still
     carries its own header. Say so only when the impairment sits at receivers' ingress
-    (launch.transport_env decides it from the profile): an impairment at the sender's egress
+    (launch.segmentation_faithful decides it from the profile): an impairment at the sender's egress
     would see the uncut send and lose up to 64 KB of packets as one."""
 
     def __init__(self, rank: int, world: int, address: str, store, *, mtu: int = 1500,

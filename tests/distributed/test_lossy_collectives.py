@@ -37,9 +37,9 @@ def jumbo_cluster():
     clusters.down(c.name)
 
 
-def run(cluster, *args, timeout_s=600, extra_env=None):
+def run(cluster, *args, timeout_s=600, told=None):
     results = launch.run(cluster, "tests.distributed.workers", [str(a) for a in args],
-                         timeout_s=timeout_s, extra_env=extra_env)
+                         timeout_s=timeout_s, told=told)
     return results
 
 
@@ -56,11 +56,11 @@ def with_loss(cluster, sets):
 
 
 # MTU 9000 as the benchmarks run it: with UDP segmentation offload (7 datagrams per send)
-@pytest.mark.parametrize("mtu,segmentation", [(1500, "0"), (9000, "1")])
+@pytest.mark.parametrize("mtu,segmentation", [(1500, False), (9000, True)])
 def test_at_zero_loss_every_estimator_mode_and_rps_equal_torch_allreduce(cluster, jumbo_cluster,
                                                                          mtu, segmentation):
     result = rank0(run(cluster if mtu == 1500 else jumbo_cluster, "exact",
-                       extra_env={"LOSSBED_UDP_SEGMENTATION": segmentation}))
+                       told={"segmentation": segmentation}))
     worst = max(result["errors"].items(), key=lambda kv: kv[1])
     assert worst[1] <= FP32_TOLERANCE, worst
     assert result["counters"]["missing"] == 0

@@ -96,7 +96,7 @@ def test_lossy_collectives_over_roce_semantics_match_torch_allreduce(pair, trans
         engine.apply(pair, the_plan, choice)
     try:
         results = launch.run(pair, "tests.distributed.workers", ["exact"], timeout_s=600,
-                             extra_env={"LOSSBED_TRANSPORT": transport})
+                             told={"transport": transport})
     finally:
         engine.clear(pair)
     bad = [r for r in results if r.returncode]

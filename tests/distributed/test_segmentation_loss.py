@@ -32,14 +32,14 @@ def pair():
 
 def test_segmented_sends_lose_single_datagrams_at_the_receivers_ingress(pair):
     profile = profiles.load("random-loss", [f"loss_pct={P * 100}"])
-    env = launch.transport_env(profile)
-    assert env == {"LOSSBED_UDP_SEGMENTATION": "1"}  # ingress: segmentation is allowed
+    told = launch.rank_settings(profile)
+    assert told == {"segmentation": True}  # ingress: segmentation is allowed
     the_plan, choice = engine.make_plan(pair, profile)
     engine.apply(pair, the_plan, choice)
     try:
         results = launch.run(pair, "tests.distributed.workers",
                              ["segmented", str(UNITS), str(BURST)], timeout_s=300,
-                             extra_env=env)
+                             told=told)
         report = verify.verify(pair)
     finally:
         engine.clear(pair)

@@ -165,8 +165,9 @@ def test_the_lossy_allreduce_with_segmentation_equals_the_exact_mean():
             t.close()
 
 
-@pytest.mark.parametrize("direction,allowed", [("ingress", "1"), ("egress", "0"),
-                                               ("both", "0")])
+@pytest.mark.parametrize("direction,allowed", [("ingress", True), ("egress", False),
+                                               ("both", False)])
 def test_segmentation_only_where_the_impairment_sees_the_cut_datagrams(direction, allowed):
     profile = profiles.load("random-loss", [f"direction={direction}"])
-    assert launch.transport_env(profile) == {"LOSSBED_UDP_SEGMENTATION": allowed}
+    assert launch.rank_settings(profile) == {"segmentation": allowed}
+    assert launch.segmentation_faithful(profile) is allowed
