@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from harness import rank_hooks, rank_protocol
+from harness import rank_hooks, rank_protocol, variants
 from harness.rank_protocol import RankEnv, ScriptRankMetrics
 from harness.transport.semantics import Semantics
 
@@ -79,7 +79,9 @@ from harness.transport.semantics import Semantics
 # no gate)
 GATE_TIMEOUT_S = 600.0
 TIMING_WARMUP_STEPS = 5  # the first steps' times are kept apart (lazy set-up, caches)
-ESTIMATORS = {"zero_fill": "zero_fill", "unbiased": "received_mean"}
+# the variants lossy_gradients takes, with their estimators (harness/variants.py)
+ESTIMATORS = {v.name: v.estimator for v in variants.TABLE.values()
+              if v.wrapper == "gradient_hook"}
 
 __all__ = ["Job", "LossbedSetupError", "Options", "bounded_drift", "finish", "join",
            "lossy_gradients", "reliable", "report", "rps"]

@@ -314,6 +314,21 @@ def rank_environment_reads(text: str, path: str) -> list[int]:
             if name.startswith("LOSSBED_") or name in TORCHRUN_VARIABLES]
 
 
+# ---- the variant table (#68) -----------------------------------------------------------------
+
+VARIANT_READERS = ("harness/train/worker.py", "harness/scale/training.py",
+                   "harness/eval/models.py")
+
+
+def variant_chains(text: str, path: str) -> list[int]:
+    """A variant told apart by its name (`variant == "rps"`, `variant in (...)`) where the
+    variant table (harness/variants.py) declares what tells them apart."""
+    return [n.lineno for n in _walk(text)
+            if isinstance(n, ast.Compare) and re.search(r"variant\b", ast.unparse(n.left))
+            and any(isinstance(c, ast.Constant) and isinstance(c.value, str)
+                    or isinstance(c, ast.Tuple | ast.Set | ast.List) for c in n.comparators)]
+
+
 # ---- the GPU path (#67) --------------------------------------------------------------------
 
 
@@ -456,6 +471,15 @@ CHECKS = [
         'import os\nx = os.environ.get("LOSSBED_MTU")\ny = os.environ["RANK"]\n', (2, 3),
         'import os\nx = os.environ.get("HOME")\ny = os.getenv("CUDA_VISIBLE_DEVICES")\n',
         applies=lambda path: not path.endswith("/rank_protocol.py")),
+    SourceCheck(
+        "a variant told apart by its name", "the worker, the many-rank mode and the scoring "
+        "read the variant table (harness/variants.py), not `variant ==` chains (#68)",
+        ("harness",), variant_chains,
+        'if cfg.variant == "reliable":\n    pass\nelif cfg.variant in ("zero_fill", "unbiased"):'
+        '\n    pass\n', (1, 3),
+        'kind = variants.of(cfg.variant)\nif kind.wrapper == "reliable":\n    pass\n',
+        planted_path="harness/train/worker.py",
+        applies=lambda path: path in VARIANT_READERS),
     SourceCheck(
         "a whole device waited for in the hook", "a bucket's copies are waited for by their "
         "own events: the hook never stops the device or its stream (#67)", ("harness/ddp",),

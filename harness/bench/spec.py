@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from harness import launch
+from harness import launch, variants
 from harness.bench import stability
 from harness.metrics.verdict import BAND_PCT
 from harness.model import presets
@@ -103,7 +103,7 @@ VARIANT_FORM = ("NAME[/reduce|/broadcast][/resync=K][/adamw|/sgd][@TRANSPORT], e
 # SGD (with momentum), where RPS without loss is reliable training (model averaging after
 # a linear step is gradient averaging); under AdamW it is another algorithm. The others
 # train as the bench's --optimizer says (AdamW by default).
-RPS_OPTIMIZER = "sgd"
+RPS_OPTIMIZER = variants.of("rps").own_optimizer
 
 
 def default_steps(regime: str) -> int:
@@ -150,14 +150,15 @@ class Variant:
 
     @property
     def own_optimizer(self) -> str:
-        return RPS_OPTIMIZER if self.name == "rps" else "adamw"
+        return variants.of(self.name).own_optimizer
 
     def resolved(self, default_optimizer: str = "adamw") -> Variant:
         """With its optimizer decided: the one its text names, rps's own (SGD), or the
         bench's --optimizer for the others."""
         if self.optimizer is not None:
             return self
-        chosen = RPS_OPTIMIZER if self.name == "rps" else default_optimizer
+        kind = variants.of(self.name)
+        chosen = kind.own_optimizer if kind.optimizer_fixed else default_optimizer
         return replace(self, optimizer=chosen)
 
     @property
@@ -181,8 +182,9 @@ def reference_variant(variant: str) -> str:
     and every other variant at 0% loss, trains its model); RPS under AdamW, another
     algorithm, with itself without loss (Δppl is then the loss's effect alone)."""
     v = Variant.parse(variant).resolved()
-    if v.name == "rps" and v.optimizer != RPS_OPTIMIZER:
-        return Variant("rps", optimizer=v.optimizer).text
+    kind = variants.of(v.name)
+    if kind.self_reference_off_own_optimizer and v.optimizer != kind.own_optimizer:
+        return Variant(v.name, optimizer=v.optimizer).text
     return Variant("reliable", optimizer=v.optimizer).text
 
 

@@ -18,12 +18,13 @@ import math
 
 import torch
 
+from harness import variants
 from harness.collectives import process_group
 from harness.collectives.layout import Layout
 from harness.eval.perplexity import Score, evaluate
 
-HEADLINE = {"reliable": "rank0", "zero_fill": "rank_mean", "unbiased": "rank_mean",
-            "rps": "rank_mean", "unbiased_drift": "owners"}
+# which model is each variant's: harness/variants.py (its `headline`)
+HEADLINE = {name: kind.headline for name, kind in variants.TABLE.items()}
 
 
 def flat(model) -> torch.Tensor:
@@ -64,7 +65,7 @@ def largest_distance(models: list[torch.Tensor], variant: str, per_packet: int) 
     """The largest L2 distance of the ranks' flat models (rank order) from the model the
     variant bounds them by: the owners' (unbiased_drift) or the ranks' mean."""
     target = (owners_model(models[0], models, len(models), per_packet)
-              if variant == "unbiased_drift" else torch.stack(models).mean(dim=0))
+              if variants.of(variant).bounded_by_owners else torch.stack(models).mean(dim=0))
     return max(float((m - target).norm()) for m in models)
 
 
@@ -95,7 +96,7 @@ def measure(r, variant: str, model, windows, token_bytes, eval_tokens: int | Non
     load_flat(model, average)
     averaged = evaluate(model, windows, token_bytes, eval_tokens)
     owners = None
-    if variant == "unbiased_drift":
+    if variants.of(variant).bounded_by_owners:
         load_flat(model, owners_model(own, models, r.world, per_packet))
         owners = evaluate(model, windows, token_bytes, eval_tokens)
     load_flat(model, own)

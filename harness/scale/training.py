@@ -29,6 +29,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from harness import variants
 from harness.data.corpus import load_documents, prepare
 from harness.data.sampler import Batches
 from harness.ddp.rps import RPSOptimizer
@@ -40,11 +41,10 @@ from harness.names import Optimizer, Schedule
 from harness.scale.fates import BernoulliFate, NoLoss, SeededFate
 from harness.scale.memory import MemoryExchange, on_every_rank, per_packet_at
 from harness.train import one_lossy_step, schedule
-from harness.train.config import ESTIMATOR_OF
 from harness.transport.dropmask import DropMask
 from testbed import checks
 
-VARIANTS = ("reliable", "zero_fill", "unbiased", "unbiased_drift", "rps")
+VARIANTS = tuple(variants.TABLE)  # the many-rank mode runs every variant
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +88,7 @@ class ManyRankConfig:
             raise ValueError(f"steps {self.steps} is negative (0: score the start alone)")
         checks.loss_fraction("loss", self.loss)
         checks.loss_fraction("drop_once", self.drop_once)
-        if self.drop_once and self.variant != "reliable":
+        if self.drop_once and variants.of(self.variant).wrapper != "reliable":
             raise ValueError(f"drop_once is the lossless reference's twin: variant reliable, "
                              f"not {self.variant!r}")
 
@@ -108,7 +108,7 @@ def run(cfg: ManyRankConfig, echo=lambda line: None) -> dict:
     else:
         fate = BernoulliFate(cfg.loss_seed, cfg.loss)
     exchange = MemoryExchange(cfg.world, per_packet, fate,
-                              ESTIMATOR_OF.get(cfg.variant, "received_mean"))
+                              variants.of(cfg.variant).estimator or "received_mean")
     replicas = [presets.build(cfg.preset, tok.vocab_size, cfg.seed) for _ in range(cfg.world)]
     if cfg.start_from:  # a warm start: the same values in every replica
         start = torch.load(cfg.start_from, weights_only=True)
@@ -183,9 +183,10 @@ def _optimizer(cfg: ManyRankConfig, model, collective):
     else:
         inner = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                                   weight_decay=0.0)
-    if cfg.variant == "unbiased_drift":
+    wrapper = variants.of(cfg.variant).wrapper
+    if wrapper == "sharded_optimizer":
         return ShardedOptimizer(model, inner, collective)
-    if cfg.variant == "rps":
+    if wrapper == "rps_optimizer":
         return RPSOptimizer(model, inner, SimpleNamespace(average=collective.allreduce,
                                                           collective=collective))
     drop = None
@@ -253,7 +254,7 @@ def _scores(cfg: ManyRankConfig, replicas, corpus, tok, per_packet: int) -> dict
     models.load_flat(probe, torch.stack(flats).mean(dim=0))
     averaged = evaluate(probe, windows, sizes, limit)
     owners = None
-    if cfg.variant == "unbiased_drift":
+    if variants.of(cfg.variant).bounded_by_owners:
         models.load_flat(probe, models.owners_model(flats[0], flats, cfg.world, per_packet))
         owners = evaluate(probe, windows, sizes, limit)
     mean_ce = sum(s.ce_per_token for s in ranks.values()) / len(ranks)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from harness import variants
 from harness.model import presets
 from harness.model import tokenizer as tokenizers
 from harness.names import (
@@ -25,8 +26,7 @@ from testbed.errors import UsageError
 # and how; the estimator (harness/collectives/rebuild.py) how a missing contribution is
 # rebuilt. collective-bench times the same names, and `rescale`, an estimator no training
 # variant uses.
-ESTIMATOR_OF = {"zero_fill": "zero_fill", "unbiased": "received_mean",
-                "unbiased_drift": "received_mean", "rescale": "rescale"}
+ESTIMATOR_OF = {**variants.estimators(), "rescale": "rescale"}  # (harness/variants.py)
 
 
 @dataclass(kw_only=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from harness import api, barrier, rank_protocol, runtime
+from harness import api, barrier, rank_protocol, runtime, variants
 from harness.data.corpus import load_documents, prepare
 from harness.data.sampler import Batches
 from harness.ddp.hooks import ReliableTiming
@@ -50,20 +50,35 @@ def wrap(cfg: TrainConfig, model, r):
         options = dict(lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     device_ids = [model.device.index] if model.device.type == "cuda" else None
     ddp = wrap_ddp(model, device_ids=device_ids)
-    if cfg.variant == "reliable":
-        if not cfg.plain_ddp:
-            job.reliable(ddp)
-        timer = job.collective_timer() or ReliableTiming()
-        return ddp, optimizer_class(ddp.parameters(), **options), timer
-    if cfg.variant in ("zero_fill", "unbiased"):
-        job.lossy_gradients(ddp, cfg.variant)
-        return ddp, optimizer_class(ddp.parameters(), **options), job.collective_timer()
-    if cfg.variant == "unbiased_drift":
-        optimizer = job.bounded_drift(ddp, optimizer_class(ddp.parameters(), **options),
-                                      resync_every=cfg.resync_every)
-        return ddp, optimizer, optimizer
-    optimizer = job.rps(ddp, optimizer_class(ddp.parameters(), **options))
-    return ddp, optimizer, optimizer
+    optimizer = optimizer_class(ddp.parameters(), **options)
+    return (ddp, *WRAPPERS[variants.of(cfg.variant).wrapper](cfg, job, ddp, optimizer))
+
+
+def _reliable(cfg, job, ddp, optimizer):
+    if not cfg.plain_ddp:
+        job.reliable(ddp)
+    return optimizer, job.collective_timer() or ReliableTiming()
+
+
+def _gradient_hook(cfg, job, ddp, optimizer):
+    job.lossy_gradients(ddp, cfg.variant)
+    return optimizer, job.collective_timer()
+
+
+def _sharded_optimizer(cfg, job, ddp, optimizer):
+    wrapped = job.bounded_drift(ddp, optimizer, resync_every=cfg.resync_every)
+    return wrapped, wrapped
+
+
+def _rps_optimizer(cfg, job, ddp, optimizer):
+    wrapped = job.rps(ddp, optimizer)
+    return wrapped, wrapped
+
+
+# How each variant's model and optimizer are wrapped (harness/variants.py: its `wrapper`):
+# (optimizer to step, what holds its collective's timing)
+WRAPPERS = {"reliable": _reliable, "gradient_hook": _gradient_hook,
+            "sharded_optimizer": _sharded_optimizer, "rps_optimizer": _rps_optimizer}
 
 
 # Ranks write their files (metrics, rank 0's parameters) only where the controller reads
@@ -148,7 +163,8 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
             per_step.append((step, elapsed_us, counted))
         losses.append(value)
         t_aside = time.perf_counter()  # measurements, not training: off its time
-        if cfg.drift_every and cfg.variant != "reliable" and (step + 1) % cfg.drift_every == 0:
+        if (cfg.drift_every and variants.of(cfg.variant).replicas_differ
+                and (step + 1) % cfg.drift_every == 0):
             distance = models.replica_distance(r, cfg.variant, model, transport.per_packet)
             if distance is not None:
                 drift_steps.append([step + 1, distance])
