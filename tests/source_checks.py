@@ -324,7 +324,8 @@ def variant_chains(text: str, path: str) -> list[int]:
     """A variant told apart by its name (`variant == "rps"`, `variant in (...)`) where the
     variant table (harness/variants.py) declares what tells them apart."""
     return [n.lineno for n in _walk(text)
-            if isinstance(n, ast.Compare) and re.search(r"variant\b", ast.unparse(n.left))
+            if isinstance(n, ast.Compare) and isinstance(n.left, ast.Name | ast.Attribute)
+            and re.fullmatch(r"(\w+\.)*variant", ast.unparse(n.left))
             and any(isinstance(c, ast.Constant) and isinstance(c.value, str)
                     or isinstance(c, ast.Tuple | ast.Set | ast.List) for c in n.comparators)]
 
@@ -477,7 +478,8 @@ CHECKS = [
         ("harness",), variant_chains,
         'if cfg.variant == "reliable":\n    pass\nelif cfg.variant in ("zero_fill", "unbiased"):'
         '\n    pass\n', (1, 3),
-        'kind = variants.of(cfg.variant)\nif kind.wrapper == "reliable":\n    pass\n',
+        'kind = variants.of(cfg.variant)\nif kind.wrapper == "reliable":\n    pass\n'
+        'x = variants.of(cfg.variant).wrapper != "reliable"\n',
         planted_path="harness/train/worker.py",
         applies=lambda path: path in VARIANT_READERS),
     SourceCheck(
