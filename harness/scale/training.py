@@ -212,6 +212,10 @@ class _MeanGradient:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.flat = torch.zeros(sum(p.numel() for p in self.params), dtype=torch.float32)
 
+    def lossy_collective(self):
+        """The many-rank collective its gradients go through (harness/ddp/timing.py)."""
+        return self.collective
+
     def step(self) -> None:
         offset = 0
         for p in self.params:

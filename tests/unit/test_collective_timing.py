@@ -39,3 +39,12 @@ def test_the_optimizers_name_their_lossy_collective():
     rps = RPSOptimizer.__new__(RPSOptimizer)
     rps.rps = Rps()
     assert rps.lossy_collective() is Rps.collective
+
+
+def test_the_many_rank_gradient_wrapper_names_its_collective_too():
+    """(Missed first: the many-rank mode asks every optimizer it made, _MeanGradient too.)"""
+    from harness.scale.training import _MeanGradient
+
+    mean = _MeanGradient.__new__(_MeanGradient)
+    mean.collective = object()
+    assert mean.lossy_collective() is mean.collective
