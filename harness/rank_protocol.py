@@ -18,6 +18,7 @@ test_rank_protocol.py holds that).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -55,8 +56,9 @@ ERROR_MARK = "lossbed_rank_error"       # what ended a rank: {"rank", "error"}
 TRAIN_METRICS_MARK = "rank_metrics"     # lossbed's worker after each run: TrainRankMetrics
 BOUNDARY_MARK = "lossbed_boundary"      # rank 0 of the worker at a run boundary: Boundary
 RUN_RESULT_MARK = "lossbed_run_result"  # rank 0 of the worker after each run: its result
+PROGRESS_MARK = "lossbed_progress"      # rank 0 of the worker every log_every steps: Progress
 MARKS = (JOINED_MARK, METRICS_MARK, ERROR_MARK, TRAIN_METRICS_MARK, BOUNDARY_MARK,
-         RUN_RESULT_MARK)
+         RUN_RESULT_MARK, PROGRESS_MARK)
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
@@ -225,6 +227,42 @@ class Boundary:
 
 
 STOP = "stop"  # the controller's answer when its part failed: rank 0 stops
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Rank 0 of lossbed's worker, on stderr every log_every steps: where run `run` (0-based)
+    of the launch's `runs` stands. The controller shows it as text() (train) or reads its
+    fields (the bench's own progress): it is never parsed back from the text."""
+
+    run: int
+    runs: int
+    variant: str
+    seed: int
+    step: int            # steps done
+    steps: int
+    loss: float
+    tokens_per_s: float
+    eta_s: float         # about this long left in this run
+
+    def line(self) -> str:
+        """What rank 0 prints."""
+        return mark(PROGRESS_MARK, dataclasses.asdict(self))
+
+    @classmethod
+    def read(cls, line: str) -> Progress | None:
+        """The progress a line of rank 0's says, or None for any other line."""
+        said = read_mark(line)
+        return cls(**said[1]) if said is not None and said[0] == PROGRESS_MARK else None
+
+    def status(self) -> str:
+        return (f"step {self.step}/{self.steps} loss {self.loss:.3f} {self.tokens_per_s:.0f} "
+                f"tok/s, about {self.eta_s:.0f} s left in this run")
+
+    def text(self) -> str:
+        """As a person reads it."""
+        return (f"[run {self.run + 1}/{self.runs} {self.variant} seed {self.seed}] "
+                f"{self.status()}")
 
 
 def run_results(lines: list[str]) -> list[dict]:

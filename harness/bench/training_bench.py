@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness import rank_protocol
 from harness.bench import report
 from harness.bench.question import question
 from harness.bench.spec import BenchSpec
@@ -49,23 +50,23 @@ def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print,
     total = len(cases)
     started = time.monotonic()
 
-    def progress(line: str) -> None:
-        if not line.startswith("[run"):
-            return  # the ranks' other chatter (library warnings): in the ranks' output
-        index = _index(line)
+    def progress(said: rank_protocol.Progress) -> None:
+        index = said.run
         elapsed = time.monotonic() - started
         left = f"; about {elapsed / index * (total - index) / 60:.1f} min left" if index else ""
         case = cases[index]
         echo(f"[bench {index + 1}/{total}] {case.loss:.0%} loss, {case.role}, "
-             f"{line.split('] ', 1)[-1]}{left}")
+             f"{said.status()}{left}")
 
     roles = {}
     for case in cases:
         roles[case.role] = roles.get(case.role, 0) + 1
     echo(f"[bench] {total} runs: " + ", ".join(f"{n} {role}" for role, n in roles.items()))
     try:
+        # (the ranks' other chatter, library warnings, stays in the ranks' output)
         records = run.train_runs(cluster, [c.train_run() for c in cases], out / "runs",
-                                 echo=progress, min_coverage=spec.min_coverage,
+                                 echo=lambda line: None, on_progress=progress,
+                                 min_coverage=spec.min_coverage,
                                  timeout_s=spec.timeout_s)
     except TimedOut as err:  # what was asked, and that it timed out, beside the question
         (out / "timed_out.json").write_text(json.dumps(
@@ -90,9 +91,3 @@ def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print,
     return summary
 
 
-def _index(line: str) -> int:
-    """The 0-based run number inside its launch, from "[run 3/6 ...]"."""
-    try:
-        return int(line[5:].split("/", 1)[0]) - 1
-    except ValueError:
-        return 0

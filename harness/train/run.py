@@ -196,7 +196,7 @@ class _Boundaries:
 
 
 def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
-               echo=print, control_exempt: bool = False,
+               echo=print, control_exempt: bool = False, on_progress=None,
                failure_grace_s: float = launch.FAILURE_GRACE_S,
                min_coverage: float = coverage.DEFAULT_MIN_COVERAGE,
                timeout_s: float = launch.TRAIN_TIMEOUT_S) -> list[dict]:
@@ -206,7 +206,8 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
     coverage is below min_coverage is marked `invalid` (with what carried its traffic
     instead). The profile also impairs the rendezvous port (impair_the_control_path) unless
     control_exempt. Once a rank failed, the others get failure_grace_s to end by
-    themselves."""
+    themselves. Rank 0's progress (rank_protocol.Progress) goes to on_progress, or to echo
+    as its text; its other lines to echo."""
     for r in runs:
         check(r.cfg, cluster)
     bypass.refuse_contradictions(os.environ, cluster)
@@ -248,7 +249,8 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
             results = launch.run(cluster, "harness.train.worker",
                                  [json.dumps([r.cfg.to_dict() for r in runs]),
                                   str(work or "-")],  # ("-": the ranks write nothing)
-                                 timeout_s=timeout_s, echo_rank0=echo,
+                                 timeout_s=timeout_s,
+                                 echo_rank0=_progress_to(echo, on_progress),
                                  told=told, answer_rank0=boundaries.answer,
                                  authenticate=authenticate,
                                  failure_grace_s=failure_grace_s)
@@ -283,6 +285,21 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
         rec["run_s"] = boundaries.run_s(i)
         records.append(rec)
     return records
+
+
+def _progress_to(echo, on_progress):
+    """What takes rank 0's stderr lines: its progress to on_progress (or echo, as text),
+    the rest to echo."""
+    def rank0_said(line: str) -> None:
+        progress = rank_protocol.Progress.read(line)
+        if progress is None:
+            echo(line)
+        elif on_progress is not None:
+            on_progress(progress)
+        else:
+            echo(progress.text())
+
+    return rank0_said
 
 
 def verbs_loss(cluster: Cluster, runs: list[Run], plans: dict) -> str | None:

@@ -102,9 +102,10 @@ def _lossy_totals(timing) -> dict:
     return dict(collective.totals) if collective is not None else {}
 
 
-def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None,
+def train_one(r, cfg: TrainConfig, out_dir: Path, place: tuple[int, int], ready=lambda: None,
               trained=lambda: None) -> dict | None:
-    """One run on an already started rank; rank 0 returns the run's result. ready() is
+    """One run on an already started rank, `place`: (its 0-based index, the launch's runs);
+    rank 0 returns the run's result and reports its progress (rank_protocol.Progress). ready() is
     called when the model is built and wrapped, before the first step (the run boundary
     where the controller applies the run's profile); trained() when training ends, before
     the models are gathered and scored (where it clears the profile)."""
@@ -179,8 +180,10 @@ def train_one(r, cfg: TrainConfig, out_dir: Path, label: str, ready=lambda: None
             elapsed = time.perf_counter() - started
             rate = (step + 1) * cfg.batch * cfg.seq_len * r.world / elapsed
             eta = elapsed / (step + 1) * (cfg.steps - step - 1)
-            print(f"[{label}] step {step + 1}/{cfg.steps} loss {value:.3f} {rate:.0f} tok/s, "
-                  f"about {eta:.0f} s left in this run", file=sys.stderr, flush=True)
+            print(rank_protocol.Progress(
+                run=place[0], runs=place[1], variant=cfg.variant, seed=cfg.seed, step=step + 1,
+                steps=cfg.steps, loss=value, tokens_per_s=rate, eta_s=eta).line(),
+                file=sys.stderr, flush=True)
     train_s = time.perf_counter() - started - aside_s
     collective = timing.lossy_collective()
     if collective is not None:  # its last timed late markers, and its background sender
@@ -282,8 +285,7 @@ def main(argv=None) -> int:
     try:
         for i, cfg in enumerate(configs):
             wait_at_boundary(r, i)
-            label = f"run {i + 1}/{len(configs)} {cfg.variant} seed {cfg.seed}"
-            result = train_one(r, cfg, out_dir / f"run{i}", label,
+            result = train_one(r, cfg, out_dir / f"run{i}", (i, len(configs)),
                                ready=lambda i=i: wait_at_boundary(r, i, "ready"),
                                trained=lambda i=i: wait_at_boundary(r, i, "trained"))
             if result is not None:

@@ -77,3 +77,24 @@ def test_the_boundary_its_answer_and_the_runs_result_are_declared_messages():
              Boundary(1).line(), mark("lossbed_run_result", {"index": 1, "ppl": 9.1}),
              mark("rank_metrics", {"rank": 0})]
     assert run_results(lines) == [{"index": 0, "ppl": 9.5}, {"index": 1, "ppl": 9.1}]
+
+
+def test_progress_is_a_declared_message_shown_as_text_or_read_by_its_fields():
+    """#68 item 3: rank 0's progress travels as rank_protocol.Progress, and the bench reads
+    its run number from the field (it parsed "[run 3/6 ..." back from the text before)."""
+    from harness.rank_protocol import Progress
+
+    said = Progress(run=2, runs=6, variant="rps", seed=3, step=40, steps=150, loss=4.25,
+                    tokens_per_s=812.4, eta_s=95.2)
+    assert Progress.read(said.line()) == said
+    assert said.text() == ("[run 3/6 rps seed 3] step 40/150 loss 4.250 812 tok/s, about 95 s "
+                           "left in this run")
+    assert Progress.read(Boundary(1).line()) is None and Progress.read("warning: x") is None
+    shown, read = [], []
+    to_echo = run._progress_to(shown.append, None)
+    to_echo(said.line())
+    to_echo("a library's warning")
+    assert shown == [said.text(), "a library's warning"]
+    to_bench = run._progress_to(shown.append, read.append)
+    to_bench(said.line())
+    assert read == [said] and len(shown) == 2
