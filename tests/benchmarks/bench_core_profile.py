@@ -135,17 +135,24 @@ def categorise(report: str) -> dict[str, float]:
     return shares
 
 
-def perf_main(args) -> None:
-    """The --perf view: perf record on the four ranks during the measured all-reduces."""
-    perf = shutil.which("perf")
-    if perf is None:
-        raise SystemExit("--perf needs perf (Debian: apt-get install linux-perf)")
+def _start_waiting_ranks(args):
+    """The four ranks, started: each says `ready` after its warm-up and waits for `go`
+    before its measured all-reduces (so a profiler attaches in between)."""
     ctx = multiprocessing.get_context("spawn")
     out, go, ready = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=rank_main, args=(r, args, out, go, ready))
              for r in range(WORLD)]
     for p in procs:
         p.start()
+    return procs, out, go, ready
+
+
+def perf_main(args) -> None:
+    """The --perf view: perf record on the four ranks during the measured all-reduces."""
+    perf = shutil.which("perf")
+    if perf is None:
+        raise SystemExit("--perf needs perf (Debian: apt-get install linux-perf)")
+    procs, out, go, ready = _start_waiting_ranks(args)
     with tempfile.TemporaryDirectory(prefix="lossbed-perf-") as folder:
         data = os.path.join(folder, "perf.data")
         hz = 2000
@@ -237,12 +244,7 @@ def flamegraph_main(args) -> None:
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not os.path.exists(spy):
         raise SystemExit("--flamegraph needs py-spy (pip install -e '.[dev]')")
-    ctx = multiprocessing.get_context("spawn")
-    out, go, ready = ctx.Queue(), ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, args, out, go, ready))
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
+    procs, out, go, ready = _start_waiting_ranks(args)
     for _ in procs:
         ready.get(timeout=600)
     with tempfile.TemporaryDirectory(prefix="lossbed-spy-") as folder:
