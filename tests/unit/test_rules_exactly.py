@@ -254,3 +254,9 @@ def test_the_question_on_pilot_seeds_and_of_several_variants():
     assert ("seeds 1-2 (pilot seeds 1 among them: not a confirmation of the choices they "
             "made), one loss realisation each") in text
     assert "(unbiased_drift against reliable; rps against reliable/sgd)?" in text
+
+
+def test_an_option_left_out_gives_the_rule_nothing_and_a_zero_is_given():
+    assert checks.given(None) == ()
+    assert checks.given(0) == (0,) and checks.given(0.1) == (0.1,)  # (0 is --loss 0: given)
+    assert _refusal(lambda: checks.loss_fraction("--loss", *checks.given(1.5)))[0] == "--loss"
