@@ -265,10 +265,14 @@ class Progress:
                 f"{self.status()}")
 
 
+def marks(lines: list[str]) -> list[tuple[str, object]]:
+    """Every (mark, payload) of the lines a rank printed, in order (read_mark's)."""
+    return [said for said in map(read_mark, lines) if said is not None]
+
+
 def run_results(lines: list[str]) -> list[dict]:
     """Rank 0's result of each run (RUN_RESULT_MARK), in order, from the lines it printed."""
-    return [payload for name, payload in filter(None, map(read_mark, lines))
-            if name == RUN_RESULT_MARK]
+    return [payload for name, payload in marks(lines) if name == RUN_RESULT_MARK]
 
 
 class _Record:

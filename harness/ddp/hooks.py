@@ -58,9 +58,6 @@ class LossyHookState:
         """The host buffers, one per bucket index (both stagings share them)."""
         return self.host.buffers
 
-    def host_buffer(self, index: int, like: torch.Tensor) -> torch.Tensor:
-        return self.host.buffer(index, like)
-
 
 class Overlap:
     """The thread a backward's buckets are reduced on, one after the other, while backward

@@ -263,12 +263,11 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
     failed = [r for r in results if r.returncode != 0]
     if failed:
         raise LossbedError(launch.failure_report(failed, "training"))
-    printed = [[json.loads(line) for line in r.stdout.strip().splitlines()
-                if line.startswith("{")] for r in results]
     lines = rank_protocol.run_results(results[0].stdout.splitlines())  # rank 0's, per run
     # every rank's metrics, per run: each rank prints them after each run, in order
-    metrics = [[TrainRankMetrics.from_dict(x[TRAIN_METRICS_MARK]) for x in rank
-                if TRAIN_METRICS_MARK in x] for rank in printed]
+    metrics = [[TrainRankMetrics.from_dict(payload) for name, payload
+                in rank_protocol.marks(r.stdout.splitlines()) if name == TRAIN_METRICS_MARK]
+               for r in results]
     wall = time.monotonic() - started
     records = []
     for i, r in enumerate(runs):
