@@ -1,5 +1,8 @@
 """transformers' Llama architecture in sizes that train on CPUs, or any local HF model.
 
+The presets are built by llama.py (the same network, without importing transformers);
+a folder goes through transformers.
+
     tiny    ~0.46 M parameters: trains to a plateau in minutes on 2 CPU cores
     small   ~7 M parameters
     PATH    a local folder with an HF config.json (and weights, if any): real clusters
@@ -33,14 +36,15 @@ def check(name: str) -> None:
 def build(name: str, vocab_size: int, seed: int):
     """A causal LM, initialised from `seed` (the same weights on every rank)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     check(name)
     torch.manual_seed(seed)
     if name in PRESETS:
-        config = LlamaConfig(vocab_size=vocab_size, tie_word_embeddings=False,
-                             attn_implementation="eager", **PRESETS[name])
-        return LlamaForCausalLM(config)
+        from harness.model.llama import LlamaLM, LlamaShape
+
+        return LlamaLM(LlamaShape(vocab_size=vocab_size, **PRESETS[name]))
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     path = Path(name)
     if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
@@ -73,7 +77,11 @@ def save(model, tok, folder: Path) -> None:
     """The model as HF writes it (config.json, model.safetensors), with its tokenizer where
     it has one HF can read back (a trained BPE or an HF tokenizer; bytes need none), so that
     --preset FOLDER (and --tokenizer FOLDER) start from it."""
+    from harness.model.llama import LlamaLM
+
     folder.mkdir(parents=True, exist_ok=True)
+    if isinstance(model, LlamaLM):  # a preset's: saved as transformers' model
+        model = model.to_transformers()
     model.save_pretrained(folder, safe_serialization=True)
     inner = getattr(tok, "inner", None)
     if inner is None:
