@@ -48,7 +48,8 @@ def wrap(cfg: TrainConfig, model, r):
     else:
         optimizer_class = torch.optim.AdamW
         options = dict(lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    device_ids = [model.device.index] if model.device.type == "cuda" else None
+    device = next(model.parameters()).device  # (a preset's model has no .device)
+    device_ids = [device.index] if device.type == "cuda" else None
     ddp = wrap_ddp(model, device_ids=device_ids)
     optimizer = optimizer_class(ddp.parameters(), **options)
     return (ddp, *WRAPPERS[variants.of(cfg.variant).wrapper](cfg, job, ddp, optimizer))
