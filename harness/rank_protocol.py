@@ -270,9 +270,10 @@ def marks(lines: list[str]) -> list[tuple[str, object]]:
     return [said for said in map(read_mark, lines) if said is not None]
 
 
-def run_results(lines: list[str]) -> list[dict]:
+def run_results(lines: list[str]) -> list[RunResult]:
     """Rank 0's result of each run (RUN_RESULT_MARK), in order, from the lines it printed."""
-    return [payload for name, payload in marks(lines) if name == RUN_RESULT_MARK]
+    return [RunResult.from_dict(payload) for name, payload in marks(lines)
+            if name == RUN_RESULT_MARK]
 
 
 class _Record:
@@ -334,3 +335,35 @@ class TrainRankMetrics(_Record):
     authenticated: bool = False
     max_rss_mb: float | None = None
     tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult(_Record):
+    """What rank 0 of lossbed's own training says after each run (RUN_RESULT_MARK): its
+    models' scores (harness/eval/models.py: measure) and what they were trained on, read by
+    harness/train/run.py into the run's record."""
+
+    index: int                      # which run of the launch
+    headline: str                   # which perplexity is the variant's answer
+    ppl: float
+    ppl_rank0: float
+    ppl_ranks: list
+    ppl_rank_mean: float
+    ppl_rank_worst: float
+    ppl_average_model: float
+    ppl_owners: float | None        # unbiased_drift's owners' model (None: the others)
+    ce_per_token: float
+    bits_per_byte: float
+    bytes_per_token: float
+    eval_tokens: int
+    drift: float                    # max over ranks of ||x_i - mean||, at the end
+    parameters: int
+    corpus: str
+    corpus_sha: str
+    split_sha: str
+    heldout_windows: int
+    heldout_dropped: int
+    tokenizer: str
+    vocab_size: int
+    epochs: int
+    model_sha: str

@@ -14,7 +14,8 @@ from harness.bench import report
 from harness.bench.question import question
 from harness.bench.spec import BenchSpec
 from harness.bench.summary import summarise
-from harness.train import run
+from harness.train import record, run
+from harness.train.record import BenchRecord
 from testbed.errors import LossbedError, TimedOut
 
 if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
@@ -73,11 +74,13 @@ def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print,
             {"timed_out": True, "timeout_s": spec.timeout_s, "runs": total,
              "minutes": (time.monotonic() - started) / 60, "error": str(err)}, indent=2) + "\n")
         raise
-    for rec, case in zip(records, cases, strict=True):
-        rec.update(loss=case.loss, role=case.role, loss_seed=case.loss_seed,
-                   variant=case.variant, regime=spec.regime,
-                   tokens_seen=case.cfg.steps * case.cfg.batch * case.cfg.seq_len
-                   * len(rec.get("ppl_ranks") or [0]))
+    # each run's record as the bench's: its target loss, its --variants entry, its role
+    records = [record.checked(BenchRecord(
+        {**rec, "loss": case.loss, "variant": case.variant, "role": case.role,
+         "loss_seed": case.loss_seed, "regime": spec.regime,
+         "tokens_seen": case.cfg.steps * case.cfg.batch * case.cfg.seq_len
+         * len(rec["ppl_ranks"])}), BenchRecord)
+        for rec, case in zip(records, cases, strict=True)]
     wall_s = time.monotonic() - started
     echo(f"[bench] {total} runs done in {wall_s / 60:.1f} min")
     summary = summarise(records, spec_dict=asdict(spec), backend=records[-1]["backend"],

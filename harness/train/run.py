@@ -17,7 +17,6 @@ import os
 import shutil
 import tempfile
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,11 +24,11 @@ from typing import TYPE_CHECKING
 from harness import launch, rank_protocol
 from harness.data.corpus import load_documents, prepare
 from harness.data.sampler import Batches
-from harness.metrics.counts import summed
-from harness.metrics.hdr import Histogram
 from harness.rank_protocol import TRAIN_METRICS_MARK, ControllerEnv, TrainRankMetrics
+from harness.train import record as run_record
 from harness.train.config import TrainConfig
-from testbed import doctor, profiles, stats
+from harness.train.record import RunRecord
+from testbed import doctor, profiles
 from testbed.errors import LossbedError, UsageError
 from testbed.host import lease
 from testbed.impair import bypass, coverage, engine, plan, verify
@@ -124,7 +123,7 @@ def train(cluster: Cluster, cfg: TrainConfig, profile_name: str = "clean", sets:
           out_dir: Path | None = None, echo=print, isolated: bool = False,
           loss: float | None = None, failure_grace_s: float = launch.FAILURE_GRACE_S,
           min_coverage: float = coverage.DEFAULT_MIN_COVERAGE,
-          timeout_s: float = launch.TRAIN_TIMEOUT_S) -> dict:
+          timeout_s: float = launch.TRAIN_TIMEOUT_S) -> RunRecord:
     the_run = Run(cfg, profile_name, tuple(sets), loss=loss, isolated=isolated)
     echo(f"[train] profile {profile_name}: "
          f"{plan.stated_loss(the_run.load_profile(), loss)}")
@@ -133,7 +132,7 @@ def train(cluster: Cluster, cfg: TrainConfig, profile_name: str = "clean", sets:
 
 
 def train_many(cluster: Cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
-               sets: list[str] = (), out_dir: Path | None = None, echo=print) -> list[dict]:
+               sets: list[str] = (), out_dir: Path | None = None, echo=print) -> list[RunRecord]:
     """Several runs under one profile, one after the other in one launch of the ranks."""
     return train_runs(cluster, [Run(c, profile_name, tuple(sets)) for c in cfgs], out_dir,
                       echo)
@@ -199,7 +198,7 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
                echo=print, control_exempt: bool = False, on_progress=None,
                failure_grace_s: float = launch.FAILURE_GRACE_S,
                min_coverage: float = coverage.DEFAULT_MIN_COVERAGE,
-               timeout_s: float = launch.TRAIN_TIMEOUT_S) -> list[dict]:
+               timeout_s: float = launch.TRAIN_TIMEOUT_S) -> list[RunRecord]:
     """Runs one after the other in one launch of the ranks, each under its own profile (the
     profile changes between runs where it differs). Each run's measured loss, socket
     drops and coverage are counted around that run alone; a run under an impairment whose
@@ -273,16 +272,13 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
     for i, r in enumerate(runs):
         window, profile, covered = boundaries.windows[i]
         backend = plans[r.network][1].backend
-        rec = record(r.cfg, cluster, profile, window, backend, lines[i],
-                     [m[i] for m in metrics], None if temporary else work / f"run{i}",
-                     wall / len(runs))
-        rec["exempt"] = exempt[r.network]
-        rec["coverage"] = covered.to_dict()
-        rec["invalid"] = covered.no_result(profile)
-        rec["loss_applied_by"] = verify.loss_applied_by(
-            None if profile.impairs_nothing() else backend, cluster, drop_mask)
-        rec["run_s"] = boundaries.run_s(i)
-        records.append(rec)
+        records.append(run_record.make(
+            r.cfg, hosts=len(cluster.hosts), profile=profile, report=window,
+            backend=backend, result=lines[i], ranks=[m[i] for m in metrics],
+            work=None if temporary else work / f"run{i}", wall_s=wall / len(runs),
+            run_s=boundaries.run_s(i), exempt=exempt[r.network], coverage=covered,
+            loss_applied_by=verify.loss_applied_by(
+                None if profile.impairs_nothing() else backend, cluster, drop_mask)))
     return records
 
 
@@ -322,97 +318,3 @@ def verbs_loss(cluster: Cluster, runs: list[Run], plans: dict) -> str | None:
             "Set LOSSBED_DROP_MASK=SEED:RATE (e.g. 7:0.1 for 10%): the receivers drop by "
             "lossbed's seeded mask, and each record says so (loss_applied_by)")
     return None
-
-
-def record(cfg, cluster: Cluster, profile, report, backend, result, ranks, work, wall_s) -> dict:
-    step_us = Histogram.merged(m.step_us for m in ranks)
-    collective_us = Histogram.merged(m.collective_us for m in ranks)
-    tokens = sum(m.tokens for m in ranks)
-    train_s = max(m.train_s for m in ranks)
-    sent = sum(m.counters["packets_sent"] for m in ranks)
-    missing = sum(m.counters["missing"] for m in ranks)
-    seen, dropped = report.total_seen, report.total_dropped
-    interval = stats.wilson_interval(dropped, seen) if seen else None
-    loss = profile.impairment.loss
-    received = sum(m.counters["packets_received"] for m in ranks)
-    disturbed = _disturbed(missing, received + missing, dropped / seen if seen else 0.0)
-    return {
-        "variant": cfg.variant + (f"@{cfg.transport}" if cfg.transport != "udp" else ""),
-        "transport": cfg.transport, "profile": profile.name,
-        "loss": loss.stationary_loss() if loss else 0.0, "seed": cfg.seed, "steps": cfg.steps,
-        "hosts": len(cluster.hosts), "config": cfg.to_dict(), "backend": backend,
-        # the lossy collectives waited for every packet (a lossless reference), no deadline
-        "wait_for_all": cfg.wait_for_all,
-        "tokens_per_s": tokens / train_s,
-        # steady state: the first TIMING_WARMUP_STEPS steps of each rank are apart
-        "step_ms": step_us.summary_ms(), "collective_ms": collective_us.summary_ms(),
-        "step_hist": step_us.to_dict(),
-        "warmup_step_ms": [[us / 1000 for us in m.warmup_step_us] for m in ranks],
-        "slow_steps": [{"rank": m.rank, **s} for m in ranks for s in m.slow_steps],
-        "transport_counters": dict(sum((Counter(m.counters) for m in ranks), Counter())),
-        # summed over ranks: stages ended by their deadline, step alignment time, ...
-        "collective_totals": summed(m.collective_totals for m in ranks),
-        # every datagram sealed with the launch's key, and checked against it
-        "authenticated": all(m.authenticated for m in ranks),
-        "wire_warning": wire_warning(ranks),
-        "rank_max_rss_mb": [m.max_rss_mb for m in ranks],
-        "losses": ranks[0].losses,
-        # which model is measured (harness.eval.models): ppl is the variant's headline
-        **{k: result.get(k) for k in (
-            "ppl", "headline", "ppl_rank0", "ppl_ranks", "ppl_rank_mean", "ppl_rank_worst",
-            "ppl_average_model", "ppl_owners", "ce_per_token", "bytes_per_token",
-            "bits_per_byte", "eval_tokens", "tokenizer", "vocab_size", "corpus_sha",
-            "split_sha", "heldout_windows", "heldout_dropped", "epochs")},
-        "drift": result["drift"],
-        # during training (drift_every): [step, the largest replica's distance], its max
-        "drift_steps": ranks[0].drift_steps,
-        "drift_max": max((d for _, d in ranks[0].drift_steps), default=None),
-        # reliable with progress_every: [step, held-out ppl] during training
-        "progress_steps": ranks[0].progress_steps,
-        "packets_sent": sent, "packets_lost": missing,
-        # RDMA transports: the devices' own counts (retransmissions, sequence errors, ...)
-        "device_counters": dict(sum((Counter(m.device_counters) for m in ranks),
-                                    Counter())),
-        "bytes_sent": sum(m.counters["bytes_sent"] for m in ranks),
-        # this run's own window: kernel counters read at the boundaries before and after it
-        "measured_loss": dropped / seen if seen else 0.0,
-        "measured_loss_interval": interval,
-        "measured_packets": seen,
-        "rcvbuf_drops": sum(report.rcvbuf_errors.values()),
-        "measured_window": report.window,
-        "disturbed": disturbed,
-        "parameters": result["parameters"], "corpus": result["corpus"],
-        "model_sha": result["model_sha"], "wall_s": wall_s,
-        "work_dir": str(work) if work else None,
-    }
-
-
-# Transport counters of datagrams that no rank of the job sent, or that no rank could have
-# sent: their senders were not the experiment's
-INTRUSION_COUNTERS = ("foreign", "unauthenticated", "malformed", "nonfinite")
-
-
-def wire_warning(ranks: list[TrainRankMetrics]) -> str | None:
-    """A warning when the ranks got datagrams that were not their peers' (or were broken on
-    the way): none was applied, but the network was not the experiment's alone."""
-    counts = {name: sum(m.counters.get(name, 0) for m in ranks)
-              for name in INTRUSION_COUNTERS}
-    if not any(counts.values()):
-        return None
-    listed = ", ".join(f"{n} {c}" for n, c in counts.items() if c)
-    return (f"the ranks got datagrams their peers did not send, or that were broken on the "
-            f"way ({listed}): none was applied, but something else sent to the ranks' "
-            "ports (or a link corrupts packets)")
-
-
-def _disturbed(missing: int, expected: int, measured: float) -> str | None:
-    """Why a lossy run's loss figures are not the network's, or None: its collective missed
-    far more packets than the kernel lost, so a rank fell behind and its packets came after
-    their deadlines (lateness counted as loss)."""
-    if not expected:
-        return None
-    fraction = missing / expected
-    if fraction <= measured + max(0.03, 0.5 * measured):
-        return None
-    return (f"the collective missed {fraction:.1%} of its packets where the network lost "
-            f"{measured:.1%}: a rank fell behind and its packets came too late")

@@ -290,7 +290,8 @@ def main(argv=None) -> int:
                                ready=lambda i=i: wait_at_boundary(r, i, "ready"),
                                trained=lambda i=i: wait_at_boundary(r, i, "trained"))
             if result is not None:
-                print(rank_protocol.mark(rank_protocol.RUN_RESULT_MARK, {"index": i, **result}),
+                said = rank_protocol.RunResult(index=i, **result)  # (every field, or none)
+                print(rank_protocol.mark(rank_protocol.RUN_RESULT_MARK, said.to_dict()),
                       flush=True)
         wait_at_boundary(r, len(configs))
     finally:

@@ -200,7 +200,7 @@ def test_the_summary_states_its_band_and_test_and_sizes_itself_from_the_band():
 
 
 def test_a_run_whose_collective_missed_far_more_than_the_network_lost_is_disturbed():
-    from harness.train.run import _disturbed
+    from harness.train.record import _disturbed
 
     assert _disturbed(1000, 10000, 0.10) is None          # 10% missing at 10% loss
     assert _disturbed(1250, 10000, 0.10) is None          # within the margin
@@ -211,7 +211,7 @@ def test_a_run_whose_collective_missed_far_more_than_the_network_lost_is_disturb
 
 def test_datagrams_no_peer_sent_warn_in_the_record_and_the_bench_table():
     from harness.rank_protocol import TrainRankMetrics
-    from harness.train.run import wire_warning
+    from harness.train.record import wire_warning
 
     def ranks(*counters):
         return [TrainRankMetrics(rank=i, counters=c) for i, c in enumerate(counters)]

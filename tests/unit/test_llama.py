@@ -94,3 +94,26 @@ def test_building_and_running_a_preset_does_not_import_transformers():
                           cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_training_steps_follow_transformers_model_to_float_rounding():
+    """What the bench reports comes from training: five AdamW steps on the same batches
+    give the same losses and weights."""
+    theirs, ours = both("tiny", seed=6)
+    batches = torch.randint(0, VOCAB, (5, 4, 17), generator=torch.Generator().manual_seed(2))
+    losses = []
+    for model in (theirs, ours):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+        seen = []
+        for batch in batches:
+            logits = model(input_ids=batch[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB),
+                                                     batch[:, 1:].reshape(-1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            seen.append(loss.item())
+        losses.append(seen)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6, abs=0)
+    for a, b in zip(theirs.parameters(), ours.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)

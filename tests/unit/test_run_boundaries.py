@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.rank_protocol import STOP, Boundary, mark, run_results
+from harness.rank_protocol import STOP, Boundary, RunResult, mark, run_results
 from harness.train import run
 
 
@@ -73,10 +73,25 @@ def test_the_boundary_its_answer_and_the_runs_result_are_declared_messages():
     with pytest.raises(ValueError, match="phase is one of start, ready, trained"):
         Boundary(0, "done")
     assert STOP == "stop"
-    lines = ["progress", mark("lossbed_run_result", {"index": 0, "ppl": 9.5}),
-             Boundary(1).line(), mark("lossbed_run_result", {"index": 1, "ppl": 9.1}),
+    first, second = (RunResult(**{**RESULT, "index": 0, "ppl": 9.5}),
+                     RunResult(**{**RESULT, "index": 1, "ppl": 9.1}))
+    lines = ["progress", mark("lossbed_run_result", first.to_dict()),
+             Boundary(1).line(), mark("lossbed_run_result", second.to_dict()),
              mark("rank_metrics", {"rank": 0})]
-    assert run_results(lines) == [{"index": 0, "ppl": 9.5}, {"index": 1, "ppl": 9.1}]
+    assert run_results(lines) == [first, second]
+    # a result without a field the record needs is refused, by name, not read as a gap
+    short = {k: v for k, v in first.to_dict().items() if k != "model_sha"}
+    with pytest.raises(TypeError, match="model_sha"):
+        run_results([mark("lossbed_run_result", short)])
+
+
+# One run's result as rank 0 says it (every field of RunResult)
+RESULT = dict(index=0, headline="rank0", ppl=9.5, ppl_rank0=9.5, ppl_ranks=[9.5, 9.6],
+              ppl_rank_mean=9.55, ppl_rank_worst=9.6, ppl_average_model=9.4, ppl_owners=None,
+              ce_per_token=2.25, bits_per_byte=1.1, bytes_per_token=2.9, eval_tokens=4096,
+              drift=0.01, parameters=460_000, corpus="stdlib-docs", corpus_sha="ab",
+              split_sha="cd", heldout_windows=64, heldout_dropped=0, tokenizer="bpe-512",
+              vocab_size=512, epochs=1, model_sha="ef")
 
 
 def test_progress_is_a_declared_message_shown_as_text_or_read_by_its_fields():
