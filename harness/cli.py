@@ -37,7 +37,6 @@ def _cmd_train(args) -> int:
 
     cfg = TrainConfig(**{**options.values(TrainConfig, args),
                          "save_model": checks.new_folder(args.save_model, "--save-model")})
-    cfg.validate()  # the options and LOSSBED_* settings first, before any cluster is touched
     from harness import launch
 
     launch.check_environment()
@@ -73,35 +72,49 @@ def _cmd_train(args) -> int:
 
 def _cmd_bench(args) -> int:
     checks.loss_fraction("--loss", *args.loss)  # (before torch is imported)
-    from harness.bench.spec import default_steps
-
-    if args.steps is None:  # the length of the record's answer in the regime asked for
-        args.steps = default_steps(args.regime or "finetune")
-    checks.at_least(args, ("hosts", 2), ("steps", 1), ("seeds", 1), ("mtu", 68))
+    checks.at_least(args, ("hosts", 2), ("seeds", 1), ("mtu", 68))
     if args.many_rank:  # the question at n ranks, in this process (no cluster)
+        from harness.bench.spec import default_steps
+
+        if args.steps is None:
+            args.steps = default_steps(args.regime or "finetune")
+        checks.at_least(args, ("steps", 1))
         from harness.reproduce import scale_bench
 
         return scale_bench.bench(args)
     import time
+    from dataclasses import replace
     from pathlib import Path
 
-    from harness import options
-    from harness.bench.spec import DEFAULT_VARIANTS, BenchSpec
+    from harness import launch, options
+    from harness.bench.spec import (
+        BENCH_TRAINING,
+        DEFAULT_VARIANTS,
+        BenchSpec,
+        chosen_regime,
+        default_steps,
+    )
     from harness.bench.table import table
     from harness.train.config import TrainConfig
 
-    same = ("hosts", "steps", "seeds", "first_seed", "mtu", "realisations", "speed_steps",
-            "speed_seeds", "stability", "timeout_s", "band_pct", "min_coverage", "sgd_lr",
-            "profile")
-    spec = BenchSpec(losses=args.loss, variants=args.variants or list(DEFAULT_VARIANTS),
-                     isolated=args.unsealed, **{k: getattr(args, k) for k in same},
-                     **_regime_options(args),
-                     **options.values(TrainConfig, args, TRAINING_OPTIONS))
-    spec.validate()  # bad input is refused before anything is built
+    given = args.cluster is not None or args.inventory
+    cluster = cluster_of(args) if given else None  # (named before torch loads)
+    regime, why = chosen_regime(args.regime, cluster is None or cluster.shares_this_machine)
+    if why:
+        print(f"[bench] {why}", file=sys.stderr, flush=True)
+    steps = args.steps if args.steps is not None else default_steps(regime)
+    train = replace(BENCH_TRAINING, steps=steps,
+                    **options.values(TrainConfig, args, TRAINING_OPTIONS))
+    spec = BenchSpec(train=train, losses=args.loss,
+                     variants=args.variants or DEFAULT_VARIANTS, isolated=args.unsealed,
+                     regime=regime, finetune_lr=args.finetune_lr,
+                     pretrain_steps=args.pretrain_steps,
+                     **{k: getattr(args, k) for k in BENCH_OPTIONS})  # (checked as made)
+    launch.check_environment()
     # absolute: ranks on remote hosts write under it from their own working folder
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if args.cluster is not None or args.inventory:
-        place = contextlib.nullcontext(cluster_of(args))
+    if cluster is not None:
+        place = contextlib.nullcontext(cluster)
     else:  # (what this kernel cannot apply is refused before the cluster is built)
         from testbed import profiles
         from testbed.impair import engine
@@ -112,11 +125,17 @@ def _cmd_bench(args) -> int:
     from harness.bench.training_bench import run_bench  # (torch: after the cluster is named)
 
     with place as cluster:
-        summary = run_bench(cluster, spec, out, regime_chosen=args.regime is not None,
+        summary = run_bench(cluster, spec, out,
                             echo=lambda line: print(line, file=sys.stderr, flush=True))
     print(table(summary))
     print(f"results in {out}/ (report.html, summary.md, summary.json, results.jsonl, *.png)")
     return 0
+
+
+# The bench's own options that go into BenchSpec as they are
+BENCH_OPTIONS = ("hosts", "seeds", "first_seed", "mtu", "realisations", "speed_steps",
+                 "speed_seeds", "stability", "timeout_s", "band_pct", "min_coverage", "sgd_lr",
+                 "profile")
 
 
 def _cmd_reproduce(args) -> int:
@@ -222,6 +241,11 @@ def _cmd_compare(args) -> int:
     return 1 if any(f.regressed for f in findings) else 0
 
 
+def _regime_options(args) -> dict:
+    return dict(regime=args.regime or "finetune", finetune_lr=args.finetune_lr,
+                pretrain_steps=args.pretrain_steps)
+
+
 # The model, data and optimisation options `train` and `bench` share (TrainConfig's)
 TRAINING_OPTIONS = ("preset", "device", "batch", "seq_len", "lr", "optimizer", "schedule",
                     "tokenizer")
@@ -242,15 +266,17 @@ def _add_regime_options(p, default: str) -> None:
                    help=f"finetune: the checkpoints' steps (default {PRETRAIN_STEPS})")
 
 
-def _regime_options(args) -> dict:
-    return dict(regime=args.regime or "finetune", finetune_lr=args.finetune_lr,
-                pretrain_steps=args.pretrain_steps)
-
-
 def add_commands(sub) -> None:
     """Register the experiment commands on testbed's subparsers."""
     from harness import options
-    from harness.bench.spec import DEFAULT_STEPS, SCRATCH_STEPS, SGD_LR, VARIANT_FORM, BenchSpec
+    from harness.bench.spec import (
+        BENCH_TRAINING,
+        DEFAULT_STEPS,
+        SCRATCH_STEPS,
+        SGD_LR,
+        VARIANT_FORM,
+        BenchSpec,
+    )
     from harness.train.config import TrainConfig
 
     p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
@@ -317,7 +343,7 @@ def add_commands(sub) -> None:
                         "when its whole 95%% interval is inside, does not hold when outside "
                         f"(default: {BenchSpec.band_pct:g}, arXiv 2507.07114's bound)")
     sizes = "; train's is larger: a bench runs tens of runs"
-    options.add_options(p, TrainConfig, TRAINING_OPTIONS, defaults=BenchSpec, notes={
+    options.add_options(p, TrainConfig, TRAINING_OPTIONS, defaults=BENCH_TRAINING, notes={
         "optimizer": "; the variants' but rps's, which trains under SGD at --sgd-lr unless "
                      "written rps/adamw", "batch": sizes, "seq_len": sizes})
     _add_regime_options(p, None)

@@ -48,7 +48,10 @@ class BenchSpec:
     # only the first): as training does by default (TrainConfig.align_every), unless asked
     align_every: int = TrainConfig.align_every
 
-    def validate(self) -> None:
+    def __post_init__(self):
+        self._check()  # every value, as the spec is made: before a cluster comes up
+
+    def _check(self) -> None:
         unknown = [a for a in self.algorithms if a.partition("@")[0] not in ALGORITHMS]
         if unknown:
             raise UsageError("--algorithms", f"unknown {', '.join(unknown)}",
@@ -71,7 +74,6 @@ class BenchSpec:
         for name in self.profiles:  # every profile at every loss, before a cluster is built
             for loss in self.losses:
                 profiles.load(name, loss=loss)
-        launch.check_environment()
 
 
 def raw_udp_rate(cluster: Cluster, seconds: float = 0.5) -> float:
@@ -107,8 +109,8 @@ def raw_udp_rate(cluster: Cluster, seconds: float = 0.5) -> float:
 def run(cluster: Cluster, spec: BenchSpec, progress=print,
         min_coverage: float = coverage.DEFAULT_MIN_COVERAGE) -> list[dict]:
     """Every (profile, loss) case's rows; a row under an impairment that too little of the
-    hosts' traffic crossed carries `invalid` (why, and what carried it instead)."""
-    spec.validate()
+    hosts' traffic crossed carries `invalid` (why, and what carried it instead). The spec
+    was checked as it was made."""
     if len(cluster.hosts) < 2:
         raise UsageError("--hosts", "a collective needs 2 or more hosts", "Use --hosts 4")
     from harness.verbs import device

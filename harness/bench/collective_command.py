@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from harness import options
+from harness import launch, options
 from testbed import checks, clusters
 from testbed.cli import add_min_coverage
 from testbed.clusters import netns as netns_cluster
@@ -48,7 +48,7 @@ def command(args) -> int:
     spec = cb.BenchSpec(sizes_mib=sizes, losses=args.loss, profiles=args.profiles,
                         algorithms=args.algorithms, iters=args.iters, unsealed=args.unsealed,
                         align_every=args.align_every)
-    spec.validate()
+    launch.check_environment()  # (the spec's values were checked as it was made)
     own = None
     if cluster is None:
         own = f"cb{os.getpid() % 100000}"

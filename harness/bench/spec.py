@@ -31,7 +31,7 @@ per variant and loss it is averaged over seeds, with a 95% interval (Student's t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, fields, replace
 
 from harness import launch, variants
 from harness.bench import stability
@@ -42,11 +42,9 @@ from harness.names import (
     OPTIMIZERS,
     REGIMES,
     VARIANTS,
-    Device,
     LossyStage,
     Optimizer,
     Regime,
-    Schedule,
 )
 from harness.train.config import TrainConfig
 from harness.transport.semantics import Semantics
@@ -104,6 +102,18 @@ VARIANT_FORM = ("NAME[/reduce|/broadcast][/resync=K][/adamw|/sgd][@TRANSPORT], e
 # a linear step is gradient averaging); under AdamW it is another algorithm. The others
 # train as the bench's --optimizer says (AdamW by default).
 RPS_OPTIMIZER = variants.of("rps").own_optimizer
+
+
+def chosen_regime(asked: str | None, shares_this_machine: bool) -> tuple[str, str | None]:
+    """The bench's regime, decided before its spec is made, and why where it is not the one
+    asked for: fine-tuning unless asked otherwise, but the default fine-tune's checkpoints
+    live on this machine's file system, so hosts that do not share it (VM, remote) run from
+    scratch unless --regime finetune was asked."""
+    if asked is not None or shares_this_machine:
+        return asked or "finetune", None
+    return "scratch", ("regime scratch: these hosts do not share this machine's file system, "
+                       "where the default fine-tune's checkpoints live (--regime finetune "
+                       "there: train --save-model and --preset DIR by hand)")
 
 
 def default_steps(regime: str) -> int:
@@ -188,37 +198,40 @@ def reference_variant(variant: str) -> str:
     return Variant("reliable", optimizer=v.optimizer).text
 
 
-@dataclass
+# Every run's training settings where the bench's command line gives none: TrainConfig's
+# fields (declared there, once), at the bench's values. Smaller batches and sequences than
+# `lossbed train`'s own defaults: a bench trains tens of runs, one train run one.
+BENCH_TRAINING = TrainConfig(steps=DEFAULT_STEPS, batch=8, seq_len=64, log_every=20,
+                             drift_every=DRIFT_EVERY, progress_every=PROGRESS_EVERY)
+
+
+@dataclass(frozen=True)
 class BenchSpec:
-    losses: list[float] = field(default_factory=lambda: [0.1])
+    """A bench, checked whole when it is made (every value, before anything is built):
+    UsageError naming the option and the fix. `train` holds the runs' training settings
+    (the model, data and optimisation: steps, batch, lr, ...; drift_every for the lossy
+    variants, progress_every for the reliable references), the rest is the bench's own."""
+
+    train: TrainConfig = BENCH_TRAINING
+    losses: tuple[float, ...] = (0.1,)
     profile: str = "random-loss"
     hosts: int = 4
     # --unsealed: the profiles say isolated, and the datagrams go without their MAC
     isolated: bool = False
-    steps: int = DEFAULT_STEPS
     seeds: int = DEFAULT_SEEDS
     # the first of the `seeds` consecutive seeds (FIRST_SEED: after the pilots')
     first_seed: int = FIRST_SEED
-    variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
-    preset: str = "tiny"
-    device: Device = "cpu"
-    batch: int = 8
-    seq_len: int = 64
-    lr: float = 2e-3           # AdamW's peak rate (scratch, and the checkpoints' training)
-    optimizer: Optimizer = "adamw"  # the variants' but rps's (rps: SGD unless rps/adamw)
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
     sgd_lr: float | None = None  # every SGD run's peak rate (None: SGD_LR of the regime)
-    schedule: Schedule = "cosine"
-    tokenizer: str = "bpe"
     # loss seeds at the first seed for REALISATION_VARIANTS (1: none more). The default spends the
     # runs on seeds instead: each seed has a loss realisation of its own already
     realisations: int = 1
-    # scratch: every run from the seed's initialisation at --lr; finetune: from the seed's
-    # cached lossless checkpoint (pretrain_steps at --lr) at finetune_lr
+    # scratch: every run from the seed's initialisation at train.lr; finetune: from the
+    # seed's cached lossless checkpoint (pretrain_steps at train.lr) at finetune_lr. Decided
+    # before the spec is made (the CLI: scratch where the hosts do not share this machine)
     regime: Regime = "finetune"
     finetune_lr: float = FINETUNE_LR
     pretrain_steps: int = PRETRAIN_STEPS
-    # filled in by run_bench in the finetune regime: seed -> the checkpoint's folder
-    checkpoints: dict = field(default_factory=dict)
     # `reliable` under loss, for its speed and tail only: speed_steps steps on the first
     # speed_seeds seeds (the quality answer does not use them: its budget goes to seeds;
     # 2 x 55 steady steps still back a p99)
@@ -227,10 +240,6 @@ class BenchSpec:
     # every lossless reference again on every seed, each with one step as a lossy one: the
     # chaos check every Δppl verdict waits for (harness/bench/stability.py)
     stability: bool = True
-    # the lossy variants' drift during training, every drift_every steps (0: at the end only)
-    drift_every: int = DRIFT_EVERY
-    # the references' held-out ppl every progress_every steps (0: none): iso-progress
-    progress_every: int = PROGRESS_EVERY
     mtu: int = 1500
     # the band every lossy row's Δppl is judged against (harness/metrics/verdict.py), percent
     band_pct: float = BAND_PCT
@@ -240,7 +249,36 @@ class BenchSpec:
     # the bench's one launch: past this many seconds its ranks are stopped (TimedOut)
     timeout_s: float = launch.BENCH_TIMEOUT_S
 
-    def validate(self) -> None:
+    @classmethod
+    def make(cls, **settings) -> BenchSpec:
+        """A spec from flat settings: a BenchSpec field is the bench's, a TrainConfig field
+        goes into `train` (over BENCH_TRAINING); TypeError for one that is neither."""
+        own = {f.name for f in fields(cls)} - {"train"}
+        trained = {f.name for f in fields(TrainConfig)}
+        unknown = sorted(set(settings) - own - trained)
+        if unknown:
+            raise TypeError(f"BenchSpec.make: no setting {', '.join(unknown)}")
+        train = replace(BENCH_TRAINING, **{k: v for k, v in settings.items() if k in trained})
+        return cls(train=train, **{k: v for k, v in settings.items() if k in own})
+
+    def __post_init__(self):
+        # lists given are kept as tuples: the spec does not change once made
+        object.__setattr__(self, "losses", tuple(self.losses))
+        object.__setattr__(self, "variants", tuple(self.variants))
+        self._check()
+
+    def to_dict(self) -> dict:
+        """The spec as summary.json's `config` writes it: the bench's fields and the
+        training settings it chose, side by side (as before `train` held them)."""
+        flat = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "train"}
+        t = self.train
+        return {**flat, "losses": list(self.losses), "variants": list(self.variants),
+                "steps": t.steps, "preset": t.preset, "device": t.device, "batch": t.batch,
+                "seq_len": t.seq_len, "lr": t.lr, "optimizer": t.optimizer,
+                "schedule": t.schedule, "tokenizer": t.tokenizer,
+                "drift_every": t.drift_every, "progress_every": t.progress_every}
+
+    def _check(self) -> None:
         checks.share("--min-coverage", self.min_coverage, checks.MIN_COVERAGE_EXAMPLE)
         checks.seconds("--timeout-s", self.timeout_s, launch.BENCH_TIMEOUT_S,
                        launch.TIMEOUT_MEANS, positive=True)
@@ -258,28 +296,25 @@ class BenchSpec:
             if parsed.resync_every and parsed.name != "unbiased_drift":
                 raise UsageError("--variants", f"{v!r}: resync applies to unbiased_drift "
                                  "only (its parameter broadcasts)", f"Write {VARIANT_FORM}")
-        if self.optimizer not in OPTIMIZERS:
-            raise UsageError("--optimizer", f"unknown optimizer {self.optimizer!r}",
-                             f"Use one of: {', '.join(OPTIMIZERS)}")
         if self.sgd_lr is not None:
             checks.positive_rate("--sgd-lr", self.sgd_lr, SGD_LR["scratch"])
         if self.regime not in REGIMES:
             raise UsageError("--regime", f"unknown regime {self.regime!r}",
                              f"Use one of: {', '.join(REGIMES)}")
         if self.regime == "finetune":
-            if self.preset not in presets.PRESETS:
+            if self.train.preset not in presets.PRESETS:
                 raise UsageError("--regime", f"finetune trains its own checkpoints from a "
-                                 f"preset, not from {self.preset!r}", "Use --preset tiny or "
+                                 f"preset, not from {self.train.preset!r}", "Use --preset tiny or "
                                  "small, or --regime scratch --preset DIR for your own")
             checks.positive_rate("--finetune-lr", self.finetune_lr, FINETUNE_LR)
             if self.pretrain_steps < 1:
                 raise UsageError("--pretrain-steps", "must be 1 or more", "e.g. 300")
-            self.pretrain_config(0).validate()
+            self.pretrain_config(0)  # (checked as it is made)
         if self.first_seed < 0:
             raise UsageError("--first-seed", f"{self.first_seed} is not a seed",
                              f"Give 0 or more (default {FIRST_SEED}: after the pilot seeds "
                              f"{', '.join(map(str, PILOT_SEEDS))})")
-        if (self.seeds < 1 or self.steps < 1 or self.realisations < 1 or self.speed_steps < 1
+        if (self.seeds < 1 or self.realisations < 1 or self.speed_steps < 1
                 or self.speed_seeds < 1):
             raise UsageError("--seeds/--steps/--realisations/--speed-steps/--speed-seeds",
                              "must be 1 or more", "e.g. --seeds 3")
@@ -289,26 +324,26 @@ class BenchSpec:
         for loss in self.losses:
             if loss > 0:  # refuses early, seeded as the runs will be
                 profiles.load(self.profile, loss=loss, loss_seed=0, isolated=self.isolated)
-        self.config(variant="reliable", seed=0).validate()
-        self.config(variant="reliable", seed=0, steps=self.speed_steps).validate()
-        launch.check_environment()
+        self.config(variant="reliable", seed=0)  # (each checked as it is made)
+        self.config(variant="reliable", seed=0, steps=self.speed_steps)
 
     def config(self, variant: str, seed: int, steps: int | None = None,
-               wait_for_all: bool = False, init_noise: float = 0.0) -> TrainConfig:
-        v = Variant.parse(variant).resolved(self.optimizer)
-        preset, lr = self.preset, self.lr
-        if self.regime == "finetune":  # (before the checkpoints exist: the preset, to check)
-            preset, lr = self.checkpoints.get(seed, self.preset), self.finetune_lr
+               wait_for_all: bool = False, init_noise: float = 0.0,
+               checkpoints: dict[int, str] | None = None) -> TrainConfig:
+        """A run of `variant` on `seed`: `train` with the variant's settings, its optimizer's
+        rate, and in the finetune regime its seed's checkpoint (`checkpoints`: seed ->
+        folder, once trained; before, the preset, to check)."""
+        v = Variant.parse(variant).resolved(self.train.optimizer)
+        preset, lr = self.train.preset, self.train.lr
+        if self.regime == "finetune":
+            preset, lr = (checkpoints or {}).get(seed, preset), self.finetune_lr
         if v.optimizer == "sgd":
             lr = self.sgd_peak
-        return TrainConfig(variant=v.name, transport=v.transport, preset=preset,
-                           lossy_stage=v.lossy_stage, resync_every=v.resync_every,
-                           wait_for_all=wait_for_all,
-                           steps=steps or self.steps, seed=seed, batch=self.batch,
-                           seq_len=self.seq_len, lr=lr, optimizer=v.optimizer,
-                           device=self.device, schedule=self.schedule,
-                           tokenizer=self.tokenizer, init_noise=init_noise, log_every=20,
-                           drift_every=self.drift_every if v.name != "reliable" else 0)
+        return replace(self.train, variant=v.name, transport=v.transport, preset=preset,
+                       lossy_stage=v.lossy_stage, resync_every=v.resync_every,
+                       wait_for_all=wait_for_all, steps=steps or self.train.steps, seed=seed,
+                       lr=lr, optimizer=v.optimizer, init_noise=init_noise, progress_every=0,
+                       drift_every=self.train.drift_every if v.name != "reliable" else 0)
 
     @property
     def sgd_peak(self) -> float:
@@ -316,30 +351,30 @@ class BenchSpec:
 
     def pretrain_config(self, seed: int) -> TrainConfig:
         """The lossless run whose model a finetune-regime run of `seed` starts from: AdamW
-        at --lr, whatever the runs' optimizers (one checkpoint serves them all)."""
-        return TrainConfig(variant="reliable", preset=self.preset, steps=self.pretrain_steps,
-                           seed=seed, batch=self.batch, seq_len=self.seq_len, lr=self.lr,
-                           optimizer="adamw", device=self.device,
-                           schedule=self.schedule, tokenizer=self.tokenizer, log_every=20)
+        at train.lr, whatever the runs' optimizers (one checkpoint serves them all)."""
+        return replace(self.train, variant="reliable", steps=self.pretrain_steps, seed=seed,
+                       optimizer="adamw", drift_every=0, progress_every=0)
 
     @property
     def regime_text(self) -> str:
         """The regime, as every Δppl is to be read (optimizer, peak rate, steps)."""
-        optimizers = {Variant.parse(v).resolved(self.optimizer).optimizer for v in self.variants}
+        optimizers = {Variant.parse(v).resolved(self.train.optimizer).optimizer
+                      for v in self.variants}
         rates = []
         if "adamw" in optimizers:
-            peak = self.finetune_lr if self.regime == "finetune" else self.lr
+            peak = self.finetune_lr if self.regime == "finetune" else self.train.lr
             rates.append(f"adamw peak {peak:g}")
         if "sgd" in optimizers:
             rates.append(f"sgd (momentum 0.9) peak {self.sgd_peak:g}")
         if self.regime == "finetune":
             return (f"finetune: from a lossless checkpoint ({self.pretrain_steps} steps at "
-                    f"adamw peak {self.lr:g}), {self.steps} steps at " + ", ".join(rates))
-        return f"scratch: {self.steps} steps at " + ", ".join(rates)
+                    f"adamw peak {self.train.lr:g}), {self.train.steps} steps at "
+                    + ", ".join(rates))
+        return f"scratch: {self.train.steps} steps at " + ", ".join(rates)
 
     def resolved_text(self, variant: str) -> str:
         """A --variants entry as its runs' records name it (its optimizer decided)."""
-        return Variant.parse(variant).resolved(self.optimizer).text
+        return Variant.parse(variant).resolved(self.train.optimizer).text
 
     @property
     def seed_list(self) -> list[int]:
@@ -351,9 +386,14 @@ class BenchSpec:
         """Those of the bench's seeds that chose its defaults (none by default)."""
         return sorted(set(self.seed_list) & set(PILOT_SEEDS))
 
-    def cases(self) -> list[BenchRun]:
-        """Every run of the bench, the references first (see the module's docstring)."""
+    def cases(self, checkpoints: dict[int, str] | None = None) -> list[BenchRun]:
+        """Every run of the bench, the references first (see the module's docstring); in
+        the finetune regime each from its seed's checkpoint (seed -> folder)."""
         seeds = self.seed_list
+
+        def config(variant, seed, steps=None, **settings):
+            return self.config(variant, seed, steps, checkpoints=checkpoints, **settings)
+
         speed_seeds = seeds[:self.speed_seeds]
         lossy = [loss for loss in self.losses if loss > 0]
         others = [v for v in self.variants if base_variant(v) != "reliable"]
@@ -373,31 +413,31 @@ class BenchSpec:
                 # reference would be a perturbed run
                 waits = base_variant(ref) != "reliable"
                 # reliable's curve of held-out ppl: where its lossy rows sit, in steps
-                cfg = replace(self.config(ref, s, wait_for_all=waits),
-                              progress_every=0 if waits else self.progress_every)
+                cfg = replace(config(ref, s, wait_for_all=waits),
+                              progress_every=0 if waits else self.train.progress_every)
                 runs.append(BenchRun(cfg, 0.0, "reference"))
         if self.stability:
             lossy_rates = [x for x in self.losses if x > 0]
             drop = max(lossy_rates) if lossy_rates else stability.DEFAULT_DROP
             # every reference a verdict leans on, on every seed: its own chaos check
-            runs += [BenchRun(replace(self.config(ref, s, wait_for_all=base_variant(ref)
+            runs += [BenchRun(replace(config(ref, s, wait_for_all=base_variant(ref)
                                                   != "reliable"), drop_once=drop), 0.0,
                               "twin") for s in seeds for ref in references]
         if lossy and "reliable" in self.variants:
-            runs += [BenchRun(self.config("reliable", s, self.speed_steps), 0.0,
+            runs += [BenchRun(config("reliable", s, self.speed_steps), 0.0,
                               "speed_reference") for s in speed_seeds]
         if 0.0 in self.losses:  # the variants themselves at 0%: a check, not a reference
-            runs += [BenchRun(self.config(v, s), 0.0, "lossy") for v in others
+            runs += [BenchRun(config(v, s), 0.0, "lossy") for v in others
                      if base_variant(v) != "rps" for s in seeds]
         for loss in lossy:
             for s in seeds:
                 # the loss seed: one realisation per (seed, loss), replayable
-                runs += [BenchRun(self.config(v, s), loss, "lossy", s) for v in others]
+                runs += [BenchRun(config(v, s), loss, "lossy", s) for v in others]
                 if "reliable" in self.variants and s in speed_seeds:
-                    runs.append(BenchRun(self.config("reliable", s, self.speed_steps), loss,
+                    runs.append(BenchRun(config("reliable", s, self.speed_steps), loss,
                                          "speed", s))
             for extra in range(1, self.realisations):
-                runs += [BenchRun(self.config(v, seeds[0]), loss, "realisation",
+                runs += [BenchRun(config(v, seeds[0]), loss, "realisation",
                                   1000 * extra)
                          for v in others if base_variant(v) in REALISATION_VARIANTS]
         return [r.on_network(self.profile, self.isolated) for r in runs]

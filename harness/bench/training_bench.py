@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,31 +22,24 @@ if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
 
 
 
-def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print,
-              regime_chosen: bool = True) -> dict:
+def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
     """All runs in one launch of the ranks (one start-up): the profile changes between runs
-    where the loss does, and each run's loss is measured around that run alone. Where the
-    regime was not chosen (regime_chosen False), VM and remote hosts run from scratch: the
-    checkpoints of the default fine-tune live on this machine's file system."""
-    if not regime_chosen and spec.regime == "finetune" and not cluster.shares_this_machine:
-        spec.regime = "scratch"
-        echo("[bench] regime scratch: these hosts do not share this machine's file system, "
-             "where the default fine-tune's checkpoints live (--regime finetune there: "
-             "train --save-model and --preset DIR by hand)")
-    spec.validate()
+    where the loss does, and each run's loss is measured around that run alone. The spec
+    was checked as it was made, and is read, never changed: in the finetune regime the
+    seeds' checkpoints are trained (or found) here and handed to its runs."""
     out.mkdir(parents=True, exist_ok=True)
-    start_ppl = None
+    start_ppl, folders = None, None
     if spec.regime == "finetune":
         from harness.bench import checkpoints
 
-        spec.checkpoints = checkpoints.ensure(
+        folders = checkpoints.ensure(
             cluster, {s: spec.pretrain_config(s) for s in spec.seed_list}, echo=echo)
-        start_ppl = {s: checkpoints.ppl(folder) for s, folder in spec.checkpoints.items()}
+        start_ppl = {s: checkpoints.ppl(folder) for s, folder in folders.items()}
     # the question, fixed before any run: printed now, kept, and printed with the answer
     asked = question(spec)
     (out / "question.json").write_text(json.dumps(asked, indent=2) + "\n")
     echo(f"[bench] question: {asked['text']}")
-    cases = spec.cases()
+    cases = spec.cases(folders)
     total = len(cases)
     started = time.monotonic()
 
@@ -83,7 +75,7 @@ def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print,
         for rec, case in zip(records, cases, strict=True)]
     wall_s = time.monotonic() - started
     echo(f"[bench] {total} runs done in {wall_s / 60:.1f} min")
-    summary = summarise(records, spec_dict=asdict(spec), backend=records[-1]["backend"],
+    summary = summarise(records, spec_dict=spec.to_dict(), backend=records[-1]["backend"],
                         wall_s=wall_s, regime=spec.regime_text, band_pct=spec.band_pct,
                         start_ppl=start_ppl)
     summary["question"] = asked

@@ -22,10 +22,9 @@ README); --full: every regime and the curve at FULL_STEPS x FULL_SEEDS.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
-from harness.bench.spec import FINETUNE_LR, BenchSpec
+from harness.bench.spec import BENCH_TRAINING, FINETUNE_LR, BenchSpec
 from harness.bench.stability import text as stability_text
 from harness.bench.training_bench import run_bench
 from harness.metrics.verdict import BAND_PCT as PPL_BAND_PCT
@@ -35,7 +34,7 @@ from harness.reproduce.training import check
 LOSS = 0.1
 STAGES = ("unbiased_drift", "unbiased_drift/reduce", "unbiased_drift/broadcast")
 RESYNC = (20, 5, 1)
-RESYNC_LR = BenchSpec.lr  # the bench's default peak, 2e-3
+RESYNC_LR = BENCH_TRAINING.lr  # the bench's default peak, 2e-3
 # name -> (regime, peak rate): scratch's is the runs' rate, finetune's the fine-tuning rate
 # (its checkpoints are trained at RESYNC_LR, the bench's default)
 REGIMES = {
@@ -69,7 +68,7 @@ def plans(quick: bool) -> dict[str, BenchSpec]:
             variants += [f"unbiased_drift/resync={k}" for k in RESYNC]
         rates = (dict(lr=RESYNC_LR, finetune_lr=lr, pretrain_steps=steps)
                  if regime == "finetune" else dict(lr=lr))
-        out[name] = BenchSpec(losses=[LOSS], variants=variants, steps=steps, seeds=seeds,
+        out[name] = BenchSpec.make(losses=[LOSS], variants=variants, steps=steps, seeds=seeds,
                               optimizer="adamw", realisations=1, stability=True,
                               regime=regime, **rates)
     return out
@@ -114,10 +113,8 @@ def finished(folder: Path, spec: BenchSpec, commit: str) -> dict | None:
 
 
 def _spec(spec: BenchSpec) -> dict:
-    """The spec as JSON gives it back, without the checkpoints' folders (filled in by the
-    bench itself)."""
-    return json.loads(json.dumps({k: v for k, v in asdict(spec).items()
-                                  if k != "checkpoints"}))
+    """The spec as JSON gives it back."""
+    return json.loads(json.dumps(spec.to_dict()))
 
 
 

@@ -39,7 +39,7 @@ def plans(quick: bool, regime: dict | None = None) -> dict[int, BenchSpec]:
     """One bench per number of ranks (regime: BenchSpec's regime options; default
     scratch, as rows 4-5)."""
     steps, seeds = (QUICK_STEPS, QUICK_SEEDS) if quick else (FULL_STEPS, FULL_SEEDS)
-    return {n: BenchSpec(losses=[LOSS], hosts=n, batch=GLOBAL_BATCH // n,
+    return {n: BenchSpec.make(losses=[LOSS], hosts=n, batch=GLOBAL_BATCH // n,
                          variants=["rps"], steps=steps, seeds=seeds, realisations=1,
                          stability=True, **{"regime": "scratch", **(regime or {})})
             for n in WORLDS}

@@ -25,7 +25,7 @@ BENCH_REFUSES = ("hosts", "mtu", "profile", "realisations", "speed_steps", "spee
 def bench(args) -> int:
     """bench --many-rank N ...: the question at n ranks in the many-rank mode, row 8's way
     (unbiased_drift and rps against their references, each n against the band)."""
-    defaults = {**{f: getattr(BenchSpec, f) for f in BENCH_REFUSES if hasattr(BenchSpec, f)},
+    defaults = {**BenchSpec().to_dict(),  # (the command line's defaults are the spec's)
                 "variants": None, "unsealed": False, "regime": None, "cluster": None,
                 "inventory": None, "sgd_lr": None}
     given = [f for f in BENCH_REFUSES if getattr(args, f, None) != defaults.get(f)]

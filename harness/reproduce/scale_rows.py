@@ -35,7 +35,7 @@ from pathlib import Path
 
 from harness.bench import spec as bench_spec
 from harness.bench import stability, withholding
-from harness.bench.spec import BenchSpec
+from harness.bench.spec import BENCH_TRAINING, BenchSpec
 from harness.metrics.verdict import BAND_PCT, bounded_growth, claim, decrease, delta_ppl, paired
 from testbed import stats
 
@@ -49,7 +49,7 @@ SEQ_LEN = 64
 # of 64 sequences: 16 passes over the 114k-token training split, and lossless fine-tuning
 # made held-out ppl worse, +0.1% under AdamW and +3.4% under SGD at seed 0; measured
 # 2026-12-07 at 8f40270, docs/results.md.)
-BENCH_SEQUENCES_PER_STEP = BenchSpec.hosts * BenchSpec.batch
+BENCH_SEQUENCES_PER_STEP = BenchSpec.hosts * BENCH_TRAINING.batch
 
 
 def bench_steps(steps: int, global_batch: int = GLOBAL_BATCH) -> int:

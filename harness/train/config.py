@@ -29,10 +29,11 @@ from testbed.errors import UsageError
 ESTIMATOR_OF = {**variants.estimators(), "rescale": "rescale"}  # (harness/variants.py)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class TrainConfig:
-    """A run's settings. Those made with option() are `lossbed train`'s options too (the CLI
-    is built from them: harness/options.py); the others are set by the bench and the tests."""
+    """A run's settings, checked as they are made (UsageError naming the option and the
+    fix). Those made with option() are `lossbed train`'s options too (the CLI is built from
+    them: harness/options.py); the others are set by the bench and the tests."""
 
     variant: Variant = option("reliable", "the training scheme")
     steps: int = option(300, "training steps")
@@ -100,6 +101,9 @@ class TrainConfig:
     # on, in steps (the bench's iso-progress; harness/bench/progress.py). 0: none
     progress_every: int = 0
     log_every: int = 10
+
+    def __post_init__(self):
+        self.validate()  # every value, as the settings are made (and remade by replace())
 
     def validate(self) -> None:
         if self.variant not in VARIANTS:

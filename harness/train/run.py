@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 
 
 def check(cfg: TrainConfig, cluster=None) -> None:
-    """Every input problem, found before a process starts or a link is touched."""
-    cfg.validate()
+    """Every input problem, found before a process starts or a link is touched (cfg's own
+    values were checked as it was made)."""
     launch.check_environment()
     from harness.verbs import device
 

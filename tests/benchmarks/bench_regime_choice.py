@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     parser.add_argument("--loss", type=float, default=0.1)
     parser.add_argument("--regime", choices=("finetune", "scratch"), default="finetune")
     args = parser.parse_args(argv)
-    spec = BenchSpec(regime=args.regime)
+    spec = BenchSpec.make(regime=args.regime)
     cluster = netns.up(netns.ClusterSpec(hosts=spec.hosts, name="regimechoice"))
     try:
         ckpt = ({s: spec.preset for s in range(args.seeds)} if args.regime == "scratch" else

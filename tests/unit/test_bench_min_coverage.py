@@ -19,7 +19,7 @@ def test_the_bench_judges_every_run_against_its_min_coverage(monkeypatch, tmp_pa
         raise RuntimeError("stop before training")
 
     monkeypatch.setattr(training_bench.run, "train_runs", train_runs)
-    spec = BenchSpec(losses=[0.1], seeds=1, steps=5, variants=["reliable"], min_coverage=0.5,
+    spec = BenchSpec.make(losses=[0.1], seeds=1, steps=5, variants=["reliable"], min_coverage=0.5,
                      regime="scratch")  # (finetune would train checkpoints first)
     with pytest.raises(RuntimeError, match="stop before training"):
         training_bench.run_bench(object(), spec, tmp_path, echo=lambda _: None)
@@ -29,7 +29,7 @@ def test_the_bench_judges_every_run_against_its_min_coverage(monkeypatch, tmp_pa
 @pytest.mark.parametrize("value", [-0.1, 1.5, float("nan")])
 def test_a_min_coverage_that_is_no_fraction_is_refused(value, capsys):
     with pytest.raises(UsageError) as err:
-        BenchSpec(losses=[0.1], min_coverage=value).validate()
+        BenchSpec.make(losses=[0.1], min_coverage=value)
     assert err.value.field == "--min-coverage"
     assert cli.main(["bench", "--min-coverage", str(value)]) == 2
     assert "--min-coverage" in capsys.readouterr().err

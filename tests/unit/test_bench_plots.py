@@ -30,7 +30,7 @@ def test_every_loss_curve_of_a_bench_has_a_label_of_its_own():
     from harness.bench.plots import loss_curves
     from harness.bench.spec import BenchSpec
 
-    spec = BenchSpec(stability=True, seeds=2, steps=10, realisations=2)
+    spec = BenchSpec.make(stability=True, seeds=2, steps=10, realisations=2)
     records = [{"variant": c.variant, "loss": c.loss, "seed": c.cfg.seed, "role": c.role,
                 "loss_seed": c.loss_seed, "losses": [3.0, 2.0]} for c in spec.cases()]
     # (the short speed runs are drawn on a plot of their own: both plots together)

@@ -3,42 +3,55 @@ machine's namespace hosts), from scratch on VM and remote hosts unless asked oth
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from harness.bench import training_bench
-from harness.bench.spec import BenchSpec
+from harness.bench.spec import BenchSpec, chosen_regime
 
 
-class _Hosts:
-    def __init__(self, shares: bool):
-        self.shares_this_machine = shares
-
-
-@pytest.mark.parametrize(("shares", "chosen", "regime"), [
-    (True, False, "finetune"), (False, False, "scratch"), (False, True, "finetune")])
+@pytest.mark.parametrize(("shares", "asked", "regime"), [
+    (True, None, "finetune"), (False, None, "scratch"), (False, "finetune", "finetune"),
+    (True, "scratch", "scratch")])
 def test_the_default_fine_tune_falls_back_to_scratch_only_where_it_was_not_chosen(
-        monkeypatch, tmp_path, shares, chosen, regime):
-    seen, said = {}, []
+        shares, asked, regime):
+    chosen, why = chosen_regime(asked, shares)
+    assert chosen == regime
+    assert (why is not None and "do not share this machine's file system" in why) == (
+        asked is None and not shares)
+
+
+def test_the_bench_takes_its_regime_as_made_and_changes_nothing_in_its_spec(
+        monkeypatch, tmp_path):
+    """#68 item 1: the spec is not changed in transit: the regime is decided before it is
+    made (chosen_regime), the checkpoints are handed to its runs, not written into it."""
+    seen = {}
 
     def ensure(cluster, configs, echo):
-        seen["checkpoints"] = True
-        raise RuntimeError("stop at the checkpoints")
+        folders = {seed: tmp_path / f"ckpt{seed}" for seed in configs}
+        for folder in folders.values():  # (a checkpoint as a preset: a folder with a config)
+            folder.mkdir()
+            (folder / "config.json").write_text("{}")
+        return {seed: str(folder) for seed, folder in folders.items()}
 
     def train_runs(cluster, runs, out, echo, **options):
+        seen["presets"] = {r.cfg.preset for r in runs}
         raise RuntimeError("stop before training")
 
     from harness.bench import checkpoints
 
     monkeypatch.setattr(checkpoints, "ensure", ensure)
+    monkeypatch.setattr(checkpoints, "ppl", lambda folder: 30.0)
     monkeypatch.setattr(training_bench.run, "train_runs", train_runs)
-    spec = BenchSpec(seeds=1, steps=2, variants=["reliable"])
+    spec = BenchSpec.make(seeds=1, steps=2, variants=["reliable"])
+    before = spec.to_dict()
     with pytest.raises(RuntimeError, match="stop"):
-        training_bench.run_bench(_Hosts(shares), spec, tmp_path, echo=said.append,
-                                 regime_chosen=chosen)
-    assert spec.regime == regime
-    assert seen.get("checkpoints", False) == (regime == "finetune")
-    assert any("do not share this machine's file system" in line for line in said) == (
-        regime == "scratch")
+        training_bench.run_bench(object(), spec, tmp_path / "out", echo=lambda _: None)
+    assert seen["presets"] == {str(tmp_path / f"ckpt{spec.first_seed}")}
+    assert spec.to_dict() == before
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.regime = "scratch"
 
 
 @pytest.mark.parametrize(("argv", "steps"), [
@@ -53,10 +66,10 @@ def test_a_bench_without_steps_runs_as_long_as_the_records_answer_in_its_regime(
 
     seen = {}
 
-    def validate(spec):
-        seen["steps"] = spec.steps
+    def check(spec):
+        seen["steps"] = spec.train.steps
         raise UsageError("--steps", "seen", "stop here")
 
-    monkeypatch.setattr(BenchSpec, "validate", validate)
+    monkeypatch.setattr(BenchSpec, "_check", check)
     assert cli.main(["bench", *argv]) == 2
     assert seen["steps"] == steps

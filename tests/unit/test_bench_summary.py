@@ -61,7 +61,7 @@ def test_every_speed_run_of_the_bench_plan_is_compared_with_its_speed_reference(
     which left the check None). A speed run without one is named and fails the check."""
     from harness.bench.spec import BenchSpec
 
-    spec = BenchSpec(seeds=4, steps=20, speed_steps=5, speed_seeds=3)
+    spec = BenchSpec.make(seeds=4, steps=20, speed_steps=5, speed_seeds=3)
     records = [dict(_record(c.variant, c.loss, c.cfg.seed, f"sha{c.cfg.seed}-{c.cfg.steps}"),
                     role=c.role, steps=c.cfg.steps, loss_seed=c.loss_seed)
                for c in spec.cases()]
@@ -69,7 +69,7 @@ def test_every_speed_run_of_the_bench_plan_is_compared_with_its_speed_reference(
     # the bench's first speed_seeds seeds (after the pilot seeds 0 and 1)
     assert sorted(r["seed"] for r in speed) == [2, 3, 4] == spec.seed_list[:3]
     assert len([r for r in records if r["role"] == "speed_reference"]) == 3
-    assert BenchSpec().speed_seeds == 2 < BenchSpec().seeds  # the default's
+    assert BenchSpec.make().speed_seeds == 2 < BenchSpec.make().seeds  # the default's
     summary = bench_summary.summarise(records, {}, "bpf")
     assert summary["checks"]["reliable_exact_under_loss"] is True
     assert summary["checks"]["reliable_unpaired"] == []
@@ -91,17 +91,17 @@ def test_with_three_steps_a_row_has_no_p99_but_its_maximum():
 def test_an_unsealed_bench_says_every_profile_is_isolated_and_the_default_does_not():
     from harness.bench.spec import BenchSpec
 
-    own = BenchSpec(losses=[0.1], seeds=1, steps=10, isolated=True).cases()
+    own = BenchSpec.make(losses=[0.1], seeds=1, steps=10, isolated=True).cases()
     assert all(r.isolated for r in own)
     assert all(r.train_run().load_profile().isolated for r in own)
-    shared = BenchSpec(losses=[0.1], seeds=1, steps=10).cases()
+    shared = BenchSpec.make(losses=[0.1], seeds=1, steps=10).cases()
     assert not any(r.train_run().load_profile().isolated for r in shared)
 
 
 def test_the_bench_plan_has_references_realisations_and_short_reliable_runs():
     from harness.bench.spec import BenchSpec
 
-    spec = BenchSpec(losses=[0.1], seeds=2, steps=100, realisations=3, speed_steps=30,
+    spec = BenchSpec.make(losses=[0.1], seeds=2, steps=100, realisations=3, speed_steps=30,
                      variants=["reliable", "zero_fill", "unbiased", "unbiased_drift", "rps"])
     runs = spec.cases()
     by_role = {}
@@ -326,10 +326,10 @@ def test_a_wider_spread_needs_more_seeds_and_untimed_runs_have_no_budget():
 def test_the_stability_twins_are_lossless_references_with_one_step_as_a_lossy_one():
     from harness.bench.spec import BenchSpec
 
-    plain = BenchSpec(losses=[0.1], seeds=2, steps=50, variants=["reliable", "unbiased"],
+    plain = BenchSpec.make(losses=[0.1], seeds=2, steps=50, variants=["reliable", "unbiased"],
                       stability=False)
     assert not [r for r in plain.cases() if r.role == "twin"]
-    spec = BenchSpec(losses=[0.05, 0.1], seeds=3, steps=50,
+    spec = BenchSpec.make(losses=[0.05, 0.1], seeds=3, steps=50,
                      variants=["reliable", "unbiased"])
     assert spec.stability  # on by default: every verdict waits for it
     twins = [r for r in spec.cases() if r.role == "twin"]
@@ -347,7 +347,7 @@ def test_the_stability_twins_are_lossless_references_with_one_step_as_a_lossy_on
         assert {**twin.cfg.to_dict(), "drop_once": 0.0} == {**reference.cfg.to_dict(),
                                                             "progress_every": 0}
     # one seed: one twin per reference
-    assert len([r for r in BenchSpec(seeds=1).cases() if r.role == "twin"]) == 2
+    assert len([r for r in BenchSpec.make(seeds=1).cases() if r.role == "twin"]) == 2
 
 
 def test_the_default_bench_checks_both_references_on_every_seed():
@@ -355,7 +355,7 @@ def test_the_default_bench_checks_both_references_on_every_seed():
     (until #65 only reliable under AdamW had twins, on seeds 0 and 1)."""
     from harness.bench.spec import BenchSpec
 
-    spec = BenchSpec()
+    spec = BenchSpec.make()
     twins = sorted((r.variant, r.cfg.seed, r.cfg.optimizer, r.cfg.lr)
                    for r in spec.cases() if r.role == "twin")
     references = sorted((r.variant, r.cfg.seed, r.cfg.optimizer, r.cfg.lr)

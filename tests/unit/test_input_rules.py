@@ -28,19 +28,19 @@ def test_a_loss_rate_is_refused_with_one_message_wherever_it_is_given():
     expected = _refusal(lambda: checks.loss_fraction("--loss", 5))
     assert "5 is not a fraction in [0, 1)" in expected and "--loss 0.05" in expected
     seen = {
-        "bench": _refusal(lambda: BenchSpec(losses=[0.1, 5]).validate()),
+        "bench": _refusal(lambda: BenchSpec.make(losses=[0.1, 5])),
         "run": _refusal(lambda: RunSpec(command=["torchrun", "job.py"], loss=5).validate()),
         "collective-bench": _refusal(
-            lambda: collective_bench.BenchSpec(losses=[5]).validate()),
+            lambda: collective_bench.BenchSpec(losses=[5])),
     }
     assert seen == {where: expected for where in seen}
-    drop = _refusal(lambda: TrainConfig(drop_once=1.5).validate())
+    drop = _refusal(lambda: TrainConfig(drop_once=1.5))
     assert "drop_once" in drop and "1.5 is not a fraction in [0, 1)" in drop
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5, float("nan")])
 def test_a_share_and_a_time_name_their_option(value):
-    assert "--min-coverage" in _refusal(lambda: BenchSpec(min_coverage=value).validate())
+    assert "--min-coverage" in _refusal(lambda: BenchSpec.make(min_coverage=value))
     assert "--grace-s" in _refusal(lambda: checks.seconds("--grace-s", -1, 5, "why"))
     assert "positive number of seconds" in _refusal(
         lambda: checks.seconds("--lease-s", 0, 120, "why", positive=True))

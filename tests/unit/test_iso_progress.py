@@ -83,14 +83,14 @@ def test_a_seed_behind_the_whole_curve_is_named_not_averaged_away():
 def test_the_bench_records_the_curve_on_reliable_references_only():
     from harness.bench.spec import PROGRESS_EVERY, BenchSpec
 
-    runs = BenchSpec(variants=["reliable", "unbiased_drift", "rps", "rps/adamw"]).cases()
+    runs = BenchSpec.make(variants=["reliable", "unbiased_drift", "rps", "rps/adamw"]).cases()
     curves = {(r.role, r.variant): r.cfg.progress_every for r in runs}
     assert curves[("reference", "reliable")] == PROGRESS_EVERY
     assert curves[("reference", "reliable/sgd")] == PROGRESS_EVERY
     # rps/adamw's reference is a lossy collective's: its ranks hold models of their own
     assert curves[("reference", "rps/adamw")] == 0
     assert {every for (role, _), every in curves.items() if role != "reference"} == {0}
-    assert BenchSpec(progress_every=0).cases()[0].cfg.progress_every == 0
+    assert BenchSpec.make(progress_every=0).cases()[0].cfg.progress_every == 0
 
 
 @pytest.mark.parametrize(("fields", "words"), [
@@ -101,5 +101,5 @@ def test_a_curve_asked_of_the_wrong_run_is_refused_naming_the_field(fields, word
     from testbed.errors import UsageError
 
     with pytest.raises(UsageError, match=words) as refused:
-        TrainConfig(**fields).validate()
+        TrainConfig(**fields)  # (refused as it is made)
     assert "progress_every" in str(refused.value)

@@ -57,11 +57,14 @@ def test_no_option_of_train_is_written_by_hand_in_the_cli():
 
 
 def test_the_bench_shares_the_training_options_with_its_own_defaults():
-    from harness.bench.spec import BenchSpec
+    from harness.bench.spec import BENCH_TRAINING, BenchSpec
 
     bench = {a.dest: a for a in _subparser("bench")._actions}
     for name in TRAINING_OPTIONS:
-        assert bench[name].default == getattr(BenchSpec, name), name
+        assert bench[name].default == getattr(BENCH_TRAINING, name), name
+    # the spec holds the runs' settings as a TrainConfig, declared once there (#68 item 1)
+    assert BenchSpec().train == BENCH_TRAINING and isinstance(BENCH_TRAINING, TrainConfig)
+    assert not {f.name for f in dataclasses.fields(BenchSpec)} & set(TRAINING_OPTIONS)
     assert bench["batch"].default != TrainConfig.batch  # the bench's own, smaller
     assert "a bench runs tens of runs" in bench["batch"].help
 

@@ -244,8 +244,7 @@ def test_a_row_whose_runs_were_disturbed_is_no_verdict_on_the_algorithm():
 def test_the_training_benches_are_valid_specs_in_a_stable_regime_with_its_twin():
     for quick in (True, False):
         for spec in training.plans(quick).values():
-            spec.validate()
-            assert (spec.optimizer, spec.lr) == ("adamw", 2e-3) and spec.stability
+            assert (spec.train.optimizer, spec.train.lr) == ("adamw", 2e-3) and spec.stability
             # every reference on every seed (seeds after the pilots')
             references = [(r.variant, r.cfg.seed) for r in spec.cases()
                           if r.role == "reference"]
@@ -412,16 +411,15 @@ def test_the_regime_map_benches_are_valid_and_quick_is_a_subset():
     assert set(quick) < set(full) == set(regime_map.REGIMES)
     for plans in (full, quick):
         for spec in plans.values():
-            spec.validate()
-            assert spec.stability and spec.losses == [0.1] and spec.optimizer == "adamw"
+            assert spec.stability and spec.losses == (0.1,) and spec.train.optimizer == "adamw"
             assert set(regime_map.STAGES) <= set(spec.variants)
             assert "reliable" not in spec.variants  # its lossless runs are the references
     scratch = full["scratch 2e-3"]
     assert [v for v in scratch.variants if "resync" in v] == [
         "unbiased_drift/resync=20", "unbiased_drift/resync=5", "unbiased_drift/resync=1"]
     finetune = full["finetune 1e-4"]
-    assert (finetune.regime, finetune.lr, finetune.finetune_lr) == ("finetune", 2e-3, 1e-4)
-    assert {(s.regime, s.lr) for n, s in full.items() if n.startswith("scratch")} == {
+    assert (finetune.regime, finetune.train.lr, finetune.finetune_lr) == ("finetune", 2e-3, 1e-4)
+    assert {(s.regime, s.train.lr) for n, s in full.items() if n.startswith("scratch")} == {
         ("scratch", 1e-4), ("scratch", 5e-4), ("scratch", 2e-3)}
 
 
@@ -433,7 +431,7 @@ def test_a_stopped_regime_map_resumes_from_the_benches_that_finished(tmp_path, m
     benched, lines = [], []
 
     def fake_bench(cluster, spec, out, echo):
-        benched.append(spec.lr)
+        benched.append(spec.train.lr)
         out.mkdir(parents=True, exist_ok=True)
         summary = _map_summary([(v, 0.1, 0.2) for v in spec.variants])
         (out / "summary.json").write_text(json.dumps(summary))
@@ -463,8 +461,7 @@ def test_the_rps_server_benches_keep_the_global_batch_and_judge_rps_against_reli
         plans = rps_servers.plans(quick)
         assert sorted(plans) == [2, 4, 8]
         for n, spec in plans.items():
-            spec.validate()
-            assert spec.hosts == n and spec.batch * n == rps_servers.GLOBAL_BATCH
+            assert spec.hosts == n and spec.train.batch * n == rps_servers.GLOBAL_BATCH
             cases = spec.cases()
             assert {c.variant for c in cases if c.role == "reference"} == {"reliable/sgd"}
             assert {c.variant for c in cases if c.role == "twin"} == {"reliable/sgd"}

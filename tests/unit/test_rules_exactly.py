@@ -152,7 +152,7 @@ def test_the_wilson_interval_at_its_edges():
 
 
 def test_the_whole_question_text():
-    spec = BenchSpec(losses=[0.0, 0.1, 0.05], variants=["reliable", "unbiased_drift"], seeds=1,
+    spec = BenchSpec.make(losses=[0.0, 0.1, 0.05], variants=["reliable", "unbiased_drift"], seeds=1,
                      band_pct=0.8)
     asked = question(spec)
     test = verdict.test_text(0.8)
@@ -167,7 +167,7 @@ def test_the_whole_question_text():
         "regime": spec.regime, "band_pct": 0.8, "test": test, "seeds": 1, "seed_list": [2],
         "pilot_seeds": [0, 1], "pilot_seeds_used": [], "losses": [0.1, 0.05],
         "stopping_rule": rule}
-    lossless = question(BenchSpec(losses=[0.0], variants=["reliable"], seeds=2))
+    lossless = question(BenchSpec.make(losses=[0.0], variants=["reliable"], seeds=2))
     assert lossless["text"].startswith("at no loss (random-loss)") and (
         "(no lossy variant)" in lossless["text"]) and lossless["losses"] == []
 
@@ -249,7 +249,7 @@ def test_a_loss_of_100_is_not_read_as_a_percent():
 
 
 def test_the_question_on_pilot_seeds_and_of_several_variants():
-    spec = BenchSpec(variants=["reliable", "unbiased_drift", "rps"], seeds=2, first_seed=1)
+    spec = BenchSpec.make(variants=["reliable", "unbiased_drift", "rps"], seeds=2, first_seed=1)
     text = question(spec)["text"]
     assert ("seeds 1-2 (pilot seeds 1 among them: not a confirmation of the choices they "
             "made), one loss realisation each") in text

@@ -68,14 +68,13 @@ def test_with_loss_leaves_no_loss_to_without_loss():
 
 @pytest.mark.parametrize("profile", ["clean", "asymmetric", "four-state"])
 def test_the_bench_refuses_them_before_anything_is_built(profile):
-    spec = BenchSpec(losses=[0.1], profile=profile, steps=2, seeds=1)
-    with pytest.raises(UsageError) as err:
-        spec.validate()
+    with pytest.raises(UsageError) as err:  # (as the spec is made)
+        BenchSpec.make(losses=[0.1], profile=profile, steps=2, seeds=1)
     assert profile in str(err.value)
 
 
 def test_every_bench_run_carries_its_loss_seed_and_isolation_typed():
-    spec = BenchSpec(losses=[0.0, 0.1], profile="burst-loss", steps=2, seeds=2,
+    spec = BenchSpec.make(losses=[0.0, 0.1], profile="burst-loss", steps=2, seeds=2,
                      speed_steps=2, isolated=True)
     runs = [case.train_run() for case in spec.cases()]
     lossy = [r for r in runs if r.loss > 0]

@@ -26,7 +26,7 @@ def test_a_variant_entry_names_its_options_and_writes_back_the_same(text, name, 
     assert (v.name, v.lossy_stage, v.resync_every, v.transport) == (name, stage, resync,
                                                                      transport)
     assert v.text == text and base_variant(text) == name
-    cfg = BenchSpec().config(text, seed=3)
+    cfg = BenchSpec.make().config(text, seed=3)
     assert (cfg.variant, cfg.lossy_stage, cfg.resync_every, cfg.transport) == (
         name, stage, resync, transport)
 
@@ -51,20 +51,20 @@ def test_a_malformed_entry_is_refused_naming_the_option(text, says):
 ])
 def test_a_bench_refuses_options_its_variant_has_not(variants, says):
     with pytest.raises(UsageError, match="--variants") as err:
-        BenchSpec(variants=variants).validate()
+        BenchSpec.make(variants=variants)
     assert says in str(err.value)
 
 
 def test_train_refuses_a_lossy_stage_for_reliable_and_an_unknown_stage():
     with pytest.raises(UsageError, match="--lossy-stage"):
-        TrainConfig(variant="reliable", lossy_stage="reduce").validate()
+        TrainConfig(variant="reliable", lossy_stage="reduce")
     with pytest.raises(UsageError, match="--lossy-stage"):
-        TrainConfig(variant="unbiased_drift", lossy_stage="gradients").validate()
-    TrainConfig(variant="unbiased_drift", lossy_stage="broadcast").validate()
+        TrainConfig(variant="unbiased_drift", lossy_stage="gradients")
+    TrainConfig(variant="unbiased_drift", lossy_stage="broadcast")
 
 
 def test_a_stage_alone_is_paired_with_its_variants_reference_and_named_in_its_runs():
-    spec = BenchSpec(variants=["reliable", "unbiased_drift/reduce", "rps/broadcast"], seeds=1,
+    spec = BenchSpec.make(variants=["reliable", "unbiased_drift/reduce", "rps/broadcast"], seeds=1,
                      realisations=1)
     lossy = {c.variant: c for c in spec.cases() if c.role == "lossy"}
     assert set(lossy) == {"unbiased_drift/reduce", "rps/broadcast"}
@@ -80,9 +80,8 @@ def test_a_stage_alone_is_paired_with_its_variants_reference_and_named_in_its_ru
 
 
 def test_rps_trains_under_sgd_against_reliable_sgd_and_under_adamw_only_when_named():
-    spec = BenchSpec(variants=["reliable", "unbiased_drift", "rps", "rps/adamw"], seeds=1,
+    spec = BenchSpec.make(variants=["reliable", "unbiased_drift", "rps", "rps/adamw"], seeds=1,
                      realisations=1, regime="scratch")
-    spec.validate()
     cases = spec.cases()
     refs = {c.variant: c.cfg for c in cases if c.role == "reference"}
     lossy = {c.variant: c.cfg for c in cases if c.role == "lossy"}
@@ -101,14 +100,14 @@ def test_rps_trains_under_sgd_against_reliable_sgd_and_under_adamw_only_when_nam
     assert "sgd (momentum 0.9) peak" in spec.regime_text and "adamw peak 0.002" in \
         spec.regime_text
     # --optimizer sgd: the other variants train under SGD too, rps stays SGD, one reference
-    sgd = BenchSpec(variants=["reliable", "unbiased_drift", "rps"], seeds=1, realisations=1,
+    sgd = BenchSpec.make(variants=["reliable", "unbiased_drift", "rps"], seeds=1, realisations=1,
                     optimizer="sgd", sgd_lr=0.02, regime="scratch")
     assert [c.variant for c in sgd.cases() if c.role == "reference"] == ["reliable/sgd"]
     assert {c.cfg.lr for c in sgd.cases()} == {0.02}
     with pytest.raises(UsageError, match="--sgd-lr"):
-        BenchSpec(sgd_lr=-1.0).validate()
+        BenchSpec.make(sgd_lr=-1.0)
     # the default question fine-tunes: AdamW at the fine-tune rate, rps's SGD at its own
-    default = {c.variant: c.cfg for c in BenchSpec(seeds=1).cases() if c.role == "lossy"}
+    default = {c.variant: c.cfg for c in BenchSpec.make(seeds=1).cases() if c.role == "lossy"}
     assert (default["rps"].optimizer, default["rps"].lr) == ("sgd", 0.1)
     assert (default["unbiased_drift"].optimizer, default["unbiased_drift"].lr) == ("adamw",
                                                                                    1e-4)
