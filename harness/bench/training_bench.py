@@ -28,6 +28,7 @@ def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
     was checked as it was made, and is read, never changed: in the finetune regime the
     seeds' checkpoints are trained (or found) here and handed to its runs."""
     out.mkdir(parents=True, exist_ok=True)
+    settings, regime = spec.to_dict(), spec.regime_text  # (as the summary writes them)
     start_ppl, folders = None, None
     if spec.regime == "finetune":
         from harness.bench import checkpoints
@@ -75,8 +76,8 @@ def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
         for rec, case in zip(records, cases, strict=True)]
     wall_s = time.monotonic() - started
     echo(f"[bench] {total} runs done in {wall_s / 60:.1f} min")
-    summary = summarise(records, spec_dict=spec.to_dict(), backend=records[-1]["backend"],
-                        wall_s=wall_s, regime=spec.regime_text, band_pct=spec.band_pct,
+    summary = summarise(records, spec_dict=settings, backend=records[-1]["backend"],
+                        wall_s=wall_s, regime=regime, band_pct=spec.band_pct,
                         start_ppl=start_ppl)
     summary["question"] = asked
     report.write_outputs(out, records, summary)
