@@ -16,7 +16,6 @@ from pathlib import Path
 from harness.bench import collective_command
 from harness.bench.own_cluster import own_cluster
 from harness.launch import (
-    BENCH_TIMEOUT_S,
     FAILURE_GRACE_MEANS,
     FAILURE_GRACE_S,
     TIMEOUT_MEANS,
@@ -109,7 +108,8 @@ def _cmd_bench(args) -> int:
                      variants=args.variants or DEFAULT_VARIANTS, isolated=args.unsealed,
                      regime=regime, finetune_lr=args.finetune_lr,
                      pretrain_steps=args.pretrain_steps,
-                     **{k: getattr(args, k) for k in BENCH_OPTIONS})  # (checked as made)
+                     min_coverage=args.min_coverage,
+                     **options.values(BenchSpec, args, BENCH_OPTIONS))  # (checked as made)
     launch.check_environment()
     # absolute: ranks on remote hosts write under it from their own working folder
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -132,10 +132,9 @@ def _cmd_bench(args) -> int:
     return 0
 
 
-# The bench's own options that go into BenchSpec as they are
-BENCH_OPTIONS = ("hosts", "seeds", "first_seed", "mtu", "realisations", "speed_steps",
-                 "speed_seeds", "stability", "timeout_s", "band_pct", "min_coverage", "sgd_lr",
-                 "profile")
+# The bench's own options (BenchSpec's fields: each declared there, with its default and help)
+BENCH_OPTIONS = ("profile", "hosts", "mtu", "seeds", "first_seed", "realisations",
+                 "speed_steps", "speed_seeds", "stability", "band_pct", "sgd_lr", "timeout_s")
 
 
 def _cmd_reproduce(args) -> int:
@@ -253,17 +252,15 @@ TRAINING_OPTIONS = ("preset", "device", "batch", "seq_len", "lr", "optimizer", "
 
 def _add_regime_options(p, default: str) -> None:
     """Where the runs start from (bench: finetune by default; reproduce: scratch)."""
-    from harness.bench.spec import FINETUNE_LR, PRETRAIN_STEPS, REGIMES
+    from harness import options
+    from harness.bench.spec import REGIMES, BenchSpec
 
     p.add_argument("--regime", choices=REGIMES, default=default,
                    help="scratch: every run from its seed's initialisation at --lr; finetune "
                         "(bench's default, but on VM or remote hosts): from its seed's lossless"
                         " checkpoint (--pretrain-steps at --lr, cached in .cache/checkpoints/)"
                         " at --finetune-lr")
-    p.add_argument("--finetune-lr", type=float, default=FINETUNE_LR,
-                   help=f"finetune: the runs' peak rate (default {FINETUNE_LR:g})")
-    p.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS,
-                   help=f"finetune: the checkpoints' steps (default {PRETRAIN_STEPS})")
+    options.add_options(p, BenchSpec, ("finetune_lr", "pretrain_steps"))
 
 
 def add_commands(sub) -> None:
@@ -273,7 +270,6 @@ def add_commands(sub) -> None:
         BENCH_TRAINING,
         DEFAULT_STEPS,
         SCRATCH_STEPS,
-        SGD_LR,
         VARIANT_FORM,
         BenchSpec,
     )
@@ -302,20 +298,10 @@ def add_commands(sub) -> None:
                                      "at LOSS against the same seed's lossless reference")
     p.add_argument("--loss", type=checks.loss_text, nargs="+", default=[0.1],
                    help="loss rates as fractions (0.1 = 10%%), e.g. --loss 0.01 0.05 0.1")
-    p.add_argument("--profile", default="random-loss", type=checks.user_name_or_path,
-                   help="a profile whose one loss rate --loss sets (random-loss, burst-loss, "
-                        "or a file of yours)")
-    p.add_argument("--hosts", type=int, default=4, help="hosts of the bench's own cluster")
-    p.add_argument("--mtu", type=int, default=1500, help="MTU of the bench's own cluster")
     p.add_argument("--steps", type=int, default=None,
                    help=f"steps of every run (default: {DEFAULT_STEPS} fine-tuning, "
                         f"{SCRATCH_STEPS} with --regime scratch: the length of the record's "
                         "answer in each)")
-    p.add_argument("--seeds", type=int, default=BenchSpec.seeds,
-                   help="seeds (initialisation and data order) per variant and loss")
-    p.add_argument("--first-seed", type=int, default=BenchSpec.first_seed,
-                   help="the first of the seeds (after the pilot seeds that chose the "
-                        "defaults, so that the bench confirms them on others)")
     p.add_argument("--variants", nargs="+",
                    help="default: reliable unbiased_drift rps; the ablations zero_fill and "
                         "unbiased on request (or all five: make bench-full); each "
@@ -325,35 +311,15 @@ def add_commands(sub) -> None:
                         "no cluster and no clock: Δppl and drift, not speed; reproduce row "
                         "8's method; --steps and --pretrain-steps count the bench's steps, "
                         "run as steps of 64 sequences), e.g. --many-rank 4 16 64")
-    p.add_argument("--realisations", type=int, default=BenchSpec.realisations,
-                   help="loss seeds at the first seed for unbiased_drift and rps (1: no "
-                        "more)")
-    p.add_argument("--speed-steps", type=int, default=BenchSpec.speed_steps,
-                   help="steps of reliable under loss (its speed; its model is checked)")
-    p.add_argument("--speed-seeds", type=int, default=BenchSpec.speed_seeds,
-                   help="seeds of reliable's speed runs (the first ones)")
-    p.add_argument("--stability", action=argparse.BooleanOptionalAction,
-                   default=BenchSpec.stability,
-                   help="the chaos check: every lossless reference again on every seed, "
-                        "with one step as a lossy one; the rows of a reference whose twins' "
-                        "95%% interval reaches past a quarter of the band get no verdict, "
-                        "nor do any without it (summary: stability)")
-    p.add_argument("--band-pct", type=float, default=BenchSpec.band_pct,
-                   help="each lossy row's Δppl is judged against ±this many percent: holds "
-                        "when its whole 95%% interval is inside, does not hold when outside "
-                        f"(default: {BenchSpec.band_pct:g}, arXiv 2507.07114's bound)")
+    # the bench's own settings: declared in BenchSpec, as the runs' are in TrainConfig
+    options.add_options(p, BenchSpec, BENCH_OPTIONS)
     sizes = "; train's is larger: a bench runs tens of runs"
     options.add_options(p, TrainConfig, TRAINING_OPTIONS, defaults=BENCH_TRAINING, notes={
         "optimizer": "; the variants' but rps's, which trains under SGD at --sgd-lr unless "
                      "written rps/adamw", "batch": sizes, "seq_len": sizes})
     _add_regime_options(p, None)
-    p.add_argument("--sgd-lr", type=float, default=None,
-                   help="the peak rate of every run under SGD (rps's, its reference's; all "
-                        "with --optimizer sgd) (default: "
-                        + ", ".join(f"{v:g} {k}" for k, v in SGD_LR.items()) + ")")
     p.add_argument("--out", type=checks.user_path,
                    help="results folder (default: results/bench-TIME)")
-    p.add_argument("--timeout-s", type=float, default=BENCH_TIMEOUT_S, help=TIMEOUT_MEANS)
     p.add_argument("--cluster", help="reuse this cluster instead of building one")
     add_inventory(p)
     add_min_coverage(p)

@@ -46,13 +46,17 @@ def add_options(parser: argparse.ArgumentParser, cls, names: tuple[str, ...] | N
         if names is not None and f.name not in names:
             continue
         hint = hints[f.name]
+        default = getattr(defaults, f.name) if defaults is not None else f.default
+        help = f.metadata["help"] + (notes or {}).get(f.name, "")
+        if hint is bool:  # --NAME / --no-NAME
+            parser.add_argument(flag_of(f), dest=f.name, default=default, help=help,
+                                action=argparse.BooleanOptionalAction)
+            continue
         choices = _choices(hint)
         kind = None if choices else _PATH_TYPES.get(f.metadata["path"]) or _type(hint)
-        default = getattr(defaults, f.name) if defaults is not None else f.default
         parser.add_argument(flag_of(f), dest=f.name, default=default,
                             type=kind, choices=choices,
-                            metavar=f.metadata["metavar"],
-                            help=f.metadata["help"] + (notes or {}).get(f.name, ""))
+                            metavar=f.metadata["metavar"], help=help)
 
 
 def values(cls, args: argparse.Namespace, names: tuple[str, ...] | None = None) -> dict:

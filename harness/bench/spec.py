@@ -46,6 +46,7 @@ from harness.names import (
     Optimizer,
     Regime,
 )
+from harness.options import option
 from harness.train.config import TrainConfig
 from harness.transport.semantics import Semantics
 from testbed import checks, profiles
@@ -139,20 +140,20 @@ class Variant:
     @classmethod
     def parse(cls, text: str) -> Variant:
         head, _, transport = text.partition("@")
-        name, *options = head.split("/")
+        name, *parts = head.split("/")
         if name not in VARIANTS:
             raise UsageError("--variants", f"unknown variant {name!r} in {text!r}",
                              f"Use some of: {', '.join(VARIANTS)}, as {VARIANT_FORM}")
         stage, resync, optimizer = "both", 0, None
-        for option in options:
-            if option in LOSSY_STAGES and option != "both" and stage == "both":
-                stage = option
-            elif option.startswith("resync=") and option[7:].isdigit() and not resync:
-                resync = int(option[7:])
-            elif option in OPTIMIZERS and optimizer is None:
-                optimizer = option
+        for part in parts:
+            if part in LOSSY_STAGES and part != "both" and stage == "both":
+                stage = part
+            elif part.startswith("resync=") and part[7:].isdigit() and not resync:
+                resync = int(part[7:])
+            elif part in OPTIMIZERS and optimizer is None:
+                optimizer = part
             else:
-                raise UsageError("--variants", f"{text!r}: {option!r} is not an option of a "
+                raise UsageError("--variants", f"{text!r}: {part!r} is not an option of a "
                                  "variant (or is given twice)", f"Write {VARIANT_FORM}")
         if transport:
             Semantics.parse(transport)
@@ -214,40 +215,53 @@ class BenchSpec:
 
     train: TrainConfig = BENCH_TRAINING
     losses: tuple[float, ...] = (0.1,)
-    profile: str = "random-loss"
-    hosts: int = 4
+    profile: str = option("random-loss", "a profile whose one loss rate --loss sets "
+                          "(random-loss, burst-loss, or a file of yours)", path="name_or_path")
+    hosts: int = option(4, "hosts of the bench's own cluster")
     # --unsealed: the profiles say isolated, and the datagrams go without their MAC
     isolated: bool = False
-    seeds: int = DEFAULT_SEEDS
-    # the first of the `seeds` consecutive seeds (FIRST_SEED: after the pilots')
-    first_seed: int = FIRST_SEED
+    seeds: int = option(DEFAULT_SEEDS, "seeds (initialisation and data order) per variant "
+                        "and loss")
+    first_seed: int = option(FIRST_SEED, "the first of the seeds (after the pilot seeds that "
+                             "chose the defaults, so that the bench confirms them on others)")
     variants: tuple[str, ...] = DEFAULT_VARIANTS
-    sgd_lr: float | None = None  # every SGD run's peak rate (None: SGD_LR of the regime)
-    # loss seeds at the first seed for REALISATION_VARIANTS (1: none more). The default spends the
-    # runs on seeds instead: each seed has a loss realisation of its own already
-    realisations: int = 1
+    sgd_lr: float | None = option(None, "the peak rate of every run under SGD (rps's, its "
+                                  "reference's; all with --optimizer sgd) (default: "
+                                  + ", ".join(f"{v:g} {k}" for k, v in SGD_LR.items()) + ")")
+    # The default spends the runs on seeds instead: each seed has a loss realisation of its
+    # own already
+    realisations: int = option(1, "loss seeds at the first seed for unbiased_drift and rps "
+                               "(1: no more)")
     # scratch: every run from the seed's initialisation at train.lr; finetune: from the
     # seed's cached lossless checkpoint (pretrain_steps at train.lr) at finetune_lr. Decided
     # before the spec is made (the CLI: scratch where the hosts do not share this machine)
     regime: Regime = "finetune"
-    finetune_lr: float = FINETUNE_LR
-    pretrain_steps: int = PRETRAIN_STEPS
+    finetune_lr: float = option(FINETUNE_LR, f"finetune: the runs' peak rate (default "
+                                f"{FINETUNE_LR:g})")
+    pretrain_steps: int = option(PRETRAIN_STEPS, f"finetune: the checkpoints' steps (default "
+                                 f"{PRETRAIN_STEPS})")
     # `reliable` under loss, for its speed and tail only: speed_steps steps on the first
     # speed_seeds seeds (the quality answer does not use them: its budget goes to seeds;
     # 2 x 55 steady steps still back a p99)
-    speed_steps: int = 60
-    speed_seeds: int = 2
-    # every lossless reference again on every seed, each with one step as a lossy one: the
-    # chaos check every Δppl verdict waits for (harness/bench/stability.py)
-    stability: bool = True
-    mtu: int = 1500
-    # the band every lossy row's Δppl is judged against (harness/metrics/verdict.py), percent
-    band_pct: float = BAND_PCT
+    speed_steps: int = option(60, "steps of reliable under loss (its speed; its model is "
+                              "checked)")
+    speed_seeds: int = option(2, "seeds of reliable's speed runs (the first ones)")
+    # the chaos check every Δppl verdict waits for (harness/bench/stability.py)
+    stability: bool = option(True, "the chaos check: every lossless reference again on every "
+                             "seed, with one step as a lossy one; the rows of a reference "
+                             "whose twins' 95%% interval reaches past a quarter of the band "
+                             "get no verdict, nor do any without it (summary: stability)")
+    mtu: int = option(1500, "MTU of the bench's own cluster")
+    # the band every lossy row's Δppl is judged against (harness/metrics/verdict.py)
+    band_pct: float = option(BAND_PCT, "each lossy row's Δppl is judged against ±this many "
+                             "percent: holds when its whole 95%% interval is inside, does not "
+                             f"hold when outside (default: {BAND_PCT:g}, arXiv 2507.07114's "
+                             "bound)")
     # the least share of the hosts' bytes a run's traffic must have put through the
     # impairment to count (testbed/impair/coverage.py); a run below it is left out, named
     min_coverage: float = DEFAULT_MIN_COVERAGE
     # the bench's one launch: past this many seconds its ranks are stopped (TimedOut)
-    timeout_s: float = launch.BENCH_TIMEOUT_S
+    timeout_s: float = option(launch.BENCH_TIMEOUT_S, launch.TIMEOUT_MEANS)
 
     @classmethod
     def make(cls, **settings) -> BenchSpec:

@@ -83,3 +83,28 @@ def test_the_settings_are_given_by_name():
     with pytest.raises(TypeError):
         TrainConfig("rps")  # the record is keyword-only
     assert dataclasses.fields(TrainConfig)[0].kw_only
+
+
+def test_the_benchs_own_options_are_its_specs_fields_written_nowhere_else():
+    """#68 item 1: --hosts, --mtu, --seeds, ... are BenchSpec's fields (option()), built
+    into the parser from there; the bench's parser code writes none of their flags."""
+    from harness.bench.spec import BenchSpec
+    from harness.cli import BENCH_OPTIONS
+
+    declared = {f.name: f for f in options.options(BenchSpec)}
+    assert set(BENCH_OPTIONS) <= set(declared)
+    bench = {a.dest: a for a in _subparser("bench")._actions}
+    spec = BenchSpec()
+    for name, field in declared.items():
+        assert bench[name].default == getattr(spec, name), name
+        assert bench[name].help.startswith(field.metadata["help"][:20]), name
+    text = (REPO / "harness" / "cli.py").read_text()
+    start = text.index('sub.add_parser("bench"')
+    block = text[start:text.index("sub.add_parser(", start + 1)]
+    by_hand = [options.flag_of(f) for f in declared.values()
+               if f'"{options.flag_of(f)}"' in block]
+    assert by_hand == []
+    # and what the command line gives is what the spec is made of
+    args = _subparser("bench").parse_args(["--hosts", "3", "--no-stability", "--mtu", "9000"])
+    made = BenchSpec(**options.values(BenchSpec, args, BENCH_OPTIONS))
+    assert (made.hosts, made.stability, made.mtu) == (3, False, 9000)
