@@ -21,3 +21,13 @@ def make_cluster():
     for name in made:
         clusters.down(name)
         assert leftovers(name) == NOTHING
+
+
+@pytest.fixture(scope="session")
+def vm_pair():
+    """The one pair of VM hosts every VM module uses (a pair boots in about 14 s under TCG,
+    three pairs were a boot per module): with sshd and Soft-RoCE, which the modules that do
+    not use them leave alone. Taken down, and checked clean, after the last of them."""
+    from tests.helpers import two_vm_hosts
+
+    yield from two_vm_hosts(rdma=True, ssh=True)

@@ -25,7 +25,6 @@ from tests.helpers import (
     leftovers,
     lossbed,
     send_between_vms,
-    two_vm_hosts,
     unique_name,
 )
 
@@ -35,8 +34,8 @@ DATAGRAMS = 20_000
 
 
 @pytest.fixture(scope="module")
-def vms():
-    yield from two_vm_hosts()
+def vms(vm_pair):
+    return vm_pair  # (conftest.py: one pair for every VM module)
 
 
 def apply(cluster, profile, sets=()):

@@ -21,7 +21,6 @@ from tests.helpers import (
     REPO,
     lossbed,
     send_between_vms,
-    two_vm_hosts,
     with_repo_on_path,
 )
 
@@ -33,8 +32,8 @@ RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s
 
 
 @pytest.fixture(scope="module")
-def vms():
-    yield from two_vm_hosts(ssh=True)
+def vms(vm_pair):
+    return vm_pair  # (conftest.py: one pair for every VM module, sshd on)
 
 
 @pytest.fixture(scope="module")

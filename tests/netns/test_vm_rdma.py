@@ -12,7 +12,6 @@ import pytest
 
 from testbed import profiles
 from testbed.impair import engine
-from tests.helpers import two_vm_hosts
 
 pytestmark = [pytest.mark.netns, pytest.mark.vm, pytest.mark.slow]
 KEY = "5a" * 32  # the job key the ranks share (a launch draws a fresh one)
@@ -40,8 +39,8 @@ def verbs_transfer(cluster, qp: str, size: int, count: int, rate_mps: int = 0) -
 
 
 @pytest.fixture(scope="module")
-def rdma_vms():
-    yield from two_vm_hosts(rdma=True)
+def rdma_vms(vm_pair):
+    return vm_pair  # (conftest.py: one pair for every VM module, Soft-RoCE on)
 
 
 def test_soft_roce_ud_and_uc_complete_without_loss(rdma_vms):
