@@ -1,6 +1,6 @@
 """Where the data plane stands against the wire it runs on, measured in one run.
 
-On a namespace cluster of --hosts hosts (this machine only), per MTU:
+On a namespace cluster of each --hosts count (this machine only), per MTU:
 1. the wire's own limits: the compiled blaster (harness/bench/blaster.py) on every host at
    once, in four modes (sendmmsg or UDP GSO, plain or sealed), before the collectives;
 2. `unbiased` (the lossy all-reduce) and `reliable` (gloo) at 0% and 10% random loss, sealed
@@ -11,10 +11,11 @@ n hosts sends 2(n-1)/n of the tensor per all-reduce: 2(n-1) S / p50) unsealed ag
 best plain mode and sealed against the best sealed mode; p50, p99 and max against gloo at
 0% and 10%; the MAC's price (sealed p50 / unsealed p50) beside the blasters' (best plain /
 best sealed); sealed p99 at 10% against its own lossless p50; and the core's seal+check
-rate on one core, with the cores that 100 Gbit/s of MTU-sized datagrams would need.
+rate on one core, with the cores that 100 Gbit/s of MTU-sized datagrams would need. Last,
+every cell against the targets of #67 (TARGETS): met or missed, by how much.
 
     .venv/bin/python -m tests.benchmarks.bench_wire [--mtu 9000 1500] [--sizes 4 16]
-        [--iters 100] [--seconds 2] [--hosts 4] [--json FILE]
+        [--iters 100] [--seconds 2] [--hosts 4 2] [--json FILE]
 
 Prints a table and one JSON object (the last line). Needs root (namespaces).
 """
@@ -133,6 +134,50 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
+# The data plane's targets (#67): (the row's ratio, "min" or "max", the bound, its words)
+TARGETS = (
+    ("unsealed_of_plain_wire", "min", 0.8, "unsealed goodput / plain wire >= 0.8"),
+    ("sealed_of_sealed_wire", "min", 0.8, "sealed goodput / sealed wire >= 0.8"),
+    ("unsealed_p50_vs_gloo_0", "max", 0.8, "unsealed p50 / gloo p50 at 0% <= 0.8"),
+    ("sealed_p50_vs_gloo_0", "max", 1.0, "sealed p50 / gloo p50 at 0% <= 1.0"),
+    ("sealed_p99_10_vs_own_p50_0", "max", 1.5, "sealed p99 at 10% / its lossless p50 <= 1.5"),
+)
+
+
+def against_targets(rows) -> list[dict]:
+    """Every cell's ratio against each target: met (True/False; None where the run gives no
+    value, a p99 of too few iterations), and the ratio."""
+    out = []
+    for r in rows:
+        for key, side, bound, words in TARGETS:
+            value = r.get(key)
+            met = None if value is None else (value >= bound if side == "min" else
+                                              value <= bound)
+            out.append({"hosts": r["hosts"], "mtu": r["mtu"], "size_mib": r["size_mib"],
+                        "target": words, "value": value, "met": met})
+    return out
+
+
+def targets_table(checked: list[dict]) -> str:
+    cells = sorted({(c["hosts"], c["mtu"], c["size_mib"]) for c in checked})
+    names = [words for _, _, _, words in TARGETS]
+    lines = ["the targets (#67), per cell: the ratio, and whether it meets the target",
+             f"{'target':<46} " + " ".join(f"{f'{h}h {m} {z:g}M':>14}" for h, m, z in cells)]
+    for words in names:
+        row = []
+        for cell in cells:
+            c = next(x for x in checked if (x["hosts"], x["mtu"], x["size_mib"]) == cell
+                     and x["target"] == words)
+            mark = {True: "met", False: "MISSED", None: "n/a"}[c["met"]]
+            row.append(f"{(format(c['value'], '.2f') if c['value'] is not None else '-')} "
+                       f"{mark}".rjust(14))
+        lines.append(f"{words:<46} " + " ".join(row))
+    met = sum(1 for c in checked if c["met"])
+    judged = sum(1 for c in checked if c["met"] is not None)
+    lines.append(f"{met} of {judged} met ({len(checked) - judged} without a value)")
+    return "\n".join(lines)
+
+
 def table(rows, wires, cores) -> str:
     lines = []
     for mtu, (before, after) in wires.items():
@@ -179,27 +224,35 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", type=float, nargs="+", default=[4, 16])
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--hosts", type=int, nargs="+", default=[4, 2])
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
     rows, wires, cores = [], {}, {}
-    for mtu in args.mtu:
-        name = f"bw{os.getpid() % 100000}"
-        cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=args.hosts, name=name,
-                                                             mtu=mtu))
-        try:
-            print(f"MTU {mtu}: blasters", file=sys.stderr, flush=True)
-            before = blasters(cluster, args.seconds)
-            sealed = collectives(cluster, args.sizes, args.iters, unsealed=False)
-            unsealed = collectives(cluster, args.sizes, args.iters, unsealed=True)
-            after = blasters(cluster, args.seconds)
-        finally:
-            clusters.down(name)
-        wires[mtu] = (before, after)
-        cores[mtu] = core_rate(mtu)
-        rows += summarise(mtu, args.hosts, before, after, sealed, unsealed)
-    print(table(rows, wires, cores))
-    result = {"rows": rows, "wire": {str(k): v for k, v in wires.items()},
+    for hosts in args.hosts:
+        for mtu in args.mtu:
+            name = f"bw{os.getpid() % 100000}"
+            cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=hosts, name=name,
+                                                                 mtu=mtu))
+            try:
+                print(f"{hosts} hosts, MTU {mtu}: blasters", file=sys.stderr, flush=True)
+                before = blasters(cluster, args.seconds)
+                sealed = collectives(cluster, args.sizes, args.iters, unsealed=False)
+                unsealed = collectives(cluster, args.sizes, args.iters, unsealed=True)
+                after = blasters(cluster, args.seconds)
+            finally:
+                clusters.down(name)
+            wires[(hosts, mtu)] = (before, after)
+            cores[mtu] = core_rate(mtu)
+            rows += summarise(mtu, hosts, before, after, sealed, unsealed)
+    for hosts in args.hosts:
+        print(f"{hosts} hosts")
+        print(table([r for r in rows if r["hosts"] == hosts],
+                    {mtu: w for (h, mtu), w in wires.items() if h == hosts}, cores))
+        print()
+    checked = against_targets(rows)
+    print(targets_table(checked))
+    result = {"rows": rows, "targets": checked,
+              "wire": {f"{h} hosts, MTU {m}": v for (h, m), v in wires.items()},
               "core": {str(k): v for k, v in cores.items()}}
     if args.json:
         with open(args.json, "w") as f:

@@ -40,3 +40,20 @@ def test_the_ratios_of_one_size():
         "seal_check_gbps_per_core": 35.9, "cores_at_100gbps": 2.8}})
     line = next(x for x in printed.splitlines() if x.startswith(" 9000    4"))
     assert line.split()[-3:] == ["2.00", "1.50", "1/2"], line
+
+
+def test_every_cell_is_held_to_the_targets_met_missed_or_without_a_value():
+    """#67 item 3: each (hosts, MTU, size) cell against each target, both sides of each
+    bound planted, and a p99 that too few iterations left out is no verdict."""
+    row = {"hosts": 2, "mtu": 1500, "size_mib": 4.0, "unsealed_of_plain_wire": 0.8,
+           "sealed_of_sealed_wire": 0.79, "unsealed_p50_vs_gloo_0": 0.81,
+           "sealed_p50_vs_gloo_0": 1.0, "sealed_p99_10_vs_own_p50_0": None}
+    checked = bench_wire.against_targets([row])
+    assert [(c["target"].split(" ")[0] + " " + c["target"].split(" ")[1], c["met"])
+            for c in checked] == [("unsealed goodput", True), ("sealed goodput", False),
+                                  ("unsealed p50", False), ("sealed p50", True),
+                                  ("sealed p99", None)]
+    printed = bench_wire.targets_table(checked)
+    assert "0.79 MISSED" in printed and "0.80 met" in printed and "- n/a" in printed
+    assert "2 of 4 met (1 without a value)" in printed
+    assert "2h 1500 4M" in printed
