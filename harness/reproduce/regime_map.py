@@ -69,8 +69,8 @@ def plans(quick: bool) -> dict[str, BenchSpec]:
         rates = (dict(lr=RESYNC_LR, finetune_lr=lr, pretrain_steps=steps)
                  if regime == "finetune" else dict(lr=lr))
         out[name] = BenchSpec.make(losses=[LOSS], variants=variants, steps=steps, seeds=seeds,
-                              optimizer="adamw", realisations=1, stability=True,
-                              regime=regime, **rates)
+                                   optimizer="adamw", realisations=1, stability=True,
+                                   regime=regime, **rates)
     return out
 
 

@@ -40,8 +40,8 @@ def plans(quick: bool, regime: dict | None = None) -> dict[int, BenchSpec]:
     scratch, as rows 4-5)."""
     steps, seeds = (QUICK_STEPS, QUICK_SEEDS) if quick else (FULL_STEPS, FULL_SEEDS)
     return {n: BenchSpec.make(losses=[LOSS], hosts=n, batch=GLOBAL_BATCH // n,
-                         variants=["rps"], steps=steps, seeds=seeds, realisations=1,
-                         stability=True, **{"regime": "scratch", **(regime or {})})
+                              variants=["rps"], steps=steps, seeds=seeds, realisations=1,
+                              stability=True, **{"regime": "scratch", **(regime or {})})
             for n in WORLDS}
 
 

@@ -52,16 +52,16 @@ def plans(quick: bool, regime: dict | None = None) -> dict[str, BenchSpec]:
                   stability=True, **{"regime": "scratch", **(regime or {})})
     if quick:
         return {"curve": BenchSpec.make(losses=[0.1], variants=["reliable", "unbiased_drift",
-                                                            "rps"],
-                                   steps=60, seeds=2, **common)}
+                                                                 "rps"],
+                                        steps=60, seeds=2, **common)}
     full = dict(steps=FULL_STEPS, seeds=FULL_SEEDS, **common)
     return {
         "curve": BenchSpec.make(losses=[0.01, 0.05, 0.1, 0.2, 0.3],
-                           variants=["reliable", "unbiased_drift", "rps"], **full),
+                                variants=["reliable", "unbiased_drift", "rps"], **full),
         "burst": BenchSpec.make(losses=[0.1], profile="burst-loss",
-                           variants=["reliable", "unbiased_drift", "rps"], **full),
+                                variants=["reliable", "unbiased_drift", "rps"], **full),
         "variants": BenchSpec.make(losses=[0.1], variants=["reliable", "unbiased_drift",
-                                                       "unbiased", "zero_fill"], **full),
+                                                            "unbiased", "zero_fill"], **full),
     }
 
 

@@ -20,7 +20,7 @@ def test_the_bench_judges_every_run_against_its_min_coverage(monkeypatch, tmp_pa
 
     monkeypatch.setattr(training_bench.run, "train_runs", train_runs)
     spec = BenchSpec.make(losses=[0.1], seeds=1, steps=5, variants=["reliable"], min_coverage=0.5,
-                     regime="scratch")  # (finetune would train checkpoints first)
+                          regime="scratch")  # (finetune would train checkpoints first)
     with pytest.raises(RuntimeError, match="stop before training"):
         training_bench.run_bench(object(), spec, tmp_path, echo=lambda _: None)
     assert seen["min_coverage"] == 0.5

@@ -102,7 +102,7 @@ def test_the_bench_plan_has_references_realisations_and_short_reliable_runs():
     from harness.bench.spec import BenchSpec
 
     spec = BenchSpec.make(losses=[0.1], seeds=2, steps=100, realisations=3, speed_steps=30,
-                     variants=["reliable", "zero_fill", "unbiased", "unbiased_drift", "rps"])
+                          variants=["reliable", "zero_fill", "unbiased", "unbiased_drift", "rps"])
     runs = spec.cases()
     by_role = {}
     for r in runs:
@@ -327,10 +327,10 @@ def test_the_stability_twins_are_lossless_references_with_one_step_as_a_lossy_on
     from harness.bench.spec import BenchSpec
 
     plain = BenchSpec.make(losses=[0.1], seeds=2, steps=50, variants=["reliable", "unbiased"],
-                      stability=False)
+                           stability=False)
     assert not [r for r in plain.cases() if r.role == "twin"]
     spec = BenchSpec.make(losses=[0.05, 0.1], seeds=3, steps=50,
-                     variants=["reliable", "unbiased"])
+                          variants=["reliable", "unbiased"])
     assert spec.stability  # on by default: every verdict waits for it
     twins = [r for r in spec.cases() if r.role == "twin"]
     # every reference a verdict leans on, on every seed (the bench's: after the pilots')

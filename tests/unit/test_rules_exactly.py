@@ -153,7 +153,7 @@ def test_the_wilson_interval_at_its_edges():
 
 def test_the_whole_question_text():
     spec = BenchSpec.make(losses=[0.0, 0.1, 0.05], variants=["reliable", "unbiased_drift"], seeds=1,
-                     band_pct=0.8)
+                          band_pct=0.8)
     asked = question(spec)
     test = verdict.test_text(0.8)
     rule = ("fixed sample: 1 seed(s), one look after all of them (no interim looks, no early "

@@ -75,7 +75,7 @@ def test_the_bench_refuses_them_before_anything_is_built(profile):
 
 def test_every_bench_run_carries_its_loss_seed_and_isolation_typed():
     spec = BenchSpec.make(losses=[0.0, 0.1], profile="burst-loss", steps=2, seeds=2,
-                     speed_steps=2, isolated=True)
+                          speed_steps=2, isolated=True)
     runs = [case.train_run() for case in spec.cases()]
     lossy = [r for r in runs if r.loss > 0]
     assert lossy and all(r.sets == () for r in runs)  # no value as text

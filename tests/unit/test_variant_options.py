@@ -65,7 +65,7 @@ def test_train_refuses_a_lossy_stage_for_reliable_and_an_unknown_stage():
 
 def test_a_stage_alone_is_paired_with_its_variants_reference_and_named_in_its_runs():
     spec = BenchSpec.make(variants=["reliable", "unbiased_drift/reduce", "rps/broadcast"], seeds=1,
-                     realisations=1)
+                          realisations=1)
     lossy = {c.variant: c for c in spec.cases() if c.role == "lossy"}
     assert set(lossy) == {"unbiased_drift/reduce", "rps/broadcast"}
     assert lossy["unbiased_drift/reduce"].cfg.lossy_stage == "reduce"
@@ -81,7 +81,7 @@ def test_a_stage_alone_is_paired_with_its_variants_reference_and_named_in_its_ru
 
 def test_rps_trains_under_sgd_against_reliable_sgd_and_under_adamw_only_when_named():
     spec = BenchSpec.make(variants=["reliable", "unbiased_drift", "rps", "rps/adamw"], seeds=1,
-                     realisations=1, regime="scratch")
+                          realisations=1, regime="scratch")
     cases = spec.cases()
     refs = {c.variant: c.cfg for c in cases if c.role == "reference"}
     lossy = {c.variant: c.cfg for c in cases if c.role == "lossy"}
@@ -101,7 +101,7 @@ def test_rps_trains_under_sgd_against_reliable_sgd_and_under_adamw_only_when_nam
         spec.regime_text
     # --optimizer sgd: the other variants train under SGD too, rps stays SGD, one reference
     sgd = BenchSpec.make(variants=["reliable", "unbiased_drift", "rps"], seeds=1, realisations=1,
-                    optimizer="sgd", sgd_lr=0.02, regime="scratch")
+                         optimizer="sgd", sgd_lr=0.02, regime="scratch")
     assert [c.variant for c in sgd.cases() if c.role == "reference"] == ["reliable/sgd"]
     assert {c.cfg.lr for c in sgd.cases()} == {0.02}
     with pytest.raises(UsageError, match="--sgd-lr"):
