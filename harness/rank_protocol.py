@@ -270,10 +270,16 @@ def marks(lines: list[str]) -> list[tuple[str, object]]:
     return [said for said in map(read_mark, lines) if said is not None]
 
 
-def run_results(lines: list[str]) -> list[RunResult]:
-    """Rank 0's result of each run (RUN_RESULT_MARK), in order, from the lines it printed."""
-    return [RunResult.from_dict(payload) for name, payload in marks(lines)
-            if name == RUN_RESULT_MARK]
+def run_results(said: list[tuple[str, object]]) -> list[RunResult]:
+    """Rank 0's result of each run (RUN_RESULT_MARK), in order, from its marks()."""
+    return [RunResult.from_dict(payload) for name, payload in said if name == RUN_RESULT_MARK]
+
+
+def train_metrics(said: list[tuple[str, object]]) -> list[TrainRankMetrics]:
+    """A rank's TrainRankMetrics of each run (TRAIN_METRICS_MARK), in order, from its
+    marks()."""
+    return [TrainRankMetrics.from_dict(payload) for name, payload in said
+            if name == TRAIN_METRICS_MARK]
 
 
 class _Record:

@@ -338,7 +338,7 @@ class BenchSpec:
         for loss in self.losses:
             if loss > 0:  # refuses early, seeded as the runs will be
                 profiles.load(self.profile, loss=loss, loss_seed=0, isolated=self.isolated)
-        self.config(variant="reliable", seed=0)  # (each checked as it is made)
+        # `train` was checked as it was made; its speed runs' length against its warm-up
         self.config(variant="reliable", seed=0, steps=self.speed_steps)
 
     def config(self, variant: str, seed: int, steps: int | None = None,

@@ -165,7 +165,8 @@ class LlamaLM(nn.Module):
         config = LlamaConfig(tie_word_embeddings=False, attn_implementation="eager",
                              rope_parameters={"rope_type": "default", "rope_theta": theta},
                              **fields)
-        model = LlamaForCausalLM(config)
+        with torch.random.fork_rng(devices=[]):  # (its own initial draws: not the caller's)
+            model = LlamaForCausalLM(config)
         model.load_state_dict(self.state_dict())
         return model
 

@@ -1,6 +1,7 @@
 """The record of one training run: what `lossbed train --json` writes and the bench reads.
 
-RunRecord declares every field with its type, in one place; make() builds it whole from
+RunRecord declares every field with its type (rank 0's scores as RunResult declares
+them); make() builds it whole from
 what the run left (its configuration, the ranks' metrics, rank 0's result, the kernel's
 counters around it, its coverage), and nothing adds to it afterwards: a bench's record is
 a BenchRecord, the run's with the bench's own fields. checked() holds a record to its
@@ -11,6 +12,8 @@ it later. Readers index it as the JSON object it is written as (rec["ppl"]).
 
 from __future__ import annotations
 
+import functools
+import types
 import typing
 from collections import Counter
 from typing import TypedDict
@@ -23,7 +26,14 @@ from testbed import stats
 Percentiles = dict  # Histogram.summary_ms(): p50, p99, p999, max, count
 
 
-class RunRecord(TypedDict):
+# Rank 0's scores of a run as it says them (rank_protocol.RunResult: declared there, once),
+# the launch's run number aside; ppl is the variant's headline (harness.eval.models)
+RunScores = TypedDict("RunScores", {name: hint for name, hint
+                                    in typing.get_type_hints(RunResult).items()
+                                    if name != "index"})
+
+
+class RunRecord(RunScores):
     # what was run
     variant: str
     transport: str
@@ -54,34 +64,11 @@ class RunRecord(TypedDict):
     packets_sent: int
     packets_lost: int
     bytes_sent: int
-    # quality (harness.eval.models: ppl is the variant's headline)
+    # quality: RunScores, and what rank 0 saw during training
     losses: list
-    ppl: float
-    headline: str
-    ppl_rank0: float
-    ppl_ranks: list
-    ppl_rank_mean: float
-    ppl_rank_worst: float
-    ppl_average_model: float
-    ppl_owners: float | None
-    ce_per_token: float
-    bytes_per_token: float
-    bits_per_byte: float
-    eval_tokens: int
-    tokenizer: str
-    vocab_size: int
-    corpus_sha: str
-    split_sha: str
-    heldout_windows: int
-    heldout_dropped: int
-    epochs: int
-    drift: float
     drift_steps: list             # during training (drift_every): [step, largest distance]
     drift_max: float | None
     progress_steps: list          # reliable with progress_every: [step, held-out ppl]
-    parameters: int
-    corpus: str
-    model_sha: str
     work_dir: str | None
     # the impairment the traffic met, counted around this run alone
     measured_loss: float
@@ -108,7 +95,7 @@ class BenchRecord(RunRecord):
 def checked(record: dict, kind: type = RunRecord) -> dict:
     """`record`, held to `kind`'s declaration: TypeError naming the first field that is
     missing, not declared, or not of its type."""
-    hints = typing.get_type_hints(kind)
+    hints = _declared(kind)
     missing = sorted(set(hints) - set(record))
     extra = sorted(set(record) - set(hints))
     if missing or extra:
@@ -121,10 +108,14 @@ def checked(record: dict, kind: type = RunRecord) -> dict:
     return record
 
 
+@functools.cache
+def _declared(kind: type) -> dict:
+    return typing.get_type_hints(kind)
+
+
 def _is_a(value, hint) -> bool:
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union,
-                                                                     type(int | None)) \
-        else (hint,)
+    unions = (typing.Union, types.UnionType)
+    options = typing.get_args(hint) if typing.get_origin(hint) in unions else (hint,)
     for option in options:
         if option is type(None):
             if value is None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from harness import launch, rank_protocol
 from harness.data.corpus import load_documents, prepare
 from harness.data.sampler import Batches
-from harness.rank_protocol import TRAIN_METRICS_MARK, ControllerEnv, TrainRankMetrics
+from harness.rank_protocol import ControllerEnv
 from harness.train import record as run_record
 from harness.train.config import TrainConfig
 from harness.train.record import RunRecord
@@ -262,11 +262,10 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
     failed = [r for r in results if r.returncode != 0]
     if failed:
         raise LossbedError(launch.failure_report(failed, "training"))
-    lines = rank_protocol.run_results(results[0].stdout.splitlines())  # rank 0's, per run
+    said = [rank_protocol.marks(r.stdout.splitlines()) for r in results]  # each rank's, once
+    lines = rank_protocol.run_results(said[0])  # rank 0's result, per run
     # every rank's metrics, per run: each rank prints them after each run, in order
-    metrics = [[TrainRankMetrics.from_dict(payload) for name, payload
-                in rank_protocol.marks(r.stdout.splitlines()) if name == TRAIN_METRICS_MARK]
-               for r in results]
+    metrics = [rank_protocol.train_metrics(marks) for marks in said]
     wall = time.monotonic() - started
     records = []
     for i, r in enumerate(runs):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.rank_protocol import STOP, Boundary, RunResult, mark, run_results
+from harness.rank_protocol import STOP, Boundary, RunResult, mark, marks, run_results
 from harness.train import run
 
 
@@ -78,11 +78,11 @@ def test_the_boundary_its_answer_and_the_runs_result_are_declared_messages():
     lines = ["progress", mark("lossbed_run_result", first.to_dict()),
              Boundary(1).line(), mark("lossbed_run_result", second.to_dict()),
              mark("rank_metrics", {"rank": 0})]
-    assert run_results(lines) == [first, second]
+    assert run_results(marks(lines)) == [first, second]
     # a result without a field the record needs is refused, by name, not read as a gap
     short = {k: v for k, v in first.to_dict().items() if k != "model_sha"}
     with pytest.raises(TypeError, match="model_sha"):
-        run_results([mark("lossbed_run_result", short)])
+        run_results(marks([mark("lossbed_run_result", short)]))
 
 
 # One run's result as rank 0 says it (every field of RunResult)
