@@ -23,7 +23,14 @@ from harness.launch import (
 )
 from testbed import checks
 from testbed import cli as testbed_cli
-from testbed.cli import add_inventory, add_min_coverage, add_profile_changes, cluster_of
+from testbed.cli import (
+    add_inventory,
+    add_min_coverage,
+    add_profile_changes,
+    add_slurm,
+    cluster_of,
+    in_slurm,
+)
 from testbed.errors import NotAResult, TimedOut, UsageError
 
 
@@ -96,7 +103,7 @@ def _cmd_bench(args) -> int:
     from harness.bench.table import table
     from harness.train.config import TrainConfig
 
-    given = args.cluster is not None or args.inventory
+    given = args.cluster is not None or args.inventory or in_slurm(args)
     cluster = cluster_of(args) if given else None  # (named before torch loads)
     regime, why = chosen_regime(args.regime, cluster is None or cluster.shares_this_machine)
     if why:
@@ -278,6 +285,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("train", help="train a small LLaMA across a cluster under a profile")
     p.add_argument("--cluster", help="default: the only cluster up")
     add_inventory(p)
+    add_slurm(p)
     p.add_argument("--profile", default="clean", type=checks.user_name_or_path,
                    help="impairment profile: a name in "
                    "netem_profiles/ or a YAML path")
@@ -322,6 +330,7 @@ def add_commands(sub) -> None:
                    help="results folder (default: results/bench-TIME)")
     p.add_argument("--cluster", help="reuse this cluster instead of building one")
     add_inventory(p)
+    add_slurm(p)
     add_min_coverage(p)
     options.add_unsealed(p)
     p.set_defaults(func=_cmd_bench)
@@ -333,6 +342,7 @@ def add_commands(sub) -> None:
                     "applied once the job joined (harness.api), a report under --out")
     p.add_argument("--cluster", help="default: the only cluster up")
     add_inventory(p)
+    add_slurm(p)
     p.add_argument("--profile", default="random-loss", type=checks.user_name_or_path,
                    help="impairment profile "
                    "(default: random-loss)")

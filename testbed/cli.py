@@ -25,13 +25,40 @@ log = logging.getLogger("lossbed")
 
 
 def cluster_of(args):
-    """The cluster a command works on: an inventory of real hosts, or a local cluster."""
+    """The cluster a command works on: the Slurm allocation it runs in, an inventory of real
+    hosts, or a local cluster."""
+    if in_slurm(args):
+        from testbed.clusters import slurm
+
+        return clusters.opened(slurm.from_allocation(lease_s=args.lease_s))
     if getattr(args, "inventory", None):
         from testbed.clusters import remote
 
         return clusters.opened(remote.from_inventory(
             args.inventory, lease_s=args.lease_s, force_interface=args.force_interface))
     return clusters.load(getattr(args, "cluster", None))
+
+
+def in_slurm(args) -> bool:
+    """Whether a command that takes --slurm runs on its Slurm allocation: asked with --slurm,
+    or found (SLURM_JOB_ID set) where no other cluster is named."""
+    if not hasattr(args, "slurm"):
+        return False
+    named = getattr(args, "cluster", None) is not None or getattr(args, "inventory", None)
+    if args.slurm and named:
+        raise UsageError("--slurm", "the allocation is the cluster: --cluster and --inventory "
+                         "name another", "Give --slurm alone, or leave it out")
+    from testbed.clusters.slurm import in_allocation
+
+    return bool(args.slurm or (not named and in_allocation()))
+
+
+def add_slurm(p) -> None:
+    """--slurm: the command's cluster is the Slurm allocation it runs in."""
+    p.add_argument("--slurm", action="store_true",
+                   help="run on this Slurm job's nodes (ranks through srun, the impairment "
+                        "by the nodes' lossbed agent); the default inside a job when no "
+                        "--cluster or --inventory is given")
 
 
 def add_inventory(p, impairs: bool = True) -> None:

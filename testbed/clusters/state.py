@@ -22,7 +22,14 @@ CLUSTER_FILE = "cluster.json"
 
 
 def state_root() -> Path:
-    return Path(os.environ.get(STATE_ROOT_ENV, DEFAULT_STATE_ROOT))
+    """LOSSBED_STATE_DIR, else /run/lossbed for root; a user's own (a Slurm job's, who is
+    not root) in their runtime folder, or /tmp/lossbed-UID."""
+    if os.environ.get(STATE_ROOT_ENV):
+        return Path(os.environ[STATE_ROOT_ENV])
+    if os.geteuid() == 0:
+        return Path(DEFAULT_STATE_ROOT)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) / "lossbed" if runtime else Path(f"/tmp/lossbed-{os.getuid()}")
 
 
 def cluster_dir(cluster: str) -> Path:

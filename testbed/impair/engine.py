@@ -137,7 +137,10 @@ def apply(cluster, the_plan: plan.Plan, choice: Choice | None = None) -> dict:
 
     def apply_host(hp):
         return hp.host, cluster.host(hp.host).agent_call(
-            "apply", {"backend": the_plan.backend, "plan": hp.to_dict(), **extra})
+            "apply", {"backend": the_plan.backend, "plan": hp.to_dict(), **extra,
+                      # (what a host that judges the request holds the plan to: a Slurm
+                      # node's agent, testbed/slurm/policy.py; the others ignore it)
+                      "profile": the_plan.profile.model_dump(mode="json")})
 
     try:
         # Hosts in parallel (each waits on its own netlink session, VM or SSH channel); the

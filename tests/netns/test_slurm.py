@@ -1,0 +1,129 @@
+"""lossbed inside a real Slurm allocation (#69): Debian's slurmctld and one slurmd per
+namespace host, munge, lossbed's agent on every node and its Epilog (tests/slurm_cluster.py).
+Jobs run as `nobody`: the impairment is the agent's, within the admin's policy; the user
+has no root and no SSH."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed import clusters
+from testbed.clusters import netns as netns_cluster
+from testbed.host.hosts import is_running, processes_in_namespaces
+from tests.helpers import NOTHING, REPO, leftovers, unique_name
+from tests.slurm_cluster import available, slurm_on
+
+pytestmark = pytest.mark.skipif(available() is not None, reason=f"{available()}")
+
+USER = "nobody"
+LOSS = 0.1
+MAX_LOSS = 0.2  # the admin's
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    name = unique_name()
+    cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=2, name=name))
+    # (a folder every user can enter: the jobs run as nobody; pytest's own is root's alone)
+    folder = Path(tempfile.mkdtemp(prefix="lossbed-slurm-"))
+    folder.chmod(0o755)
+    try:
+        with slurm_on(cluster, folder / "slurm", allowed=["random-loss"],
+                      max_loss=MAX_LOSS) as running:
+            yield running
+    finally:
+        clusters.down(name)
+        assert leftovers(name) == NOTHING
+        # (the folders slurmd's mount namespace bound Python through are empty here)
+        shutil.rmtree(folder)
+
+
+def workdir(slurm, name: str) -> Path:
+    path = slurm.folder.parent / name
+    path.mkdir(mode=0o777)
+    path.chmod(0o777)  # (the job's user writes its report there)
+    return path
+
+
+def lossbed_run(out: Path, *options: str, steps: int = 30) -> str:
+    """A job script's line: `lossbed run --slurm` of the plain PyTorch example."""
+    return (f"export PYTHONPATH={REPO}\n"
+            f"{sys.executable} -m harness.cli run --slurm --profile random-loss "
+            f"{' '.join(options)} --out {out} -- torchrun {REPO}/examples/plain_pytorch.py "
+            f"--variant unbiased --steps {steps}\necho \"lossbed exit $?\"\n")
+
+
+def assert_nodes_left_nothing(slurm) -> None:
+    """No lossbed qdisc, filter or nft table on any node's interface, no holder, and nothing
+    running in the nodes' namespaces but Slurm's daemons and the agents."""
+    for host in slurm.cluster.hosts:
+        tables = host.run(["nft", "list", "tables"]).stdout.decode()
+        assert "lossbed" not in tables, (host.name, tables)
+        qdiscs = host.run(["tc", "qdisc", "show", "dev", host.ifname]).stdout.decode()
+        assert not any(kind in qdiscs for kind in ("clsact", "ingress", "netem", "htb")), qdiscs
+        assert not (Path(slurm.folder) / "agent" / f"{host.name}.json").exists()
+    namespaces = [h.namespace for h in slurm.cluster.hosts]
+    deadline = time.monotonic() + 5  # (a lease's watchdog looks at its lease every 0.5 s)
+    while True:
+        left = [p for pids in processes_in_namespaces(namespaces).values() for p in pids
+                if is_running(p) and p not in slurm.daemons()]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left]
+
+
+def test_an_sbatch_job_runs_lossbed_run_under_loss_as_a_user_without_root(slurm):
+    wd = workdir(slurm, "run")
+    job = slurm.sbatch(lossbed_run(wd / "out", "--loss", str(LOSS)), user=USER, workdir=wd)
+    assert slurm.wait(job) == "COMPLETED"
+    said = (wd / "job.out").read_text()
+    assert "lossbed exit 0" in said, said[-4000:]
+    summary = json.loads((wd / "out" / "summary.json").read_text())
+    assert summary["exit_code"] == 0 and summary["ranks"] == 2, summary
+    assert summary["coverage"]["fraction"] >= 0.9, summary["coverage"]
+    measured, (low, high) = summary["measured_loss"], summary["measured_loss_interval"]
+    assert low <= measured <= high and abs(measured - LOSS) < 2 * (high - low) + 0.01, summary
+    assert summary["invalid"] is None
+    slurm.idle()
+    assert_nodes_left_nothing(slurm)
+
+
+def test_scancel_mid_run_leaves_nothing_on_any_node(slurm):
+    wd = workdir(slurm, "cancel")
+    job = slurm.sbatch(lossbed_run(wd / "out", "--loss", str(LOSS), steps=100000),
+                       user=USER, workdir=wd)
+    held = [Path(slurm.folder) / "agent" / f"{h.name}.json" for h in slurm.cluster.hosts]
+    deadline = time.monotonic() + 180
+    while not all(p.exists() for p in held):  # the impairment is on, on every node
+        assert time.monotonic() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), \
+            (wd / "job.out").read_text()[-3000:]
+        time.sleep(0.2)
+    assert all(json.loads(p.read_text())["job"] == job for p in held)
+    slurm.command(["scancel", job], user=USER)
+    assert slurm.wait(job) == "CANCELLED"
+    slurm.idle()  # (the Epilog ran on every node)
+    assert_nodes_left_nothing(slurm)
+
+
+def test_a_profile_the_admin_did_not_allow_is_refused_with_the_reason(slurm):
+    wd = workdir(slurm, "refused")
+    script = (lossbed_run(wd / "other", "--impair-from", "start").replace(
+                  "--profile random-loss", "--profile burst-loss")
+              + lossbed_run(wd / "above", "--loss", "0.3", "--impair-from", "start"))
+    job = slurm.sbatch(script, user=USER, workdir=wd)
+    assert slurm.wait(job) == "COMPLETED"
+    said = (wd / "job.out").read_text()
+    assert "profile 'burst-loss' is not allowed on this cluster (the admin allows: " \
+           "random-loss" in said, said[-4000:]
+    assert f"above this cluster's max_loss {MAX_LOSS:g}" in said, said[-4000:]
+    assert said.count("lossbed exit 6") == 2, said[-4000:]  # (policy.Refused's exit code)
+    slurm.idle()
+    assert_nodes_left_nothing(slurm)
