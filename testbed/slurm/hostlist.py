@@ -1,6 +1,7 @@
 """Slurm's node lists (SLURM_JOB_NODELIST, scontrol's NodeList=), expanded as `scontrol show
 hostnames` does: "gpu[01-03,07],login1" is gpu01 gpu02 gpu03 gpu07 login1; brackets may
-repeat in a name ("r[1-2]n[1-2]": r1n1 r1n2 r2n1 r2n2); a range keeps the width of its
+repeat in a name ("r[1-2]n[1-2]": r1n1 r1n2 r2n1 r2n2), with nothing after the last (Slurm
+refuses "n[1-2]x"); a range keeps the width of its
 first bound ("[08-10]": 08 09 10). Pure: no Slurm needed. Every name that comes out is a
 host name lossbed may use (testbed/clusters/naming.py's rule for hosts), or an error."""
 
@@ -59,9 +60,12 @@ def _top_level_parts(text: str, source: str) -> list[str]:
 
 def _expand_one(part: str, source: str) -> list[str]:
     """One name with any number of bracket groups: their product, in order."""
-    pieces = re.split(r"(\[[^\]]*\])", part)
+    pieces = [p for p in re.split(r"(\[[^\]]*\])", part) if p]
+    if len(pieces) > 1 and not pieces[-1].startswith("["):
+        raise UsageError(source, f"{part!r}: text after the last bracket (Slurm refuses it)",
+                         "Write the node list as Slurm does, e.g. node[01-04]")
     choices = [_bracket(p[1:-1], part, source) if p.startswith("[") else [p]
-               for p in pieces if p]
+               for p in pieces]
     names = ["".join(combo) for combo in itertools.product(*choices)]
     for name in names:
         if not _NODE.fullmatch(name):

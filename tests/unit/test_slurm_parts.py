@@ -1,0 +1,194 @@
+"""The pieces of lossbed's Slurm mode that need no running Slurm (#69): node lists expanded as
+scontrol does, the allocation read from the job's environment with a clear error for each
+way it can be wrong, the admin's configuration and policy, and --slurm on the command line.
+The real Slurm is tests/netns/test_slurm.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from testbed import profiles
+from testbed.clusters import slurm as slurm_cluster
+from testbed.errors import EnvironmentProblem, UsageError
+from testbed.impair import plan
+from testbed.slurm import hostlist, policy
+from tests.helpers import lossbed
+
+NODE_LISTS = ["h[1-2]", "gpu[01-03,07],login1", "r[1-2]n[1-2]", "n[08-10]", "n[9-11]",
+              "n[010-012]", "a,b,a", "single", "y_[5,7],x-1.lab"]
+EXPANDED = [["h1", "h2"], ["gpu01", "gpu02", "gpu03", "gpu07", "login1"],
+            ["r1n1", "r1n2", "r2n1", "r2n2"], ["n08", "n09", "n10"], ["n9", "n10", "n11"],
+            ["n010", "n011", "n012"], ["a", "b", "a"], ["single"],
+            ["y_5", "y_7", "x-1.lab"]]
+
+
+@pytest.mark.parametrize(("text", "nodes"), list(zip(NODE_LISTS, EXPANDED, strict=True)))
+def test_node_lists_expand_as_written(text, nodes):
+    assert hostlist.expand(text) == nodes
+
+
+@pytest.mark.skipif(shutil.which("scontrol") is None, reason="needs scontrol (make setup)")
+def test_node_lists_expand_as_scontrol_show_hostnames_does(tmp_path):
+    conf = tmp_path / "slurm.conf"  # (scontrol reads one even to expand a list)
+    conf.write_text("ClusterName=x\nSlurmctldHost=localhost\n")
+    for text in NODE_LISTS:
+        done = subprocess.run(["scontrol", "show", "hostnames", text], capture_output=True,
+                              text=True, env={**os.environ, "SLURM_CONF": str(conf)})
+        assert done.returncode == 0, done.stderr
+        assert hostlist.expand(text) == done.stdout.split(), text
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("n[1-3", "without its ']'"), ("n1-3]", "without its '['"), ("n[[1]]", "inside a bracket"),
+    ("n[3-1]", "goes down"), ("n[a-b]", "not a number or a range"), ("", "names no node"),
+    ("n[1-100000]", "more than 4096"), ("../etc", "not a node name"),
+    ("n[1-5000]", "more than 4096"), ("x[1-2]y", "text after the last bracket")])
+def test_a_node_list_that_cannot_be_read_is_refused_by_name(text, said):
+    with pytest.raises(UsageError, match="SLURM_JOB_NODELIST") as err:
+        hostlist.expand(text)
+    assert said in str(err.value)
+
+
+JOB = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2"}
+
+
+@pytest.mark.parametrize(("env", "field", "said"), [
+    ({}, "--slurm", "no Slurm allocation here (SLURM_JOB_ID is not set)"),
+    ({**JOB, "SLURM_JOB_ID": "4;2"}, "SLURM_JOB_ID", "is not a job id"),
+    ({"SLURM_JOB_ID": "42"}, "SLURM_JOB_NODELIST", "job 42 names no nodes"),
+    ({**JOB, "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1"}, "--slurm",
+     "job 42 holds one node (n1): there is no link to impair"),
+    ({**JOB, "SLURM_JOB_NUM_NODES": "3"}, "SLURM_JOB_NODELIST",
+     "names 2 nodes, and SLURM_JOB_NUM_NODES says 3"),
+    ({**JOB, "SLURM_JOB_NODELIST": "n1,n1"}, "SLURM_JOB_NODELIST", "names n1 twice"),
+])
+def test_an_allocation_that_cannot_be_used_is_refused_before_any_node_is_asked(
+        env, field, said, monkeypatch):
+    monkeypatch.setattr(subprocess, "run", _no_command)
+    with pytest.raises(UsageError) as err:
+        slurm_cluster.from_allocation(env)
+    assert err.value.field == field and said in str(err.value), str(err.value)
+
+
+def test_without_srun_the_allocation_says_what_to_load(monkeypatch):
+    monkeypatch.setattr(subprocess, "run", _no_command)
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "srun" else "/bin/x")
+    with pytest.raises(EnvironmentProblem, match="srun is not on PATH: load Slurm's module"):
+        slurm_cluster.from_allocation(JOB)
+
+
+def _no_command(*args, **kwargs):
+    raise AssertionError(f"a command ran: {args}")
+
+
+def test_slurm_and_another_cluster_are_refused_together_and_slurm_is_found_in_a_job(tmp_path):
+    done = lossbed("run", "--slurm", "--cluster", "x", "--", "torchrun", "a.py")
+    assert done.returncode == 2 and "--slurm: the allocation is the cluster" in done.stderr
+    done = lossbed("run", "--", "torchrun", "a.py", env={**os.environ, "SLURM_JOB_ID": "7"})
+    # found from SLURM_JOB_ID: the allocation is read (and here it names no nodes)
+    assert done.returncode == 2, done.stderr
+    assert "SLURM_JOB_NODELIST: job 7 names no nodes" in done.stderr
+
+
+# ---- the admin's configuration and policy ---------------------------------------------------
+
+def config(**changes) -> policy.AgentConfig:
+    return policy.AgentConfig(**{"allowed_profiles": ("random-loss", "burst-loss"),
+                                 "interface": "eth1", "max_loss": 0.2, **changes})
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("interface: eth1\n", "allowed_profiles is missing"),
+    ("allowed_profiles: [random-loss]\n", "interface is missing"),
+    ("allowed_profiles: []\ninterface: eth1\n", "allowed_profiles: [] must be a list"),
+    ("allowed_profiles: [../x]\ninterface: eth1\n", "must be a list of one or more"),
+    ("allowed_profiles: [random-loss]\ninterface: eth1\nmax_loss: 10\n",
+     "max_loss: 10 is not a fraction"),
+    ("allowed_profiles: [random-loss]\ninterface: 'eth1; rm'\n", "is not an interface name"),
+    ("allowed_profiles: [random-loss]\ninterface: eth1\nsocket: rel.sock\n",
+     "socket: 'rel.sock' must be an absolute path"),
+    ("allowed_profiles: [random-loss]\ninterface: eth1\nlease: 5\n", "unknown field 'lease'"),
+    ("allowed_profiles: [random-loss]\ninterface: eth1\nlease_s: -1\n", "lease_s: -1"),
+    ("- a\n", "must be a mapping"),
+])
+def test_the_admins_configuration_is_refused_by_field(tmp_path, text, said):
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    with pytest.raises(policy.ConfigError) as err:
+        policy.load_config(path)
+    assert said in str(err.value) and str(path) in str(err.value)
+
+
+def test_a_missing_configuration_says_who_installs_it(tmp_path):
+    with pytest.raises(policy.ConfigError, match="the admin installs it"):
+        policy.load_config(tmp_path / "none.yaml")
+
+
+def test_a_node_name_never_becomes_a_path():
+    cfg = config(socket="/run/x/{node}.sock")
+    assert str(cfg.socket_path("n01")) == "/run/x/n01.sock"
+    for bad in ("../n", "n/1", "", ".hidden"):
+        with pytest.raises(Exception, match="is not a node name"):
+            cfg.socket_path(bad)
+
+
+def asked(name: str, *sets: str, loss: float | None = None) -> dict:
+    return profiles.load(name, list(sets), loss=loss).model_dump(mode="json")
+
+
+def test_an_allowed_profile_passes_at_its_own_rate_at_a_loss_asked_and_at_none():
+    for request in (asked("random-loss"), asked("random-loss", loss=0.1),
+                    asked("random-loss", loss=0), asked("burst-loss", loss=0.05)):
+        assert policy.judge_profile(config(), request).name == request["name"]
+
+
+@pytest.mark.parametrize(("request_", "said"), [
+    (asked("wan"), "profile 'wan' is not allowed on this cluster (the admin allows: "
+                   "random-loss, burst-loss"),
+    (asked("random-loss", "delay_ms=5"), "differs from the admin's beyond its loss rate"),
+    (asked("random-loss", loss=0.3), "a loss of 0.3 is above this cluster's max_loss 0.2"),
+    ({"name": "random-loss", "impairment": {"nonsense": 1}}, "is not a lossbed profile"),
+])
+def test_a_profile_outside_the_policy_is_refused_with_the_reason(request_, said):
+    with pytest.raises(policy.Refused) as err:
+        policy.judge_profile(config(), request_)
+    assert said in str(err.value)
+
+
+def host_plan(profile, node="n1", **changes) -> dict:
+    hosts = [plan.PlannedHost("n1", "10.0.0.1", "eth1"), plan.PlannedHost("n2", "10.0.0.2",
+                                                                          "eth1")]
+    made = plan.build(profile, hosts, "nft").host(node).to_dict()
+    return {**made, **changes}
+
+
+ADDRESSES = {"n1": "10.0.0.1", "n2": "10.0.0.2"}
+
+
+def test_the_plan_of_an_allowed_profile_on_the_jobs_nodes_passes():
+    profile = profiles.load("random-loss", loss=0.1)
+    policy.judge_plan(config(), profile, host_plan(profile), "n1", ADDRESSES)
+
+
+@pytest.mark.parametrize(("changes", "node", "addresses", "said"), [
+    ({}, "n2", ADDRESSES, "the plan is for host 'n1', and this is node 'n2'"),
+    ({"ifname": "eth0"}, "n1", ADDRESSES, "the plan impairs 'eth0'; the admin allows 'eth1'"),
+    ({}, "n1", {"n1": "10.0.0.1"}, "a path to n2 (10.0.0.2), which is not another node"),
+    ({"address": "10.0.0.9"}, "n1", ADDRESSES, "gives node n1 the address 10.0.0.9"),
+])
+def test_a_plan_beyond_the_jobs_nodes_or_interface_is_refused(changes, node, addresses, said):
+    profile = profiles.load("random-loss", loss=0.1)
+    with pytest.raises(policy.Refused) as err:
+        policy.judge_plan(config(), profile, host_plan(profile, **changes), node, addresses)
+    assert said in str(err.value)
+
+
+def test_a_plan_stronger_than_its_profile_is_refused():
+    profile = profiles.load("random-loss", loss=0.1)
+    stronger = host_plan(profiles.load("random-loss", loss=0.15))
+    with pytest.raises(policy.Refused, match="impairment of n2->n1 is not the profile's"):
+        policy.judge_plan(config(), profile, stronger, "n1", ADDRESSES)
