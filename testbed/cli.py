@@ -280,6 +280,12 @@ def _cmd_doctor(args) -> int:
         raise UsageError("--set", "changes a profile, and no --profile was given",
                          "Add --profile NAME (the one the run will use), or drop --set")
     profile = loading.load(args.profile, args.set) if args.profile else None
+    if args.slurm:  # (what is missing is said, not raised at the first of it)
+        from testbed.slurm import doctor as slurm_doctor
+
+        report = slurm_doctor.examine()
+        print(json.dumps(report.to_dict(), indent=2) if args.json else doctor.render(report))
+        return 3 if report.blocking else 0
     cluster = cluster_of(args)
     report = doctor.examine(cluster, doctor.Request(
         profile=profile, device=args.device, backend=args.process_group,
@@ -408,6 +414,9 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     p.add_argument("--force-interface", action="store_true",
                    help="the run impairs the interface even if it carries the default route "
                         "or SSH (as apply's): then that is not a failing check")
+    p.add_argument("--slurm", action="store_true",
+                   help="check this Slurm job's nodes: srun, the allocation, the admin's "
+                        "lossbed agent on every node, its policy and the Epilog")
     p.set_defaults(lease_s=120.0)  # doctor applies nothing
     p.add_argument("--profile", type=checks.user_name_or_path,
                    help="a profile the run applies (default: none; any loss "

@@ -144,6 +144,24 @@ def _gid(user: str) -> int:
     return pwd.getpwnam(user).pw_gid
 
 
+def role_files(**variables) -> dict[str, str]:
+    """What the Ansible role lossbed_slurm writes (each copy task's dest and content), with
+    its defaults and `variables` over them: the tests install exactly that."""
+    import jinja2
+    import yaml
+
+    role = REPO / "ansible" / "roles" / "lossbed_slurm"
+    values = {**yaml.safe_load((role / "defaults" / "main.yml").read_text()), **variables}
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    for _ in range(5):  # (defaults name other defaults)
+        values = {k: env.from_string(v).render(values) if isinstance(v, str) else v
+                  for k, v in values.items()}
+    block = yaml.safe_load((role / "tasks" / "main.yml").read_text())[0]["block"]
+    return {env.from_string(t["ansible.builtin.copy"]["dest"]).render(values):
+            env.from_string(t["ansible.builtin.copy"]["content"]).render(values)
+            for t in block if "ansible.builtin.copy" in t}
+
+
 def _write_conf(folder: Path, cluster) -> Path:
     first = cluster.hosts[0]
     nodes = "\n".join(f"NodeName={h.name} NodeHostname={h.name} NodeAddr={h.address} CPUs=2 "
@@ -170,7 +188,7 @@ JobAcctGatherType=jobacct_gather/none
 SelectType=select/cons_tres
 ReturnToService=2
 MpiDefault=none
-Epilog={folder}/epilog.sh
+Epilog={folder}/epilog.d/*
 KillWait=5
 InactiveLimit=0
 SlurmctldTimeout=30
@@ -258,17 +276,22 @@ def slurm_on(cluster, folder: Path, *, allowed: list[str], max_loss: float = 0.5
     for h in cluster.hosts:
         (folder / "spool" / h.name).mkdir(mode=0o755)
     conf = _write_conf(folder, cluster)
+    # the agent's policy, its service's command and the Epilog: the Ansible role's files
     agent_conf = folder / "agent.yaml"
-    agent_conf.write_text(
-        f"allowed_profiles: [{', '.join(allowed)}]\nmax_loss: {max_loss}\n"
-        f"interface: {cluster.hosts[0].ifname}\n"
-        f"socket: {folder}/agent/{{node}}.sock\n"
-        f"state: {folder}/agent\n")
-    epilog = folder / "epilog.sh"
-    epilog.write_text(f"#!/bin/sh\nexport PYTHONPATH={REPO}\n"
-                      f"export LOSSBED_SLURM_AGENT_CONF={agent_conf}\n"
-                      f"exec {sys.executable} -m testbed.slurm.epilog\n")
-    epilog.chmod(0o755)
+    written = role_files(
+        lossbed_slurm_allowed_profiles=allowed, lossbed_slurm_max_loss=max_loss,
+        lossbed_slurm_interface=cluster.hosts[0].ifname, lossbed_slurm_project=str(REPO),
+        lossbed_slurm_python=sys.executable, lossbed_slurm_config=str(agent_conf),
+        lossbed_slurm_socket=f"{folder}/agent/{{node}}.sock",
+        lossbed_slurm_state=f"{folder}/agent", lossbed_slurm_epilog_dir=f"{folder}/epilog.d")
+    (folder / "epilog.d").mkdir(mode=0o755)
+    for dest, content in written.items():
+        if dest.endswith(".service"):
+            agent_command = next(line.split("=", 1)[1] for line in content.splitlines()
+                                 if line.startswith("ExecStart=")).split()
+            continue
+        Path(dest).write_text(content)
+        Path(dest).chmod(0o755 if "epilog.d" in dest else 0o644)
     slurm = Slurm(cluster, folder, conf, agent_conf)
     procs: list[subprocess.Popen] = []
     try:
@@ -281,9 +304,8 @@ def slurm_on(cluster, folder: Path, *, allowed: list[str], max_loss: float = 0.5
         for h in cluster.hosts:
             procs.append(_in_namespace(h, ["slurmd", "-D", "-N", h.name, "-f", str(conf)],
                                        folder, f"slurmd-{h.name}", open_python=True))
-            procs.append(_in_namespace(
-                h, [sys.executable, "-m", "testbed.slurm.agent", "--config", str(agent_conf),
-                    "--node", h.name], folder, f"agent-{h.name}"))
+            procs.append(_in_namespace(h, [*agent_command, "--node", h.name], folder,
+                                       f"agent-{h.name}"))
         slurm.pids = [p.pid for p in procs]
         slurm.idle()
         yield slurm

@@ -6,6 +6,7 @@ has no root and no SSH."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -82,9 +83,16 @@ def assert_nodes_left_nothing(slurm) -> None:
 
 def test_an_sbatch_job_runs_lossbed_run_under_loss_as_a_user_without_root(slurm):
     wd = workdir(slurm, "run")
-    job = slurm.sbatch(lossbed_run(wd / "out", "--loss", str(LOSS)), user=USER, workdir=wd)
+    doctor = (f"{sys.executable} -m harness.cli doctor --slurm\n"
+              "echo \"doctor exit $?\"\n")
+    job = slurm.sbatch(doctor + lossbed_run(wd / "out", "--loss", str(LOSS)), user=USER,
+                       workdir=wd)
     assert slurm.wait(job) == "COMPLETED"
     said = (wd / "job.out").read_text()
+    # the doctor on the node finds everything the role installed: both agents, the Epilog
+    assert "doctor exit 0" in said and "everything this run needs is there" in said, said
+    assert re.search(r"\ball +agent +answers: impairs eth0", said), said  # (both nodes)
+    assert re.search(r"\bepilog +Epilog=\S+ +ok\n", said), said
     assert "lossbed exit 0" in said, said[-4000:]
     summary = json.loads((wd / "out" / "summary.json").read_text())
     assert summary["exit_code"] == 0 and summary["ranks"] == 2, summary

@@ -192,3 +192,18 @@ def test_a_plan_stronger_than_its_profile_is_refused():
     stronger = host_plan(profiles.load("random-loss", loss=0.15))
     with pytest.raises(policy.Refused, match="impairment of n2->n1 is not the profile's"):
         policy.judge_plan(config(), profile, stronger, "n1", ADDRESSES)
+
+
+def test_the_doctor_outside_a_job_names_each_missing_piece_with_its_fix(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    done = lossbed("doctor", "--slurm", "--json",
+                   env={**env, "LOSSBED_SLURM_AGENT_CONF": str(tmp_path / "none.yaml")})
+    assert done.returncode == 3, done.stderr
+    import json
+
+    failing = {f["check"]: f for f in json.loads(done.stdout)["findings"] if not f["ok"]}
+    assert "not inside a Slurm job" in failing["allocation"]["state"]
+    assert "salloc -N 2" in failing["allocation"]["fix"]
+    assert "no lossbed agent configuration here" in failing["agent policy"]["state"]
+    assert "--tags lossbed_slurm" in failing["agent policy"]["fix"]
+    assert "epilog" in failing
