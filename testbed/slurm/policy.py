@@ -13,9 +13,11 @@ default /etc/lossbed/slurm-agent.yaml, or the file LOSSBED_SLURM_AGENT_CONF name
     lease_s: 120           # an impairment outlives its job's last renewal this long at most
 
 A job names a profile, and the agent loads that name from its own lossbed: a job cannot
-bring a profile file of its own, nor change one (--set), only pick its loss rate (--loss,
-up to max_loss). The plan a job hands in must be what that profile says for the job's own
-nodes, path by path: anything else is refused with the reason.
+bring a profile file of its own, nor change its impairments (--set), only pick its loss rate
+(--loss, up to max_loss) and which of the node's packets it applies to (the match: lossbed's
+runs move their own control traffic in or out of it). The plan a job hands in must be what
+that profile says for the job's own nodes, path by path: anything else is refused with the
+reason.
 """
 
 from __future__ import annotations
@@ -147,7 +149,10 @@ def judge_profile(config: AgentConfig, asked: dict):
             if loss.loss_pct > 0 else base.without_loss()
     else:
         expected = base
-    if wanted.model_copy(update={"isolated": False}) != expected:
+    # (the match, which of the node's packets the impairment applies to, is the job's: a
+    # run moves lossbed's own control traffic in or out of it; the node's interface is the
+    # job's alone while it holds it)
+    if wanted.model_copy(update={"isolated": False, "match": expected.match}) != expected:
         raise Refused(f"profile {wanted.name!r} differs from the admin's beyond its loss "
                       "rate (--set, or a profile file of your own): on this cluster only "
                       "--loss may change an allowed profile")
@@ -188,7 +193,7 @@ def judge_plan(config: AgentConfig, profile, host_plan: dict, node: str,
         raise Refused(f"the plan gives node {node} the address {hp.address}, Slurm "
                       f"{addresses.get(node)}")
     if hp.match != profile.match:
-        raise Refused("the plan's traffic match is not the profile's")
+        raise Refused("the plan's traffic match is not the one its profile names")
     for rule in hp.rules:
         if addresses.get(rule.peer) != rule.peer_address or rule.peer == node:
             raise Refused(f"the plan impairs a path to {rule.peer} ({rule.peer_address}), "

@@ -144,6 +144,11 @@ def test_an_allowed_profile_passes_at_its_own_rate_at_a_loss_asked_and_at_none()
     for request in (asked("random-loss"), asked("random-loss", loss=0.1),
                     asked("random-loss", loss=0), asked("burst-loss", loss=0.05)):
         assert policy.judge_profile(config(), request).name == request["name"]
+    # the match (which packets) is the job's: train moves its rendezvous port into it
+    from harness.train.run import impair_the_control_path
+
+    profile, _ = impair_the_control_path(profiles.load("random-loss", loss=0.1))
+    assert policy.judge_profile(config(), profile.model_dump(mode="json")) == profile
 
 
 @pytest.mark.parametrize(("request_", "said"), [
