@@ -5,7 +5,11 @@ library, print, map errors to exit codes.
 The experiment commands (train, bench, reproduce, compare, collective-bench) live in
 harness/cli.py, whose main() is the `lossbed` entry point: it registers them beside these
 (build_parser's `more`). testbed never imports harness; `python -m testbed.cli` is lossbed
-without the training half."""
+without the training half.
+
+Why one file of this length: each command is a parser and a handler of a few lines, and the
+options several commands share (the cluster: --cluster, --inventory, --slurm; the profile's
+changes) are defined once beside them; a reader finds every network command here."""
 
 from __future__ import annotations
 
@@ -281,7 +285,7 @@ def _cmd_doctor(args) -> int:
                          "Add --profile NAME (the one the run will use), or drop --set")
     profile = loading.load(args.profile, args.set) if args.profile else None
     if args.slurm:  # (what is missing is said, not raised at the first of it)
-        from testbed.slurm import doctor as slurm_doctor
+        from testbed.doctor import slurm as slurm_doctor
 
         report = slurm_doctor.examine()
         print(json.dumps(report.to_dict(), indent=2) if args.json else doctor.render(report))

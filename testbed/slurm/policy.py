@@ -28,8 +28,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import yamlfile
-from testbed.errors import LossbedError
+from testbed import checks, yamlfile
+from testbed.errors import LossbedError, UsageError
 
 CONFIG_ENV = "LOSSBED_SLURM_AGENT_CONF"
 DEFAULT_CONFIG = Path("/etc/lossbed/slurm-agent.yaml")
@@ -71,9 +71,11 @@ class AgentConfig:
         if not isinstance(self.interface, str) or not _INTERFACE.fullmatch(self.interface):
             raise ConfigError(f"{where}: interface: {self.interface!r} is not an interface "
                               "name: name the data-plane NIC, e.g. interface: eth1")
-        if not (isinstance(self.max_loss, int | float) and 0 <= self.max_loss < 1):
-            raise ConfigError(f"{where}: max_loss: {self.max_loss!r} is not a fraction in "
-                              "[0, 1): e.g. max_loss: 0.2 allows up to 20%")
+        try:
+            checks.loss_fraction("max_loss", self.max_loss)  # (the one rule of a loss rate)
+        except UsageError as err:
+            raise ConfigError(f"{where}: max_loss: {err.problem}: e.g. max_loss: 0.2 allows "
+                              "up to 20%") from None
         if not (isinstance(self.lease_s, int | float) and math.isfinite(self.lease_s)
                 and self.lease_s > 0):
             raise ConfigError(f"{where}: lease_s: {self.lease_s!r} is not a positive number "
