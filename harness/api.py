@@ -165,6 +165,7 @@ class Job:
                   flush=True)
         _wait_for_gate(told.gate)
         self._counted_from = self.transport.counters.to_dict()
+        self._live_at = 0.0 if hooks and told.live else None  # (the live mark: metrics served)
         if hooks:
             rank_hooks.install(self.rank, self.host, self.finish)
 
@@ -188,6 +189,7 @@ class Job:
         self._script: dict = {}          # report(): the script's own figures
         self._step_marks: list[float] = []
         self._counted_from = self.transport.counters.to_dict()
+        self._live_at: float | None = None  # (lossbed's own train: its worker reports)
         self._finished = False
         self._announce = False  # (a Job of lossbed's own train: its worker reports)
         self._started = time.perf_counter()
@@ -284,17 +286,35 @@ class Job:
         one (its gradients stay local: every forward is outside the reduce)."""
         self._timers.append(timer)
         if isinstance(timer, torch_optimizer()):
-            timer.register_step_pre_hook(lambda *_: self._step_marks.append(
-                time.perf_counter()))
+            timer.register_step_pre_hook(lambda *_: self._stepped())
             return
 
         def mark(module, args):
             if module.training and module.require_backward_grad_sync:
-                self._step_marks.append(time.perf_counter())
+                self._stepped()
 
         ddp.register_forward_pre_hook(mark)
 
+    def _stepped(self) -> None:
+        now = time.perf_counter()
+        self._step_marks.append(now)
+        if self._live_at is not None and now - self._live_at >= rank_protocol.LIVE_EVERY_S:
+            self._live_at = now
+            print(rank_protocol.Live.of(self.rank, len(self._step_marks), self._collective_us(),
+                                        self._counted()).line(), flush=True)
+
     # ---- what it measured ---------------------------------------------------------------
+
+    def _collective_us(self):
+        """Every wrapped model's collective times (µs), in one histogram."""
+        from harness.metrics.hdr import Histogram
+
+        return Histogram.combined(timer.collective_us for timer in self._timers)
+
+    def _counted(self) -> dict:
+        """The transport's counters since this rank joined."""
+        now = self.transport.counters.to_dict()
+        return {k: now[k] - self._counted_from[k] for k in now}
 
     def collective_timer(self):
         """What holds the collective-time histogram (`collective_us`) of the model wrapped
@@ -329,18 +349,12 @@ class Job:
         marks = self._step_marks
         gaps = [(b - a) * 1e6 for a, b in zip(marks, marks[1:], strict=False)]
         steady = gaps[TIMING_WARMUP_STEPS:] if len(gaps) > 2 * TIMING_WARMUP_STEPS else gaps
-        step_us, collective_us = Histogram(), Histogram()
-        for us in steady:
-            step_us.record(us)
-        for timer in self._timers:
-            collective_us.merge(timer.collective_us)
-        now = self.transport.counters.to_dict()
+        step_us = Histogram.of(steady)
         totals = summed(c.totals for c in self._collectives)
         return ScriptRankMetrics(
             rank=self.rank, world=self.world, host=self.host, steps=len(marks),
             train_s=time.perf_counter() - self._started, step_us=step_us.to_dict(),
-            collective_us=collective_us.to_dict(),
-            counters={k: now[k] - self._counted_from[k] for k in now},
+            collective_us=self._collective_us().to_dict(), counters=self._counted(),
             collective_totals=totals, transport=str(self.transport.semantics),
             authenticated=self.transport.authenticated, script=dict(self._script),
             gc={"frozen_objects": gc.get_freeze_count(),

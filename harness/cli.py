@@ -25,6 +25,7 @@ from testbed import checks
 from testbed import cli as testbed_cli
 from testbed.cli import (
     add_inventory,
+    add_metrics,
     add_min_coverage,
     add_profile_changes,
     add_slurm,
@@ -50,11 +51,13 @@ def _cmd_train(args) -> int:
     from harness.train import run
 
     run.check(cfg, cluster)  # bad input is refused before any process starts
+    echo = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    served = _served(args, cluster, "train", echo)  # (a port in use: refused here)
     try:
-        rec = run.train(cluster, cfg, args.profile, args.set or [], args.out,
-                        echo=lambda line: print(line, file=sys.stderr, flush=True),
+        rec = run.train(cluster, cfg, args.profile, args.set or [], args.out, echo=echo,
                         isolated=args.unsealed, loss=args.loss, failure_grace_s=args.grace_s,
-                        min_coverage=args.min_coverage, timeout_s=args.timeout_s)
+                        min_coverage=args.min_coverage, timeout_s=args.timeout_s,
+                        metrics=served)
     except TimedOut as err:  # the record says so, where one was asked for
         if args.json:
             with open(args.json, "a") as f:
@@ -63,6 +66,9 @@ def _cmd_train(args) -> int:
                                     "timed_out": True, "timeout_s": args.timeout_s,
                                     "error": str(err)}) + "\n")
         raise
+    finally:
+        if served is not None:
+            served.stop()
     summary = {k: rec[k] for k in ("variant", "profile", "loss", "seed", "steps", "ppl",
                                    "ppl_rank0", "drift", "tokens_per_s", "measured_loss")}
     print(json.dumps(summary))
@@ -74,6 +80,18 @@ def _cmd_train(args) -> int:
     if rec["invalid"]:  # measured, but not under the impairment it names
         raise NotAResult(f"the run is no result under {args.profile}: {rec['invalid']}")
     return 0
+
+
+def _served(args, cluster, what: str, echo):
+    """The command's metrics endpoint (--metrics-port), or None; started before anything
+    is impaired, so that a port in use is refused first. cluster: None where the command
+    makes its own later (the bench attaches it)."""
+    if args.metrics_port is None:
+        return None
+    from harness.live_metrics import Served
+
+    return Served.start(cluster, args.metrics_port, args.metrics_address,
+                        f"{what}-{os.getpid()}", args.min_coverage, echo)
 
 
 def _cmd_bench(args) -> int:
@@ -131,9 +149,22 @@ def _cmd_bench(args) -> int:
         place = own_cluster("bench", spec)
     from harness.bench.training_bench import run_bench  # (torch: after the cluster is named)
 
-    with place as cluster:
-        summary = run_bench(cluster, spec, out,
-                            echo=lambda line: print(line, file=sys.stderr, flush=True))
+    echo = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    served = _served(args, cluster, "bench", echo)
+    try:
+        with place as cluster:
+            if served is not None:
+                served.impairment.attach(cluster)
+            summary = run_bench(cluster, spec, out, echo=echo)
+    finally:
+        if served is not None:
+            served.stop()
+    if args.metrics_push:  # the answer, where a Pushgateway keeps it for Prometheus
+        from harness.live_metrics import RunCollector, push
+
+        answer = RunCollector(f"bench-{out.name}")
+        answer.take_verdicts(summary["rows"])
+        push(args.metrics_push, answer, f"bench-{out.name}", echo)
     print(table(summary))
     print(f"results in {out}/ (report.html, summary.md, summary.json, results.jsonl, *.png)")
     return 0
@@ -186,6 +217,8 @@ def _cmd_run(args) -> int:
                             unsealed=args.unsealed, grace_s=args.grace_s,
                             timeout_s=args.timeout_s,
                             min_coverage=args.min_coverage, workdir=args.workdir,
+                            metrics_port=args.metrics_port,
+                            metrics_address=args.metrics_address,
                             **({"out": Path(args.out)} if args.out else {}))
     checked = spec.validate()  # bad input is refused before any cluster is touched
     cluster = cluster_of(args)
@@ -286,6 +319,7 @@ def add_commands(sub) -> None:
     p.add_argument("--cluster", help="default: the only cluster up")
     add_inventory(p)
     add_slurm(p)
+    add_metrics(p, "training's step and tokens/s")
     p.add_argument("--profile", default="clean", type=checks.user_name_or_path,
                    help="impairment profile: a name in "
                    "netem_profiles/ or a YAML path")
@@ -333,6 +367,10 @@ def add_commands(sub) -> None:
     add_slurm(p)
     add_min_coverage(p)
     options.add_unsealed(p)
+    add_metrics(p, "its runs'")
+    p.add_argument("--metrics-push", metavar="URL",
+                   help="when the bench has answered, push its verdicts to this Prometheus "
+                        "Pushgateway (e.g. http://pushgateway:9091)")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
@@ -360,6 +398,7 @@ def add_commands(sub) -> None:
                    help=TIMEOUT_MEANS.replace("launch's", "job's") + "; 0: none")
     p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
     p.add_argument("--print", action="store_true", help="print each host's command, run none")
+    add_metrics(p, "the run's step, collective time and missing share")
     p.add_argument("--workdir", metavar="DIR", type=checks.user_path,
                    help="where the command starts on each host "
                    "(default: here, on hosts that share this machine; else their checkout)")

@@ -9,11 +9,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import rank_protocol
-from harness.rank_protocol import ScriptRankMetrics
+from harness.rank_protocol import Live, ScriptRankMetrics
 
 LAST_LINES = 40  # per host: where the reason of a failure without an error mark is read
 # where torchrun's agent's frames are (its traceback when a worker failed)
@@ -33,6 +34,8 @@ class Job:
     stopped_by: str | None = None  # what stopped the hosts still running (None: they ended)
     last: dict[str, collections.deque] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # where the ranks' live marks go as they come (served metrics); None: dropped
+    live: Callable[[Live], None] | None = None
 
     def pump(self, stream, sink, host: str) -> None:
         """One stream of a host, to its end: every line into the host's log file; torchrun's
@@ -67,6 +70,12 @@ class Job:
                         return
                 if name == rank_protocol.ERROR_MARK:
                     self.errors.append(payload)
+            if name == rank_protocol.LIVE_MARK:
+                said = Live.from_payload(payload) if isinstance(payload, dict) else None
+                if said is not None:
+                    if self.live is not None:
+                        self.live(said)
+                    return
         stream.write(line + "\n")
         stream.flush()
 

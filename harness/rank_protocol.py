@@ -37,6 +37,7 @@ GATE = "LOSSBED_GATE"                  # a file whose existence opens the first 
 HOST = "LOSSBED_HOST"                  # the host's name in its cluster
 JOB = "LOSSBED_JOB"                    # the job's id, in every process of it
 WORK_LOCAL = "LOSSBED_WORK_LOCAL"      # "1": the controller reads the ranks' files
+LIVE = "LOSSBED_LIVE"                  # "1": each rank sends its live mark (metrics served)
 # the controller's choices, forwarded to ranks that do not inherit its environment
 DROP_MASK = "LOSSBED_DROP_MASK"        # SEED:RATE, the receivers' drop mask
 BACKEND = "LOSSBED_BACKEND"            # gloo or nccl: the reliable baseline's process group
@@ -57,8 +58,13 @@ TRAIN_METRICS_MARK = "rank_metrics"     # lossbed's worker after each run: Train
 BOUNDARY_MARK = "lossbed_boundary"      # rank 0 of the worker at a run boundary: Boundary
 RUN_RESULT_MARK = "lossbed_run_result"  # rank 0 of the worker after each run: its result
 PROGRESS_MARK = "lossbed_progress"      # rank 0 of the worker every log_every steps: Progress
+LIVE_MARK = "lossbed_live"              # a script's rank, about once a second if asked: Live
 MARKS = (JOINED_MARK, METRICS_MARK, ERROR_MARK, TRAIN_METRICS_MARK, BOUNDARY_MARK,
-         RUN_RESULT_MARK, PROGRESS_MARK)
+         RUN_RESULT_MARK, PROGRESS_MARK, LIVE_MARK)
+LIVE_EVERY_S = 1.0
+# the live mark's histogram of the collective's time: Prometheus' buckets, in seconds
+COLLECTIVE_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
+                        2.0, 5.0, 10.0)
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
@@ -93,6 +99,7 @@ class RankEnv:
     host: str | None = None
     job: str | None = None
     work_local: bool = True
+    live: bool = False
     drop_mask: str | None = None
     backend: str = "gloo"
     rdma_device: str | None = None
@@ -105,7 +112,8 @@ class RankEnv:
             KEY: self.key, TRANSPORT: self.transport, ADDRESS: self.address, MTU: self.mtu,
             SEGMENTATION: "1" if self.segmentation else "0", METRICS_DIR: self.metrics_dir,
             GATE: self.gate, HOST: self.host, JOB: self.job,
-            WORK_LOCAL: "1" if self.work_local else "0", DROP_MASK: self.drop_mask,
+            WORK_LOCAL: "1" if self.work_local else "0", LIVE: "1" if self.live else None,
+            DROP_MASK: self.drop_mask,
             BACKEND: self.backend, RDMA_DEVICE: self.rdma_device,
         }
         return {name: str(value) for name, value in pairs.items() if value is not None}
@@ -123,7 +131,8 @@ class RankEnv:
             mtu=_int(e, MTU, DEFAULT_MTU), segmentation=e.get(SEGMENTATION) == "1",
             metrics_dir=e.get(METRICS_DIR) or None, gate=e.get(GATE) or None,
             host=e.get(HOST) or None, job=e.get(JOB) or None,
-            work_local=e.get(WORK_LOCAL, "1") == "1", drop_mask=e.get(DROP_MASK) or None,
+            work_local=e.get(WORK_LOCAL, "1") == "1", live=e.get(LIVE) == "1",
+            drop_mask=e.get(DROP_MASK) or None,
             backend=e.get(BACKEND) or "gloo", rdma_device=e.get(RDMA_DEVICE) or None)
 
     def required(self) -> RankEnv:
@@ -263,6 +272,43 @@ class Progress:
         """As a person reads it."""
         return (f"[run {self.run + 1}/{self.runs} {self.variant} seed {self.seed}] "
                 f"{self.status()}")
+
+
+@dataclass(frozen=True)
+class Live:
+    """A script's rank, about every LIVE_EVERY_S while it trains, where metrics are served
+    (RankEnv.live): its steps, its collective calls' times as counts at or below each of
+    COLLECTIVE_BUCKETS_S (cumulative, as Prometheus' buckets) with their count and sum, and
+    its collectives' packets received and missing; all since it joined. Read by the
+    controller as it comes (harness/live_metrics.py)."""
+
+    rank: int
+    step: int
+    buckets: list[int]
+    count: int
+    sum_s: float
+    received: int
+    missing: int
+
+    @classmethod
+    def of(cls, rank: int, steps: int, collective_us, counted: dict) -> Live:
+        """From a rank's collective times (a Histogram of µs) and its transport's counters
+        since it joined."""
+        return cls(rank=rank, step=steps, buckets=collective_us.counts_at_or_below(
+                       [b * 1e6 for b in COLLECTIVE_BUCKETS_S]),
+                   count=collective_us.total, sum_s=collective_us.sum() / 1e6,
+                   received=counted["packets_received"], missing=counted["missing"])
+
+    def line(self) -> str:
+        return mark(LIVE_MARK, dataclasses.asdict(self))
+
+    @classmethod
+    def from_payload(cls, payload) -> Live | None:
+        try:
+            said = cls(**payload)
+        except TypeError:
+            return None
+        return said if len(said.buckets) == len(COLLECTIVE_BUCKETS_S) else None
 
 
 def marks(lines: list[str]) -> list[tuple[str, object]]:

@@ -96,6 +96,8 @@ class RunSpec:
     grace_s: float = GRACE_S              # after one host's torchrun failed: the others' time
     timeout_s: float = 0.0                # the whole job's limit (0: none): then it is stopped
     min_coverage: float = coverage.DEFAULT_MIN_COVERAGE  # of the hosts' bytes, impaired
+    metrics_port: int | None = None       # serve Prometheus metrics there while it runs
+    metrics_address: str = "127.0.0.1"    # (0: a free port; the address: loopback unless told)
     # where the command starts on every host (None: the folder lossbed run was started in,
     # on hosts that share this machine; each host's lossbed checkout on the others)
     workdir: str | None = None
@@ -125,6 +127,11 @@ class RunSpec:
         checks.seconds("--grace-s", self.grace_s, GRACE_S, GRACE_MEANS)
         checks.seconds("--timeout-s", self.timeout_s, 3600, launch.TIMEOUT_MEANS)
         checks.loss_fraction("--loss", *checks.given(self.loss))
+        if self.metrics_port is not None:
+            checks.port("--metrics-port", self.metrics_port)
+            from testbed.exporter.server import check_address
+
+            check_address("--metrics-address", self.metrics_address)
         from harness.transport.semantics import Semantics
 
         if Semantics.parse(self.transport).verbs:
@@ -203,6 +210,7 @@ def commands(cluster: Cluster, spec: RunSpec, checked: Checked, job_id: str, key
         told = RankEnv(job=job_id, address=host.address, mtu=cluster.mtu,
                        transport=spec.transport, host=host.name, key=key or None,
                        gate=gate or None, metrics_dir=metrics_dir or None,
+                       live=spec.metrics_port is not None,
                        segmentation=launch.segmentation_faithful(checked.profile))
         # harness.api from the checkout the controller runs (its protocol), then the user's
         user_path = os.environ.get("PYTHONPATH") if cluster.shares_this_machine else None
@@ -232,7 +240,21 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
     # The job's TMPDIR on each machine, removed with it: torchrun's agent makes a log
     # folder there (torchelastic_*) that it never removes, nor do scripts always their own
     scratch = f"/tmp/{job_id}.tmp"
-    job, procs, threads, applied = Job(out / "logs"), [], [], Impaired()
+    # the metrics endpoint first: a port in use is refused before anything is impaired
+    served = None
+    if spec.metrics_port is not None:
+        from harness.live_metrics import Served
+
+        served = Served.start(cluster, spec.metrics_port, spec.metrics_address, job_id,
+                              spec.min_coverage, echo)
+    job = Job(out / "logs", live=served.run.take_live if served else None)
+    procs, threads, applied = [], [], Impaired()
+
+    def impair() -> None:  # the profile on; the metrics' coverage from its first reading
+        _impair(cluster, the_plan, choice, applied, echo)
+        if served is not None:
+            served.impairment.watch_from(applied.start)
+
     keeper = (lease.Keeper(cluster, cluster.lease_s / 3) if cluster.lease_s is not None
               else contextlib.nullcontext())
     started = time.monotonic()
@@ -242,7 +264,7 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
             for host in _one_per_machine(cluster):
                 host.run(["mkdir", "-p", "-m", "700", scratch], timeout=30, check=True)
             if spec.impair_from == "start":
-                _impair(cluster, the_plan, choice, applied, echo)
+                impair()
             for hc in hosts:
                 env = {**(os.environ if cluster.shares_this_machine else {}), **hc.env,
                        "TMPDIR": scratch}
@@ -258,9 +280,8 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
                     threads.append(t)
             echo(f"[run] torchrun on {len(hosts)} host(s), job {job_id}; profile "
                  f"{checked.profile.name}: {plan.stated_loss(checked.profile, spec.loss)}")
-            code = _wait(procs, job, lambda: _on_joined(cluster, the_plan, choice, applied,
-                                                          gate, echo), gate, spec.grace_s,
-                         spec.timeout_s)
+            code = _wait(procs, job, lambda: _on_joined(cluster, impair, applied, gate), gate,
+                         spec.grace_s, spec.timeout_s)
             if job.timed_out:
                 echo(f"[run] timed out: the job ran past --timeout-s {spec.timeout_s:g}; "
                      "stopping it and clearing the impairment")
@@ -279,6 +300,8 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
                 applied.coverage = verify.measure_coverage(cluster, end, applied.start,
                                                               spec.min_coverage)
         engine.clear(cluster)
+        if served is not None:
+            served.endpoint.stop()
         for host in _one_per_machine(cluster):  # (names lossbed made: job_id is its own)
             with contextlib.suppress(Exception):
                 host.run(["rm", "-rf", "--", scratch, *([gate] if gate else [])], timeout=60)
@@ -372,10 +395,10 @@ def _impair(cluster: Cluster, the_plan, choice, applied: Impaired, echo) -> None
     echo(f"[run] profile {the_plan.profile.name} applied ({the_plan.backend})")
 
 
-def _on_joined(cluster: Cluster, the_plan, choice, applied: Impaired, gate, echo) -> None:
-    """The job joined: apply the profile, then open every host's gate."""
+def _on_joined(cluster: Cluster, impair, applied: Impaired, gate) -> None:
+    """The job joined: apply the profile (impair()), then open every host's gate."""
     if not applied.on:
-        _impair(cluster, the_plan, choice, applied, echo)
+        impair()
     for host in _one_per_machine(cluster):
         host.run(["touch", gate], check=True)
 

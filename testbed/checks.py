@@ -131,6 +131,13 @@ def user_name_or_path(text: str) -> str:
     return text
 
 
+def port(option: str, value) -> None:
+    """A TCP port to listen on: 1-65535, or 0 (the kernel picks a free one)."""
+    if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 65535):
+        raise UsageError(option, f"{value!r} is not a port",
+                         f"Give 1-65535 (0: a free one), e.g. {option} 9400")
+
+
 def at_least(args, *limits: tuple[str, int]) -> None:
     """Counts given on the command line (argparse's args), each at least its limit."""
     for name, least in limits:

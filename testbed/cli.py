@@ -90,6 +90,38 @@ def add_profile_changes(p) -> None:
                         "(default: the profile's own rates)")
 
 
+def add_metrics(p, what: str) -> None:
+    """--metrics-port and --metrics-address: Prometheus' endpoint while the command runs."""
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help=f"serve Prometheus metrics (the impairment's, {what}) on this port "
+                        "while it runs (0: a free port, printed); docs/guides/monitoring.md")
+    p.add_argument("--metrics-address", default="127.0.0.1", metavar="IP",
+                   help="where --metrics-port listens (default: 127.0.0.1, this machine "
+                        "only; 0.0.0.0: every interface)")
+
+
+def _cmd_metrics(args) -> int:
+    """Serve the impairment's metrics until Ctrl-C (or SIGTERM)."""
+    import threading
+
+    from testbed.exporter import server
+    from testbed.exporter.impairment import ImpairmentCollector
+
+    checks.port("--port", args.port)
+    cluster = cluster_of(args)
+    endpoint = server.start([ImpairmentCollector(cluster, min_coverage=args.min_coverage)],
+                            args.port, args.address, option="--port")
+    print(f"metrics of cluster {cluster.name} on {endpoint.url} (Ctrl-C ends)", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    endpoint.stop()
+    return 0
+
+
 def add_min_coverage(p) -> None:
     """What a command that measures under an impairment takes to say how much of the hosts'
     traffic must have crossed it for a run to count (testbed/impair/coverage.py)."""
@@ -399,6 +431,16 @@ def build_parser(more=()) -> argparse.ArgumentParser:
     add_inventory(p, impairs=False)
     p.add_argument("--json", action="store_true", help="the applied plan as JSON")
     p.set_defaults(func=_cmd_show)
+
+    p = sub.add_parser("metrics", help="serve the applied impairment's measurements to "
+                                       "Prometheus until Ctrl-C")
+    p.add_argument("--cluster", help="default: the only cluster up")
+    add_inventory(p, impairs=False)
+    p.add_argument("--port", type=int, default=9400, help="(default 9400; 0: a free one)")
+    p.add_argument("--address", default="127.0.0.1", metavar="IP",
+                   help="where it listens (default: 127.0.0.1, this machine only)")
+    add_min_coverage(p)
+    p.set_defaults(func=_cmd_metrics)
 
     p = sub.add_parser("verify", help="measure the applied loss from the kernel's counters")
     p.add_argument("--cluster", help="default: the only cluster up")

@@ -73,18 +73,49 @@ class Histogram:
         s = self.summary()
         return {k: (v / 1000 if v is not None and k != "count" else v) for k, v in s.items()}
 
+    def counts_at_or_below(self, bounds: list[float]) -> list[int]:
+        """How many recorded values are at or below each bound (ascending, the recorded
+        unit): Prometheus' cumulative buckets (to the buckets' 1% precision)."""
+        counts, i, running = [0] * len(bounds), 0, 0
+        for item in self.hdr.get_recorded_iterator():
+            value = self.hdr.get_highest_equivalent_value(item.value_iterated_to) / SCALE
+            while i < len(bounds) and value > bounds[i]:
+                counts[i] = running
+                i += 1
+            running += item.count_added_in_this_iter_step
+        for j in range(i, len(bounds)):
+            counts[j] = running
+        return counts
+
+    def sum(self) -> float:
+        """The recorded values' sum (their mean times their count, to the buckets' 1%)."""
+        return self.hdr.get_mean_value() * self.total / SCALE if self.total else 0.0
+
     def to_dict(self) -> dict:
         """JSON: the package's own compressed encoding of the buckets, and the exact ends."""
         return {"hdr": self.hdr.encode().decode("ascii"), "total": self.total,
                 "max": self.max, "min": self.min if self.total else None}
 
     @classmethod
+    def of(cls, values) -> Histogram:
+        """A histogram of these values."""
+        made = cls()
+        for value in values:
+            made.record(value)
+        return made
+
+    @classmethod
+    def combined(cls, histograms) -> Histogram:
+        """One histogram of several (new: they are left as they were)."""
+        total = cls()
+        for h in histograms:
+            total.merge(h)
+        return total
+
+    @classmethod
     def merged(cls, encoded) -> Histogram:
         """One histogram of several written by to_dict (the ranks', the runs')."""
-        total = cls()
-        for d in encoded:
-            total.merge(cls.from_dict(d))
-        return total
+        return cls.combined(cls.from_dict(d) for d in encoded)
 
     @classmethod
     def from_dict(cls, d: dict) -> Histogram:

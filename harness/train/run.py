@@ -123,12 +123,13 @@ def train(cluster: Cluster, cfg: TrainConfig, profile_name: str = "clean", sets:
           out_dir: Path | None = None, echo=print, isolated: bool = False,
           loss: float | None = None, failure_grace_s: float = launch.FAILURE_GRACE_S,
           min_coverage: float = coverage.DEFAULT_MIN_COVERAGE,
-          timeout_s: float = launch.TRAIN_TIMEOUT_S) -> RunRecord:
+          timeout_s: float = launch.TRAIN_TIMEOUT_S, metrics=None) -> RunRecord:
+    """One run. metrics: the command's endpoint (harness/live_metrics.Served), or None."""
     the_run = Run(cfg, profile_name, tuple(sets), loss=loss, isolated=isolated)
     echo(f"[train] profile {profile_name}: "
          f"{plan.stated_loss(the_run.load_profile(), loss)}")
     return train_runs(cluster, [the_run], out_dir, echo, failure_grace_s=failure_grace_s,
-                      min_coverage=min_coverage, timeout_s=timeout_s)[0]
+                      min_coverage=min_coverage, timeout_s=timeout_s, metrics=metrics)[0]
 
 
 def train_many(cluster: Cluster, cfgs: list[TrainConfig], profile_name: str = "clean",
@@ -149,8 +150,9 @@ class _Boundaries:
 
     def __init__(self, cluster, runs: list[Run], plans: dict,
                  min_coverage: float = coverage.DEFAULT_MIN_COVERAGE,
-                 rdma_by_drop_mask: bool = False):
+                 rdma_by_drop_mask: bool = False, on_applied=None):
         self.cluster, self.runs, self.plans = cluster, runs, plans
+        self.on_applied = on_applied  # (a run's first reading: the metrics' window)
         self.min_coverage, self.rdma_by_drop_mask = min_coverage, rdma_by_drop_mask
         self.applied = None      # the (profile, sets) applied now
         self.start = None        # the counters at the start of the current run
@@ -188,6 +190,8 @@ class _Boundaries:
                 engine.apply(self.cluster, *self.plans[key])
                 self.applied = key
                 self.start = verify.read(self.cluster)
+                if self.on_applied is not None:
+                    self.on_applied(self.start)
         except BaseException as err:  # rank 0 is told to stop; the launch reports this
             self.error = err
             return rank_protocol.STOP
@@ -198,7 +202,7 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
                echo=print, control_exempt: bool = False, on_progress=None,
                failure_grace_s: float = launch.FAILURE_GRACE_S,
                min_coverage: float = coverage.DEFAULT_MIN_COVERAGE,
-               timeout_s: float = launch.TRAIN_TIMEOUT_S) -> list[RunRecord]:
+               timeout_s: float = launch.TRAIN_TIMEOUT_S, metrics=None) -> list[RunRecord]:
     """Runs one after the other in one launch of the ranks, each under its own profile (the
     profile changes between runs where it differs). Each run's measured loss, socket
     drops and coverage are counted around that run alone; a run under an impairment whose
@@ -206,7 +210,8 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
     instead). The profile also impairs the rendezvous port (impair_the_control_path) unless
     control_exempt. Once a rank failed, the others get failure_grace_s to end by
     themselves. Rank 0's progress (rank_protocol.Progress) goes to on_progress, or to echo
-    as its text; its other lines to echo."""
+    as its text, and to the metrics endpoint (harness/live_metrics.Served) where one is
+    given; its other lines to echo."""
     for r in runs:
         check(r.cfg, cluster)
     bypass.refuse_contradictions(os.environ, cluster)
@@ -232,7 +237,8 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
     else:
         work = Path(out_dir or tempfile.mkdtemp(prefix="lossbed-train-")).resolve()
         work.mkdir(parents=True, exist_ok=True)
-    boundaries = _Boundaries(cluster, runs, plans, min_coverage, drop_mask is not None)
+    boundaries = _Boundaries(cluster, runs, plans, min_coverage, drop_mask is not None,
+                             on_applied=metrics.impairment.watch_from if metrics else None)
     started = time.monotonic()
     # Remote hosts: renew the impairment's lease while the run lasts; if this controller
     # dies, the hosts revert by themselves.
@@ -249,7 +255,9 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
                                  [json.dumps([r.cfg.to_dict() for r in runs]),
                                   str(work or "-")],  # ("-": the ranks write nothing)
                                  timeout_s=timeout_s,
-                                 echo_rank0=_progress_to(echo, on_progress),
+                                 echo_rank0=_progress_to(
+                                     echo, on_progress,
+                                     metrics.run.take_progress if metrics else None),
                                  told=told, answer_rank0=boundaries.answer,
                                  authenticate=authenticate,
                                  failure_grace_s=failure_grace_s)
@@ -281,11 +289,13 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
     return records
 
 
-def _progress_to(echo, on_progress):
-    """What takes rank 0's stderr lines: its progress to on_progress (or echo, as text),
-    the rest to echo."""
+def _progress_to(echo, on_progress, also=None):
+    """What takes rank 0's stderr lines: its progress to on_progress (or echo, as text) and
+    to `also`, the rest to echo."""
     def rank0_said(line: str) -> None:
         progress = rank_protocol.Progress.read(line)
+        if progress is not None and also is not None:
+            also(progress)
         if progress is None:
             echo(line)
         elif on_progress is not None:

@@ -63,6 +63,17 @@ def renew(host: str, ifname: str) -> bool:
     return True
 
 
+def seconds_left(host: str, ifname: str) -> float | None:
+    """How long the lease has until its watchdog clears the impairment, unless renewed; None
+    where there is no lease (a host lossbed owns)."""
+    path = lease_file(host, ifname)
+    try:
+        seconds = float(path.read_text().strip() or DEFAULT_LEASE_S)
+        return max(0.0, seconds - (time.time() - path.stat().st_mtime))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def end(host: str, ifname: str) -> None:
     path = lease_file(host, ifname)
     path.unlink(missing_ok=True)

@@ -106,9 +106,12 @@ def reading(host, payload: dict) -> dict:
 
     module = backends()[payload["backend"]]
     plan, handles = HostPlan.from_dict(payload["plan"]), payload.get("handles") or {}
+    from testbed.host import lease
+
     return {"paths": [c.to_dict() for c in module.read_counters(host, plan, handles)],
             "exempt": [c.to_dict() for c in module.read_exempt(host, plan, handles)],
-            "udp_snmp": udp_snmp(host, {}), "traffic": traffic(host, {})}
+            "udp_snmp": udp_snmp(host, {}), "traffic": traffic(host, {}),
+            "lease_left_s": lease.seconds_left(host.name, host.ifname) if host.name else None}
 
 
 def udp_snmp(host, payload: dict) -> dict:

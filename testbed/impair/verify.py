@@ -119,6 +119,8 @@ class Reading:
     traffic: dict[str, dict] = field(default_factory=dict)
     # per host of the plan: what the profile's exclusions let through, per direction
     exempt: list[list[ExemptCounters]] = field(default_factory=list)
+    # host -> seconds its lease has left (None: no lease: a host lossbed owns)
+    lease_left: dict[str, float | None] = field(default_factory=dict)
 
 
 def read_traffic(host) -> dict:
@@ -143,7 +145,9 @@ def read(cluster) -> Reading:
                    snmp={name: f["udp_snmp"] for name, f in zip(names, found, strict=True)},
                    taken_at=time.monotonic(),
                    traffic={name: f["traffic"] for name, f in zip(names, found, strict=True)},
-                   exempt=[[ExemptCounters(**c) for c in f["exempt"]] for f in found])
+                   exempt=[[ExemptCounters(**c) for c in f["exempt"]] for f in found],
+                   lease_left={name: f.get("lease_left_s")
+                               for name, f in zip(names, found, strict=True)})
 
 
 def report(cluster, reading: Reading, since: Reading | None = None) -> Report:

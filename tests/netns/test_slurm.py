@@ -123,11 +123,28 @@ def test_scancel_mid_run_leaves_nothing_on_any_node(slurm):
     assert_nodes_left_nothing(slurm)
 
 
-def test_a_profile_the_admin_did_not_allow_is_refused_with_the_reason(slurm):
+def test_a_disallowed_profile_is_refused_and_a_failing_ranks_message_comes_back(slurm):
+    """One job, two runs: a profile the admin did not allow (refused with the reason, before
+    any rank starts); then a script whose rank 1 fails (its error and the exit code come
+    back through srun to the user)."""
     wd = workdir(slurm, "refused")
+    (wd / "fails.py").write_text(
+        "import torch, torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "import harness.api as lossbed\n"
+        "dist.init_process_group('gloo')\n"
+        "model = DDP(torch.nn.Linear(4, 1))\n"
+        "lossbed.lossy_gradients(model)\n"
+        "if dist.get_rank() == 1:\n"
+        "    raise RuntimeError('rank one gives up')\n"
+        "for _ in range(1000):\n"
+        "    model(torch.ones(2, 4)).sum().backward()\n")
     # (a loss above the admin's max_loss is refused the same way: tests/unit/test_slurm_parts.py)
     script = lossbed_run(wd / "other", "--impair-from", "start").replace(
         "--profile random-loss", "--profile burst-loss")
+    script += (f"{sys.executable} -m harness.cli run --slurm --profile random-loss --loss "
+               f"{LOSS} --out {wd}/fails -- torchrun {wd}/fails.py\n"
+               "echo \"failing exit $?\"\n")
     job = slurm.sbatch(script, user=USER, workdir=wd)
     assert slurm.wait(job) == "COMPLETED"
     said = (wd / "job.out").read_text()
@@ -135,5 +152,10 @@ def test_a_profile_the_admin_did_not_allow_is_refused_with_the_reason(slurm):
            "random-loss" in said, said[-4000:]
     assert "lossbed exit 6" in said, said[-4000:]  # (policy.Refused's exit code)
     assert not (wd / "other" / "ranks").exists()  # no rank started
+    assert re.search(r"\[run\] failed: rank 1 on h[12]: RuntimeError: rank one gives up",
+                     said), said[-4000:]
+    assert "failing exit 0" not in said and re.search(r"failing exit [1-9]", said), said
+    summary = json.loads((wd / "fails" / "summary.json").read_text())
+    assert summary["applied"] and summary["stopped_by"] == "rank 1's error", summary
     slurm.idle()
     assert_nodes_left_nothing(slurm)

@@ -17,7 +17,7 @@ LAYERS = [
     {"testbed.impair"},
     {"testbed.host"},
     {"testbed.slurm"},  # (what runs on a Slurm node: the agent, its policy, the Epilog)
-    {"testbed.clusters", "testbed.doctor"},
+    {"testbed.clusters", "testbed.doctor", "testbed.exporter"},
     {"testbed.cli"},
 ]
 
@@ -124,7 +124,7 @@ def test_the_rooms_are_folders_a_newcomer_finds():
     top = sorted(p.name for p in (REPO / "testbed").iterdir()
                  if p.name != "__pycache__" and not p.name.startswith("."))
     assert top == ["__init__.py", "checks.py", "cli.py", "clusters", "doctor", "errors.py",
-                   "host", "impair", "ports.py", "profiles", "progress.py",
+                   "exporter", "host", "impair", "ports.py", "profiles", "progress.py",
                    "python_packages.py", "slurm", "stats.py", "system_packages.py",
                    "version.py", "yamlfile.py"]
 
@@ -138,7 +138,7 @@ def test_one_entry_point_has_every_command_and_testbed_alone_has_its_own():
         return set(action.choices)
 
     network = {"up", "down", "status", "exec", "apply", "clear", "show", "verify", "renew",
-               "inventory", "doctor"}
+               "inventory", "doctor", "metrics"}
     experiment = {"train", "bench", "reproduce", "compare", "collective-bench", "run",
                   "report"}
     assert commands(testbed_cli.build_parser()) == network
