@@ -62,17 +62,24 @@ def check_ranks_python(cluster: Cluster, hosts: list) -> None:
     """The ranks' Python imports what a rank imports (harness.api: torch, numpy and
     lossbed's other packages), checked on each machine before anything is impaired: a
     venv with torch alone had every rank die on ModuleNotFoundError after the profile was
-    applied (#66)."""
-    for hc in hosts[:1] if cluster.shares_this_machine else hosts:
+    applied (#66). The machines at once (each imports torch: seconds)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def imports(hc):
         python = ranks_python(hc, cluster.shares_this_machine)
         # (lossbed's own Python has lossbed's packages; by its path, not the binary it links
         # to: every venv's python links to one interpreter, its packages are the venv's)
         if python is None or (cluster.shares_this_machine
                               and os.path.abspath(python) == os.path.abspath(sys.executable)):
-            continue
-        done = hc.host.run(["env", f"PYTHONPATH={hc.env['PYTHONPATH']}", python, "-c",
-                            RANK_IMPORTS.strip()], timeout=300)
-        if done.returncode != 0:
+            return hc, python, None
+        return hc, python, hc.host.run(["env", f"PYTHONPATH={hc.env['PYTHONPATH']}", python,
+                                        "-c", RANK_IMPORTS.strip()], timeout=300)
+
+    machines = hosts[:1] if cluster.shares_this_machine else hosts
+    with ThreadPoolExecutor(max_workers=min(8, len(machines) or 1)) as pool:
+        checked = list(pool.map(imports, machines))
+    for hc, python, done in checked:
+        if done is not None and done.returncode != 0:
             said = _text(done.stderr).strip().splitlines()
             from testbed.doctor.judge import venv_of
 
