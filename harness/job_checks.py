@@ -7,7 +7,9 @@ script.)"""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from testbed.errors import UsageError
@@ -23,21 +25,30 @@ def check_script(cluster: Cluster, checked, hosts: list) -> None:
     runs_a_file = not {"-m", "--module", "--no-python", "--no_python"} & {
         o.split("=", 1)[0] for o in checked.torchrun_options}
     script = checked.script[0]
-    for hc in hosts[:1] if cluster.shares_this_machine else hosts:
+
+    def missing(hc) -> list[tuple[str, str, str]]:
         wanted = [("torchrun", hc.argv[0], "-x")] if hc.argv[1:2] != ["-m"] else []
         if runs_a_file:
             wanted.append(("script", script if script.startswith("/") else
                            f"{hc.cwd.rstrip('/')}/{script}", "-f"))
-        for what, path, test in wanted:
-            if cluster.shares_this_machine:
-                found = os.access(path, os.X_OK) if test == "-x" else os.path.isfile(path)
-            else:
-                found = hc.host.run(["test", test, path], timeout=30).returncode == 0
-            if not found:
-                raise UsageError("--", f"{path}: no such {'program' if test == '-x' else 'file'}"
-                                 f" on {hc.host.name} ({what}; started in {hc.cwd})",
-                                 "Start lossbed run in the script's folder, give its path, or "
-                                 "name the folder it is in on the hosts with --workdir DIR")
+        if cluster.shares_this_machine:
+            return [(what, path, test) for what, path, test in wanted
+                    if not (os.access(path, os.X_OK) if test == "-x" else os.path.isfile(path))]
+        # every path in one command (an SSH round trip, or a Slurm job step, each)
+        said = _text(hc.host.run(["sh", "-c", "; ".join(
+            f"test {test} {shlex.quote(path)}; echo $?" for _, path, test in wanted)],
+            timeout=30).stdout).split()
+        return [w for i, w in enumerate(wanted) if said[i:i + 1] != ["0"]]
+
+    machines = hosts[:1] if cluster.shares_this_machine else hosts
+    with ThreadPoolExecutor(max_workers=min(8, len(machines) or 1)) as pool:
+        found = list(pool.map(missing, machines))
+    for hc, lacking in zip(machines, found, strict=True):
+        for what, path, test in lacking:
+            raise UsageError("--", f"{path}: no such {'program' if test == '-x' else 'file'}"
+                             f" on {hc.host.name} ({what}; started in {hc.cwd})",
+                             "Start lossbed run in the script's folder, give its path, or "
+                             "name the folder it is in on the hosts with --workdir DIR")
 
 
 def ranks_python(hc, here: bool) -> str | None:
@@ -63,8 +74,6 @@ def check_ranks_python(cluster: Cluster, hosts: list) -> None:
     lossbed's other packages), checked on each machine before anything is impaired: a
     venv with torch alone had every rank die on ModuleNotFoundError after the profile was
     applied (#66). The machines at once (each imports torch: seconds)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     def imports(hc):
         python = ranks_python(hc, cluster.shares_this_machine)
         # (lossbed's own Python has lossbed's packages; by its path, not the binary it links

@@ -1,7 +1,8 @@
 """A run as Prometheus reads it while it runs: what the ranks say of themselves (their live
 marks: rank_protocol.Live, about once a second each, asked for only when metrics are served)
 and lossbed's own training progress (rank_protocol.Progress), kept by the controller as they
-come and handed out at each scrape. The same figures the run's summary adds up at the end,
+come and handed out at each scrape (prometheus_client is imported only then: a command that
+serves nothing never loads it). The same figures the run's summary adds up at the end,
 summed over the ranks the same way:
 
     lossbed_run_step                          optimizer steps done (rank 0's)
@@ -21,8 +22,6 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
-
 from harness.rank_protocol import COLLECTIVE_BUCKETS_S, Live, Progress
 
 
@@ -35,6 +34,13 @@ class Served:
     endpoint: object     # testbed.exporter.server.Endpoint
     impairment: object   # testbed.exporter.impairment.ImpairmentCollector
     run: RunCollector
+
+    @classmethod
+    def if_asked(cls, cluster, port: int | None, address: str, job: str,
+                 min_coverage: float, echo) -> Served | None:
+        """start(), where a port is given (--metrics-port); else None."""
+        return None if port is None else cls.start(cluster, port, address, job, min_coverage,
+                                                   echo)
 
     @classmethod
     def start(cls, cluster, port: int, address: str, job: str, min_coverage: float,
@@ -80,6 +86,8 @@ class RunCollector:
         return []
 
     def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
         with self._lock:
             ranks, progress, rows = dict(self._ranks), self._progress, list(self._rows)
         labels = ["job"]
@@ -111,6 +119,8 @@ class RunCollector:
             yield from self._verdicts(rows)
 
     def _verdicts(self, rows: list[dict]):
+        from prometheus_client.core import GaugeMetricFamily
+
         verdict = GaugeMetricFamily("lossbed_bench_verdict",
                                     "1 for the verdict the variant got at the loss (its Δppl "
                                     "against the paper's band: docs/explanation/methodology.md)",
@@ -128,6 +138,8 @@ class RunCollector:
         yield delta
 
     def _collective(self, ranks, labels):
+        from prometheus_client.core import HistogramMetricFamily
+
         counts = [0] * len(COLLECTIVE_BUCKETS_S)
         total, count = 0.0, 0
         for r in ranks:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from harness import job_checks, launch, rank_protocol, run_report
 from harness.job_output import Job
+from harness.live_metrics import Served
 from harness.metrics.counts import summed
 from harness.metrics.hdr import Histogram
 from harness.rank_protocol import ControllerEnv, RankEnv
@@ -241,12 +242,8 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
     # folder there (torchelastic_*) that it never removes, nor do scripts always their own
     scratch = f"/tmp/{job_id}.tmp"
     # the metrics endpoint first: a port in use is refused before anything is impaired
-    served = None
-    if spec.metrics_port is not None:
-        from harness.live_metrics import Served
-
-        served = Served.start(cluster, spec.metrics_port, spec.metrics_address, job_id,
-                              spec.min_coverage, echo)
+    served = Served.if_asked(cluster, spec.metrics_port, spec.metrics_address, job_id,
+                             spec.min_coverage, echo)
     job = Job(out / "logs", live=served.run.take_live if served else None)
     procs, threads, applied = [], [], Impaired()
 
@@ -261,8 +258,8 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
     code = 1
     try:
         with keeper:
-            for host in _one_per_machine(cluster):
-                host.run(["mkdir", "-p", "-m", "700", scratch], timeout=30, check=True)
+            _on_each_machine(cluster, lambda host: host.run(
+                ["mkdir", "-p", "-m", "700", scratch], timeout=30, check=True))
             if spec.impair_from == "start":
                 impair()
             for hc in hosts:
@@ -302,9 +299,9 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
         engine.clear(cluster)
         if served is not None:
             served.endpoint.stop()
-        for host in _one_per_machine(cluster):  # (names lossbed made: job_id is its own)
-            with contextlib.suppress(Exception):
-                host.run(["rm", "-rf", "--", scratch, *([gate] if gate else [])], timeout=60)
+        with contextlib.suppress(Exception):  # (names lossbed made: job_id is its own)
+            _on_each_machine(cluster, lambda host: host.run(
+                ["rm", "-rf", "--", scratch, *([gate] if gate else [])], timeout=60))
     summary = summarise(cluster, spec, job, applied, code, time.monotonic() - started, hosts)
     summary["invalid"] = not_a_result(spec, checked.profile, applied, code)
     _write(out, job, summary)
@@ -377,15 +374,26 @@ def _kill_left_behind(cluster: Cluster, job_id: str) -> None:
     """SIGKILL any process of this job still alive on any host (a worker whose torchrun was
     killed before it could stop it)."""
     script = _KILL_BY_ENVIRONMENT % JOB_ENV
-    for host in _one_per_machine(cluster):
-        with contextlib.suppress(Exception):
-            host.run([cluster.rank_python(host), "-c", script, job_id], timeout=60)
+    with contextlib.suppress(Exception):
+        _on_each_machine(cluster, lambda host: host.run(
+            [cluster.rank_python(host), "-c", script, job_id], timeout=60))
 
 
 def _one_per_machine(cluster: Cluster) -> list:
     """A host of each machine: namespace hosts share this machine's process table and /tmp,
     so what is done there for one is done for all."""
     return cluster.hosts[:1] if cluster.shares_this_machine else list(cluster.hosts)
+
+
+def _on_each_machine(cluster: Cluster, do) -> None:
+    """do(host) on a host of each machine, the machines at once (each is an SSH round trip
+    or a Slurm job step elsewhere); the first error is raised once all are done."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    machines = _one_per_machine(cluster)
+    with ThreadPoolExecutor(max_workers=min(8, len(machines))) as pool:
+        for _ in pool.map(do, machines):
+            pass
 
 
 def _impair(cluster: Cluster, the_plan, choice, applied: Impaired, echo) -> None:
@@ -399,8 +407,7 @@ def _on_joined(cluster: Cluster, impair, applied: Impaired, gate) -> None:
     """The job joined: apply the profile (impair()), then open every host's gate."""
     if not applied.on:
         impair()
-    for host in _one_per_machine(cluster):
-        host.run(["touch", gate], check=True)
+    _on_each_machine(cluster, lambda host: host.run(["touch", gate], check=True))
 
 
 def _wait(procs, job: Job, on_joined, gate, grace_s: float, timeout_s: float = 0.0) -> int:

@@ -68,10 +68,11 @@ def _allocation(env, here: str, found: list[Finding]) -> list[str]:
 
 
 def _agents(env, nodes: list[str]) -> list[Finding]:
+    from concurrent.futures import ThreadPoolExecutor
+
     from testbed.clusters.slurm import SrunHost
 
-    found = []
-    for node in nodes:
+    def asked(node: str) -> Finding:
         host = SrunHost(name=node, address="", job=env["SLURM_JOB_ID"])
         try:
             said = host.agent_call("describe", {})
@@ -81,8 +82,10 @@ def _agents(env, nodes: list[str]) -> list[Finding]:
             fix = "" if ok else "the admin fixes lossbed_slurm_interface (the data-plane NIC)"
         except (LossbedError, subprocess.SubprocessError) as err:
             ok, state, fix = False, str(err), ADMIN_FIX
-        found.append(Finding(node, "agent", state, ok=ok, needed=True, fix=fix))
-    return found
+        return Finding(node, "agent", state, ok=ok, needed=True, fix=fix)
+
+    with ThreadPoolExecutor(max_workers=min(8, len(nodes))) as pool:  # (a job step each)
+        return list(pool.map(asked, nodes))
 
 
 def _epilog(here: str) -> Finding:

@@ -122,11 +122,18 @@ def drift(r, steps: int, resync_every: int, out_dir: str, mode: str = "parameter
     return {"counters": r.transport.counters.to_dict(), "loss_rate": collective.loss_rate}
 
 
-def stages(r, steps: int, lossy_stage: str) -> dict:
+def stages(r, steps: int, lossy_stages: list[str]) -> dict:
+    """stage() for each of `lossy_stages`, one after the other in this one launch (each its
+    own collective on the one transport, which numbers their steps apart)."""
+    return {"by_stage": {s: stage(r, steps, s) for s in lossy_stages},
+            "counters": r.transport.counters.to_dict()}
+
+
+def stage(r, steps: int, lossy_stage: str) -> list[dict]:
     """Parameter mode under the kernel's loss with the loss on `lossy_stage` alone (or both):
     per step, whether the gradient the owner stepped with was the exact mean (every rank
     rebuilds it from the seeds) and a digest of this rank's parameters (all equal: no rank
-    kept a stale broadcast slot). Also what each stage counted missing."""
+    kept a stale broadcast slot). Also what each stage counted missing. Every rank's."""
     import hashlib
 
     numel = 4 * 12 * r.transport.per_packet  # 12 packets per shard
@@ -152,7 +159,7 @@ def stages(r, steps: int, lossy_stage: str) -> dict:
     gathered = [None] * r.world
     dist.all_gather_object(gathered, {"exact": exact_steps, "digests": digests,
                                       "missing": missing})
-    return {"ranks": gathered, "counters": r.transport.counters.to_dict()}
+    return gathered
 
 
 def die(r, at_send: int) -> dict:
@@ -307,7 +314,7 @@ def main() -> int:
         elif mode == "drift":
             result = drift(r, int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], *sys.argv[5:6])
         elif mode == "stages":
-            result = stages(r, int(sys.argv[2]), sys.argv[3])
+            result = stages(r, int(sys.argv[2]), sys.argv[3].split(","))
         elif mode == "die":
             result = die(r, int(sys.argv[2]))
         elif mode == "segmented":
