@@ -6,8 +6,10 @@ has no root and no SSH."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -120,6 +122,43 @@ def test_scancel_mid_run_leaves_nothing_on_any_node(slurm):
     slurm.command(["scancel", job], user=USER)
     assert slurm.wait(job) == "CANCELLED"
     slurm.idle()  # (the Epilog ran on every node)
+    assert_nodes_left_nothing(slurm)
+
+
+def node_impaired(host) -> bool:
+    """The node's interface still carries lossbed's impairment (the bpf backend's clsact
+    filters, or an nft table)."""
+    tables = host.run(["nft", "list", "tables"]).stdout.decode()
+    qdiscs = host.run(["tc", "qdisc", "show", "dev", host.ifname]).stdout.decode()
+    return "lossbed" in tables or "clsact" in qdiscs
+
+
+def test_a_controller_lost_mid_run_leaves_the_lease_to_revert_every_node(slurm):
+    """The controller (lossbed train, on the first node) is killed outright mid-run while
+    the job goes on: nobody renews the lease, and each node's agent reverts its impairment
+    by itself once --lease-s has passed, the job still running; its end clears the rest."""
+    wd = workdir(slurm, "lost")
+    job = slurm.sbatch(f"export PYTHONPATH={REPO}\n{sys.executable} -m harness.cli train "
+                       f"--slurm --lease-s 4 --profile random-loss --loss {LOSS} "
+                       f"--variant unbiased --steps 100000 &\necho $! > {wd}/controller\n"
+                       "wait\nsleep 600\n", user=USER, workdir=wd)
+    held = [Path(slurm.folder) / "agent" / f"{h.name}.json" for h in slurm.cluster.hosts]
+    deadline = time.monotonic() + 180
+    while not all(p.exists() for p in held):
+        assert time.monotonic() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), \
+            (wd / "job.out").read_text()[-3000:]
+        time.sleep(0.2)
+    assert all(node_impaired(h) for h in slurm.cluster.hosts)
+    os.kill(int((wd / "controller").read_text()), signal.SIGKILL)
+    lost_at = time.monotonic()
+    while any(node_impaired(h) for h in slurm.cluster.hosts):
+        assert time.monotonic() - lost_at < 30, "the lease did not revert the nodes"
+        time.sleep(0.25)
+    reverted_s = time.monotonic() - lost_at
+    assert reverted_s > 1 and slurm.state(job) == "RUNNING"  # (its lease, not the job's end)
+    slurm.command(["scancel", job], user=USER)
+    assert slurm.wait(job) == "CANCELLED"
+    slurm.idle()
     assert_nodes_left_nothing(slurm)
 
 
