@@ -19,6 +19,21 @@ REPO = Path(__file__).resolve().parents[1]
 LOSSBED = [sys.executable, "-m", "harness.cli"]
 
 
+# A script for `lossbed run` whose rank 1 fails once the job joined (its peers then wait
+# in the collective for it): what the failure's report is tested with
+RANK_ONE_FAILS = (
+    "import torch, torch.distributed as dist\n"
+    "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+    "import harness.api as lossbed\n"
+    "dist.init_process_group('gloo')\n"
+    "model = DDP(torch.nn.Linear(4, 1))\n"
+    "lossbed.lossy_gradients(model)\n"
+    "if dist.get_rank() == 1:\n"
+    "    raise RuntimeError('rank one gives up')\n"
+    "for _ in range(1000):\n"
+    "    model(torch.ones(2, 4)).sum().backward()\n")
+
+
 def unique_name() -> str:
     """A cluster name no other test uses: leftovers can be traced to the test by name."""
     return "t" + uuid.uuid4().hex[:6]

@@ -17,7 +17,7 @@ import pytest
 from testbed import clusters
 from testbed.clusters import netns as netns_cluster
 from testbed.impair import engine
-from tests.helpers import REPO, assert_job_left_nothing, lossbed, unique_name
+from tests.helpers import RANK_ONE_FAILS, REPO, assert_job_left_nothing, lossbed, unique_name
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 LOSS = 0.1
@@ -168,17 +168,7 @@ def test_the_hugging_face_example_trains_with_the_bounded_drift_broadcast(cluste
 
 def test_a_script_that_fails_on_one_rank_ends_the_job_cleared_and_named(cluster, tmp_path):
     script = tmp_path / "fails.py"
-    script.write_text(
-        "import torch, torch.distributed as dist\n"
-        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
-        "import harness.api as lossbed\n"
-        "dist.init_process_group('gloo')\n"
-        "model = DDP(torch.nn.Linear(4, 1))\n"
-        "lossbed.lossy_gradients(model)\n"
-        "if dist.get_rank() == 1:\n"
-        "    raise RuntimeError('rank one gives up')\n"
-        "for _ in range(1000):\n"
-        "    model(torch.ones(2, 4)).sum().backward()\n")
+    script.write_text(RANK_ONE_FAILS)
     # its peers wait in the collective for rank 1: once rank 1 said what ended it, they are
     # stopped (within SAID_GRACE_S), not after --grace-s (30 s; a refusal to start was seen
     # 51.6 s late before #66)

@@ -20,7 +20,7 @@ import pytest
 from testbed import clusters
 from testbed.clusters import netns as netns_cluster
 from testbed.host.hosts import is_running, processes_in_namespaces
-from tests.helpers import NOTHING, REPO, leftovers, unique_name
+from tests.helpers import NOTHING, RANK_ONE_FAILS, REPO, leftovers, unique_name
 from tests.slurm_cluster import available, slurm_on
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=f"{available()}")
@@ -167,17 +167,7 @@ def test_a_disallowed_profile_is_refused_and_a_failing_ranks_message_comes_back(
     any rank starts); then a script whose rank 1 fails (its error and the exit code come
     back through srun to the user)."""
     wd = workdir(slurm, "refused")
-    (wd / "fails.py").write_text(
-        "import torch, torch.distributed as dist\n"
-        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
-        "import harness.api as lossbed\n"
-        "dist.init_process_group('gloo')\n"
-        "model = DDP(torch.nn.Linear(4, 1))\n"
-        "lossbed.lossy_gradients(model)\n"
-        "if dist.get_rank() == 1:\n"
-        "    raise RuntimeError('rank one gives up')\n"
-        "for _ in range(1000):\n"
-        "    model(torch.ones(2, 4)).sum().backward()\n")
+    (wd / "fails.py").write_text(RANK_ONE_FAILS)
     # (a loss above the admin's max_loss is refused the same way: tests/unit/test_slurm_parts.py)
     script = lossbed_run(wd / "other", "--impair-from", "start").replace(
         "--profile random-loss", "--profile burst-loss")
