@@ -44,10 +44,13 @@ NEEDS = {
     # a real Slurm on namespace hosts (tests/slurm_cluster.py): the controller, a node
     # daemon, the client commands and munge, Debian's (their daemons do not start on install)
     "slurm": ["slurmctld", "slurmd", "slurm-client", "munge"],
+    # a real Prometheus that scrapes lossbed in the tests (tests/prometheus_server.py), and
+    # promtool, which checks what lossbed serves
+    "prometheus": ["prometheus"],
 }
 # make targets: what each needs (make test runs every test that runs today, so all of it)
 TARGETS = {"bench": ["build", "netns"],
-           "test": ["build", "netns", "ssh", "vm", "rdma", "ansible", "slurm"]}
+           "test": ["build", "netns", "ssh", "vm", "rdma", "ansible", "slurm", "prometheus"]}
 # What a target needs on one family alone: the test that opens a bench's report.html in a
 # real browser (Debian packages Chromium's headless shell; Ubuntu has Chromium as a snap
 # only, and there the test says it skipped)
