@@ -86,12 +86,10 @@ def _served(args, cluster, what: str, echo):
     """The command's metrics endpoint (--metrics-port), or None; started before anything
     is impaired, so that a port in use is refused first. cluster: None where the command
     makes its own later (the bench attaches it)."""
-    if args.metrics_port is None:
-        return None
     from harness.live_metrics import Served
 
-    return Served.start(cluster, args.metrics_port, args.metrics_address,
-                        f"{what}-{os.getpid()}", args.min_coverage, echo)
+    return Served.if_asked(cluster, args.metrics_port, args.metrics_address,
+                           f"{what}-{os.getpid()}", args.min_coverage, echo)
 
 
 def _cmd_bench(args) -> int:

@@ -11,13 +11,10 @@ drains the node, which is right for a node whose link may still drop packets.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 from testbed.errors import LossbedError
-from testbed.host import operations
-from testbed.host.hosts import LocalHost
 from testbed.slurm import agent, policy
 
 
@@ -36,21 +33,13 @@ def main() -> int:
         print(f"lossbed epilog: the agent said: {reply.get('error')}", file=sys.stderr)
     except LossbedError as err:
         print(f"lossbed epilog: {err}; clearing from the agent's record", file=sys.stderr)
-    try:  # the agent is not there: its record says whether this job held the node
-        held = json.loads(config.holder_file(node).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return 0
-    if held.get("job") != job:
-        return 0
-    try:
-        operations.dispatch(LocalHost(name=node, ifname=config.interface), "clear", {})
-        config.holder_file(node).unlink(missing_ok=True)
+    try:  # the agent is not there: its own release, from its record, run here
+        agent.Agent(config, node).release(job)
         return 0
     except Exception as err:
         print(f"lossbed epilog: could not clear job {job}'s impairment on {node}: {err}",
               file=sys.stderr)
         return 1
-
 
 if __name__ == "__main__":
     sys.exit(main())
