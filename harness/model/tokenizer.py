@@ -93,8 +93,9 @@ class BPETokenizer:
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             inner.save(str(tmp))
             os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only checkout: train again next time
+        except Exception:  # noqa: BLE001 - the tokenizers library's own, for an OSError
+            pass  # a cache this user cannot write to (a read-only checkout, a Slurm job's
+            # user in root's): train again next time
         return cls(inner, name)
 
 

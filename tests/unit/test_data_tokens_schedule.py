@@ -127,6 +127,20 @@ def test_the_bpe_is_trained_on_the_training_split_only(tmp_path, monkeypatch):
     assert again.inner.to_str() == tok.inner.to_str()
 
 
+def test_a_cache_it_cannot_write_to_costs_a_second_training_not_the_run(tmp_path,
+                                                                         monkeypatch):
+    """A Slurm job's user may not write to the checkout's cache (root's): the tokenizers
+    library says so with an Exception of its own, not an OSError."""
+    import os
+
+    monkeypatch.setattr(tokenizers, "CACHE", tmp_path)
+    text = " ".join(f"word{i % 50} and more" for i in range(400))
+    key = tokenizers.hashlib.sha256(text.encode()).hexdigest()[:16]
+    (tmp_path / f"bpe300-{key}.{os.getpid()}.tmp").mkdir()  # where it writes: not a file
+    tok = tokenizers.load("bpe:300", text)
+    assert tok.encode("word1 and more") and not list(tmp_path.glob("bpe300-*.json"))
+
+
 def test_tokenizer_specs_are_checked():
     for bad in ("bpe:100", "bpe:x", "/nonexistent/tokenizer"):
         with pytest.raises(UsageError, match="--tokenizer"):
