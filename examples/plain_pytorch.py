@@ -40,12 +40,14 @@ def main() -> None:
 
     teacher = torch.randn(64, 1, generator=torch.Generator().manual_seed(1))
     data = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
-    for _ in range(args.steps):
+    for step in range(args.steps):
         x = torch.randn(32, 64, generator=data)
         loss = torch.nn.functional.mse_loss(model(x), x @ teacher)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        # lossbed (optional): the samples so far, served live as tokens/s (--metrics-port)
+        lossbed.report(tokens=(step + 1) * 32 * dist.get_world_size())
 
     lossbed.report(final_loss=loss.item(), samples=args.steps * 32 * dist.get_world_size())
     dist.destroy_process_group()

@@ -171,14 +171,15 @@ class Job:
 
     @classmethod
     def attach(cls, transport, store, *, rank: int, world: int,
-               collective_options: dict | None = None) -> Job:
+               collective_options: dict | None = None, live: bool = False) -> Job:
         """A Job on a transport and store a launcher made already (lossbed's own `train`):
         the same wrapping, without the environment's set-up; collective_options go to
-        every LossyCollective it makes."""
+        every LossyCollective it makes; live: print the live mark (metrics served)."""
         job = object.__new__(cls)
         job.options, job.rank, job.world, job.local_rank = Options(), rank, world, rank
         job.transport, job.store, job.metrics_dir, job.host = transport, store, None, None
         job._begin(dict(collective_options or {}), owns_transport=False)
+        job._live_at = 0.0 if live else None
         return job
 
     def _begin(self, collective_options: dict, owns_transport: bool) -> None:
@@ -189,7 +190,7 @@ class Job:
         self._script: dict = {}          # report(): the script's own figures
         self._step_marks: list[float] = []
         self._counted_from = self.transport.counters.to_dict()
-        self._live_at: float | None = None  # (lossbed's own train: its worker reports)
+        self._live_at: float | None = None  # (the live mark: where metrics are served)
         self._finished = False
         self._announce = False  # (a Job of lossbed's own train: its worker reports)
         self._started = time.perf_counter()
@@ -299,9 +300,10 @@ class Job:
         now = time.perf_counter()
         self._step_marks.append(now)
         if self._live_at is not None and now - self._live_at >= rank_protocol.LIVE_EVERY_S:
-            self._live_at = now
+            self._live_at = now  # (tokens: what the script reported so far, if it did)
             print(rank_protocol.Live.of(self.rank, len(self._step_marks), self._collective_us(),
-                                        self._counted()).line(), flush=True)
+                                        self._counted(), now - self._started,
+                                        self._script.get("tokens")).line(), flush=True)
 
     # ---- what it measured ---------------------------------------------------------------
 
@@ -323,7 +325,8 @@ class Job:
 
     def report(self, **figures) -> None:
         """The script's own figures (its final loss, perplexity, accuracy, ...): kept in
-        this rank's metrics; `lossbed run` puts rank 0's in its summary."""
+        this rank's metrics; `lossbed run` puts rank 0's in its summary. `tokens` reported
+        as it goes (the total so far) is served live as tokens/s (--metrics-port)."""
         for name, value in figures.items():
             json.dumps(value)  # (refused here if it cannot be written)
             self._script[name] = value
@@ -427,12 +430,9 @@ def finish() -> None:
         _job.finish()
 
 
-reliable.__doc__ = Job.reliable.__doc__
-lossy_gradients.__doc__ = Job.lossy_gradients.__doc__
-bounded_drift.__doc__ = Job.bounded_drift.__doc__
-rps.__doc__ = Job.rps.__doc__
-report.__doc__ = Job.report.__doc__
-finish.__doc__ = Job.finish.__doc__
+for _public in (reliable, lossy_gradients, bounded_drift, rps, report, finish):
+    _public.__doc__ = getattr(Job, _public.__name__).__doc__
+del _public
 
 
 # ---- pieces ---------------------------------------------------------------------------------

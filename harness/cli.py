@@ -92,6 +92,23 @@ def _served(args, cluster, what: str, echo):
                            f"{what}-{os.getpid()}", args.min_coverage, echo)
 
 
+def bench_hosts(asked: int | None, cluster, args) -> int:
+    """The bench's host count: a given cluster's own (asked for another: refused, before
+    anything runs), else --hosts or the default."""
+    from harness.bench.spec import BenchSpec
+
+    if cluster is None:
+        return asked if asked is not None else BenchSpec.hosts  # (the declared default)
+    if asked is not None and asked != len(cluster.hosts):
+        where = ("the Slurm allocation" if in_slurm(args) else f"cluster {cluster.name}")
+        raise UsageError("--hosts", f"{asked} hosts asked, but {where} has "
+                         f"{len(cluster.hosts)}",
+                         f"Leave --hosts out (the bench runs on all {len(cluster.hosts)}), "
+                         f"or {'allocate' if in_slurm(args) else 'give a cluster of'} "
+                         f"{asked} nodes")
+    return len(cluster.hosts)
+
+
 def _cmd_bench(args) -> int:
     checks.loss_fraction("--loss", *args.loss)  # (before torch is imported)
     checks.at_least(args, ("hosts", 2), ("seeds", 1), ("mtu", 68))
@@ -121,6 +138,7 @@ def _cmd_bench(args) -> int:
 
     given = args.cluster is not None or args.inventory or in_slurm(args)
     cluster = cluster_of(args) if given else None  # (named before torch loads)
+    hosts = bench_hosts(args.hosts if options.given(args, "hosts") else None, cluster, args)
     regime, why = chosen_regime(args.regime, cluster is None or cluster.shares_this_machine)
     if why:
         print(f"[bench] {why}", file=sys.stderr, flush=True)
@@ -132,7 +150,8 @@ def _cmd_bench(args) -> int:
                      regime=regime, finetune_lr=args.finetune_lr,
                      pretrain_steps=args.pretrain_steps,
                      min_coverage=args.min_coverage,
-                     **options.values(BenchSpec, args, BENCH_OPTIONS))  # (checked as made)
+                     **{**options.values(BenchSpec, args, BENCH_OPTIONS),
+                        "hosts": hosts})  # (checked as made)
     launch.check_environment()
     # absolute: ranks on remote hosts write under it from their own working folder
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -153,7 +172,7 @@ def _cmd_bench(args) -> int:
         with place as cluster:
             if served is not None:
                 served.impairment.attach(cluster)
-            summary = run_bench(cluster, spec, out, echo=echo)
+            summary = run_bench(cluster, spec, out, echo=echo, metrics=served)
     finally:
         if served is not None:
             served.stop()
@@ -352,7 +371,9 @@ def add_commands(sub) -> None:
                         "8's method; --steps and --pretrain-steps count the bench's steps, "
                         "run as steps of 64 sequences), e.g. --many-rank 4 16 64")
     # the bench's own settings: declared in BenchSpec, as the runs' are in TrainConfig
-    options.add_options(p, BenchSpec, BENCH_OPTIONS)
+    options.add_options(p, BenchSpec, BENCH_OPTIONS, notes={
+        "hosts": " (4 by default); a given cluster's (--cluster, --inventory, --slurm) are "
+                 "its own: another number is refused"})
     sizes = "; train's is larger: a bench runs tens of runs"
     options.add_options(p, TrainConfig, TRAINING_OPTIONS, defaults=BENCH_TRAINING, notes={
         "optimizer": "; the variants' but rps's, which trains under SGD at --sgd-lr unless "
@@ -394,7 +415,9 @@ def add_commands(sub) -> None:
                    help="report folder (default: results/run-TIME)")
     p.add_argument("--timeout-s", type=float, default=0.0,
                    help=TIMEOUT_MEANS.replace("launch's", "job's") + "; 0: none")
-    p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S, help=FAILURE_GRACE_MEANS)
+    p.add_argument("--grace-s", type=float, default=FAILURE_GRACE_S,
+                   help=FAILURE_GRACE_MEANS + "; and, once the job is stopped (interrupted, "
+                   "timed out, failed), torchrun's time to stop its workers (20 s at most)")
     p.add_argument("--print", action="store_true", help="print each host's command, run none")
     add_metrics(p, "the run's step, collective time and missing share")
     p.add_argument("--workdir", metavar="DIR", type=checks.user_path,

@@ -129,7 +129,7 @@ TIMEOUT_MEANS = ("the whole launch's limit in seconds: past it the ranks are sto
 
 
 def run(cluster: Cluster, module: str, args: list[str], *, timeout_s: float = 600,
-        told: dict | None = None, echo_rank0=None, answer_rank0=None,
+        told: dict | None = None, echo_rank0=None, answer_rank0=None, live=None,
         authenticate: bool = True,
         failure_grace_s: float = FAILURE_GRACE_S) -> list[RankResult]:
     """Run `python -m module args` as one rank per host and wait for all; `told`: fields
@@ -143,7 +143,9 @@ def run(cluster: Cluster, module: str, args: list[str], *, timeout_s: float = 60
     returns (a string, or None for nothing) is written to rank 0's stdin. That is how the
     controller and rank 0 take turns (the train worker waits at each run boundary while the
     controller reads the kernel's counters). Every rank's stdin is a pipe from here: on a
-    remote host through SSH and testbed.host.guard, on a VM through its exec channel."""
+    remote host through SSH and testbed.host.guard, on a VM through its exec channel.
+    live(said) is called with each live mark (rank_protocol.Live) any rank prints, as it
+    comes (the ranks print them where told `live`: metrics served)."""
     procs = []
     slots = rank_slots(cluster)
     # A fresh key for this launch's datagrams (harness.transport.auth), to every rank in
@@ -165,11 +167,16 @@ def run(cluster: Cluster, module: str, args: list[str], *, timeout_s: float = 60
                                     cwd=host.project))
         outputs = [([], []) for _ in procs]
 
-        def pump(stream, sink, echo):
+        def pump(stream, sink, echo, live_marks=False):
             for line in stream:
                 sink.append(line)
                 if echo:
                     echo(line.rstrip("\n"))
+                if live_marks and line.startswith('{"' + rank_protocol.LIVE_MARK):
+                    said = rank_protocol.read_mark(line)
+                    if said is not None and (mark := rank_protocol.Live.from_payload(
+                            said[1])) is not None:
+                        live(mark)
 
         def answer(line: str) -> None:
             reply = answer_rank0(line.rstrip("\n"))
@@ -184,7 +191,8 @@ def run(cluster: Cluster, module: str, args: list[str], *, timeout_s: float = 60
         for i, p in enumerate(procs):
             threads.append(threading.Thread(
                 target=pump, args=(p.stdout, outputs[i][0],
-                                   answer if i == 0 and answer_rank0 else None),
+                                   answer if i == 0 and answer_rank0 else None,
+                                   live is not None),
                 daemon=True))
             threads.append(threading.Thread(
                 target=pump, args=(p.stderr, outputs[i][1], echo_rank0 if i == 0 else None),

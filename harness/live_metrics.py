@@ -6,7 +6,9 @@ serves nothing never loads it). The same figures the run's summary adds up at th
 summed over the ranks the same way:
 
     lossbed_run_step                          optimizer steps done (rank 0's)
-    lossbed_run_tokens_per_second             lossbed's own training (train, bench)
+    lossbed_run_tokens_per_second             lossbed's own training (train, bench); a
+                                              script's where it reports its tokens as it
+                                              goes (lossbed.report(tokens=N))
     lossbed_run_collective_seconds            the lossy collective's time per call, a
                                               histogram over every rank's calls
     lossbed_run_missing_ratio                 the share of the packets the collectives
@@ -98,11 +100,12 @@ class RunCollector:
         elif 0 in ranks:
             step.add_metric([self.job], ranks[0].step)
         yield step
-        if progress is not None:
+        tokens_per_s = _tokens_per_s(progress, ranks)
+        if tokens_per_s is not None:
             tokens = GaugeMetricFamily("lossbed_run_tokens_per_second",
                                        "training tokens per second, the last report",
                                        labels=labels)
-            tokens.add_metric([self.job], progress.tokens_per_s)
+            tokens.add_metric([self.job], tokens_per_s)
             yield tokens
         if ranks:
             yield self._collective(ranks.values(), labels)
@@ -153,6 +156,19 @@ class RunCollector:
                                        labels=labels)
         family.add_metric([self.job], [*buckets, ("+Inf", count)], sum_value=total)
         return family
+
+
+def _tokens_per_s(progress: Progress | None, ranks: dict[int, Live]) -> float | None:
+    """lossbed's own training: its last progress report's. A script's: the tokens rank 0
+    reported so far over the longest time a rank has run (the summary's division); None
+    before the script reported any."""
+    if progress is not None:
+        return progress.tokens_per_s
+    rank0 = ranks.get(0)
+    train_s = max((r.train_s for r in ranks.values()), default=0.0)
+    if rank0 is None or not rank0.tokens or train_s <= 0:
+        return None
+    return rank0.tokens / train_s
 
 
 def push(url: str, run: RunCollector, job: str, echo) -> bool:

@@ -55,8 +55,25 @@ def add_options(parser: argparse.ArgumentParser, cls, names: tuple[str, ...] | N
         choices = _choices(hint)
         kind = None if choices else _PATH_TYPES.get(f.metadata["path"]) or _type(hint)
         parser.add_argument(flag_of(f), dest=f.name, default=default,
-                            type=kind, choices=choices,
+                            type=kind, choices=choices, action=_StoreGiven,
                             metavar=f.metadata["metavar"], help=help)
+
+
+class _StoreGiven(argparse.Action):
+    """Stores the value, and notes that the user gave it: a value equal to the default
+    cannot tell (given())."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, GIVEN, {*getattr(namespace, GIVEN, ()), self.dest})
+
+
+GIVEN = "options_given"
+
+
+def given(args: argparse.Namespace, name: str) -> bool:
+    """Whether the user gave the option `name` (one add_options made), whatever its value."""
+    return name in getattr(args, GIVEN, ())
 
 
 def values(cls, args: argparse.Namespace, names: tuple[str, ...] | None = None) -> dict:

@@ -279,7 +279,9 @@ class Live:
     """A script's rank, about every LIVE_EVERY_S while it trains, where metrics are served
     (RankEnv.live): its steps, its collective calls' times as counts at or below each of
     COLLECTIVE_BUCKETS_S (cumulative, as Prometheus' buckets) with their count and sum, and
-    its collectives' packets received and missing; all since it joined. Read by the
+    its collectives' packets received and missing; all since it joined. Its seconds since
+    it joined (`train_s`) and the tokens its script reported so far (lossbed.report(
+    tokens=N), None before any): tokens/s the way the summary divides them. Read by the
     controller as it comes (harness/live_metrics.py)."""
 
     rank: int
@@ -289,15 +291,19 @@ class Live:
     sum_s: float
     received: int
     missing: int
+    train_s: float = 0.0
+    tokens: float | None = None
 
     @classmethod
-    def of(cls, rank: int, steps: int, collective_us, counted: dict) -> Live:
+    def of(cls, rank: int, steps: int, collective_us, counted: dict, train_s: float = 0.0,
+           tokens: float | None = None) -> Live:
         """From a rank's collective times (a Histogram of µs) and its transport's counters
         since it joined."""
         return cls(rank=rank, step=steps, buckets=collective_us.counts_at_or_below(
                        [b * 1e6 for b in COLLECTIVE_BUCKETS_S]),
                    count=collective_us.total, sum_s=collective_us.sum() / 1e6,
-                   received=counted["packets_received"], missing=counted["missing"])
+                   received=counted["packets_received"], missing=counted["missing"],
+                   train_s=train_s, tokens=tokens)
 
     def line(self) -> str:
         return mark(LIVE_MARK, dataclasses.asdict(self))

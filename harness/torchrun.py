@@ -55,7 +55,7 @@ IMPAIR_FROM = ("joined", "start")
 JOB_ENV = rank_protocol.JOB  # the job's id, in every process of it (found by it at the end)
 GRACE_S = launch.FAILURE_GRACE_S  # the other hosts' time once one failed (--grace-s)
 GRACE_MEANS = launch.FAILURE_GRACE_MEANS
-STOP_GRACE_S = 20.0  # how long torchrun gets to stop its workers before it is killed
+STOP_GRACE_S = 20.0  # torchrun's time to stop its workers before it is killed (or --grace-s)
 # once a rank said what ended it (its error mark), every host is stopped this soon after
 SAID_GRACE_S = 2.0
 
@@ -286,7 +286,7 @@ def run(cluster: Cluster, spec: RunSpec, echo=print, checked: Checked | None = N
         echo("[run] interrupted: stopping the job and clearing the impairment")
         code = 130
     finally:
-        _stop(procs)
+        _stop(procs, min(STOP_GRACE_S, spec.grace_s))
         _kill_left_behind(cluster, job_id)
         for t in threads:
             t.join(5)
@@ -334,9 +334,9 @@ def not_a_result(spec: RunSpec, profile, applied: Impaired, code: int) -> str | 
     return covered.no_result(profile)
 
 
-def _stop(procs) -> None:
+def _stop(procs, grace_s: float) -> None:
     """Every torchrun still running: SIGTERM first (torchrun stops its workers, which live
-    in sessions of their own, then exits), SIGKILL to what is left after STOP_GRACE_S."""
+    in sessions of their own, then exits), SIGKILL to what is left after grace_s."""
     running = [p for p in procs if p.poll() is None]
     for p in running:
         if isinstance(p, subprocess.Popen):
@@ -344,7 +344,7 @@ def _stop(procs) -> None:
                 os.killpg(p.pid, signal.SIGTERM)
         else:  # a remote host's guard: it stops its process group itself
             launch._kill(p)
-    deadline = time.monotonic() + STOP_GRACE_S
+    deadline = time.monotonic() + grace_s
     while any(p.poll() is None for p in running) and time.monotonic() < deadline:
         time.sleep(0.1)
     for p in running:

@@ -44,9 +44,9 @@ NEEDS = {
     # a real Slurm on namespace hosts (tests/slurm_cluster.py): the controller, a node
     # daemon, the client commands and munge, Debian's (their daemons do not start on install)
     "slurm": ["slurmctld", "slurmd", "slurm-client", "munge"],
-    # a real Prometheus that scrapes lossbed in the tests (tests/prometheus_server.py), and
-    # promtool, which checks what lossbed serves
-    "prometheus": ["prometheus"],
+    # a real Prometheus that scrapes lossbed in the tests (tests/prometheus_server.py),
+    # promtool, which checks what lossbed serves, and the Pushgateway a bench pushes to
+    "prometheus": ["prometheus", "prometheus-pushgateway"],
 }
 # make targets: what each needs (make test runs every test that runs today, so all of it)
 TARGETS = {"bench": ["build", "netns"],

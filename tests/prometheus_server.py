@@ -95,3 +95,54 @@ def prometheus_scraping(targets: list[str], folder: Path):
             proc.kill()
             proc.wait()
         log.close()
+
+
+PUSHGATEWAY = "prometheus-pushgateway"  # (Debian's name for it)
+
+
+def pushgateway_available() -> str | None:
+    return (None if shutil.which(PUSHGATEWAY) else
+            f"needs {PUSHGATEWAY} (make setup installs it)")
+
+
+@contextlib.contextmanager
+def pushgateway(folder: Path, netns: str | None = None):
+    """Prometheus' Pushgateway on 127.0.0.1 (of the network namespace `netns`, where given:
+    where the pushing command runs), yielding its URL and a reader of what it holds
+    (its /metrics, read from inside that namespace too)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    inside = ["ip", "netns", "exec", netns] if netns else []
+    port = free_port()  # (free here; a fresh namespace has nothing on its ports either)
+    url = f"http://127.0.0.1:{port}"
+    log = open(folder / "pushgateway.log", "wb")  # noqa: SIM115 (the server's, closed below)
+    proc = subprocess.Popen([*inside, PUSHGATEWAY, f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def held() -> str:
+        read = subprocess.run(
+            [*inside, "python3", "-c", "import sys, urllib.request; sys.stdout.write("
+             f"urllib.request.urlopen('{url}/metrics', timeout=5).read().decode())"],
+            capture_output=True, text=True, timeout=30)
+        if read.returncode != 0:
+            raise OSError(read.stderr.strip())
+        return read.stdout
+
+    try:
+        deadline = time.monotonic() + READY_S
+        while True:
+            try:
+                held()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, \
+                    (folder / "pushgateway.log").read_text()[-3000:]
+                time.sleep(0.2)
+        yield url, held
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -22,11 +22,13 @@ if TYPE_CHECKING:  # (the contract, for annotations: no import at run time)
 
 
 
-def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
+def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print, metrics=None) -> dict:
     """All runs in one launch of the ranks (one start-up): the profile changes between runs
     where the loss does, and each run's loss is measured around that run alone. The spec
     was checked as it was made, and is read, never changed: in the finetune regime the
-    seeds' checkpoints are trained (or found) here and handed to its runs."""
+    seeds' checkpoints are trained (or found) here and handed to its runs. metrics: the
+    command's endpoint (harness/live_metrics.Served), fed the runs as they go and the
+    verdicts once answered; or None."""
     out.mkdir(parents=True, exist_ok=True)
     settings, regime = spec.to_dict(), spec.regime_text  # (as the summary writes them)
     start_ppl, folders = None, None
@@ -61,7 +63,7 @@ def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
         records = run.train_runs(cluster, [c.train_run() for c in cases], out / "runs",
                                  echo=lambda line: None, on_progress=progress,
                                  min_coverage=spec.min_coverage,
-                                 timeout_s=spec.timeout_s)
+                                 timeout_s=spec.timeout_s, metrics=metrics)
     except TimedOut as err:  # what was asked, and that it timed out, beside the question
         (out / "timed_out.json").write_text(json.dumps(
             {"timed_out": True, "timeout_s": spec.timeout_s, "runs": total,
@@ -80,6 +82,8 @@ def run_bench(cluster: Cluster, spec: BenchSpec, out: Path, echo=print) -> dict:
                         wall_s=wall_s, regime=regime, band_pct=spec.band_pct,
                         start_ppl=start_ppl)
     summary["question"] = asked
+    if metrics is not None:  # served until the command ends (after that: --metrics-push)
+        metrics.run.take_verdicts(summary["rows"])
     report.write_outputs(out, records, summary)
     if summary["checks"]["reliable_exact_under_loss"] is False:
         raise LossbedError("reliable training under loss did not produce the lossless model: "

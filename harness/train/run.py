@@ -246,7 +246,7 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
               else contextlib.nullcontext())
     # files only where this controller reads them (harness.train.worker.WRITES_FILES)
     told = {**launch.rank_settings(plans[runs[0].network][0].profile),
-            "work_local": cluster.shares_this_machine}
+            "work_local": cluster.shares_this_machine, "live": metrics is not None}
     # One key per launch: unless every run's profile says the network is isolated
     authenticate = not all(p.profile.isolated for p, _ in plans.values())
     try:
@@ -259,6 +259,7 @@ def train_runs(cluster: Cluster, runs: list[Run], out_dir: Path | None = None,
                                      echo, on_progress,
                                      metrics.run.take_progress if metrics else None),
                                  told=told, answer_rank0=boundaries.answer,
+                                 live=metrics.run.take_live if metrics else None,
                                  authenticate=authenticate,
                                  failure_grace_s=failure_grace_s)
     finally:

@@ -42,7 +42,8 @@ def wrap(cfg: TrainConfig, model, r):
     job = api.Job.attach(transport, r.store, rank=r.rank, world=r.world,
                          collective_options=dict(align_every=cfg.align_every,
                                                  wait_for_all=cfg.wait_for_all,
-                                                 lossy_stage=cfg.lossy_stage))
+                                                 lossy_stage=cfg.lossy_stage),
+                         live=RankEnv.from_env().live)
     if cfg.optimizer == "sgd":
         optimizer_class, options = torch.optim.SGD, dict(lr=cfg.lr, momentum=0.9)
     else:

@@ -7,6 +7,7 @@ counting, two outlets.
     lossbed_impairment_packets_total            packets the impairment point saw  } per host,
     lossbed_impairment_dropped_packets_total    packets it dropped                } path and
     lossbed_impairment_seen_bytes_total         IP bytes of the packets it sized  } direction
+    lossbed_impairment_dropped_bytes_total      IP bytes of those it dropped
     lossbed_impairment_configured_loss_ratio    the profile's loss on the path (its stationary
                                                 rate)
     lossbed_impairment_measured_loss_ratio      dropped / seen, since the profile was applied
@@ -110,6 +111,9 @@ class ImpairmentCollector:
         dropped = CounterMetricFamily("lossbed_impairment_dropped_packets",
                                       "packets the impairment dropped on the path",
                                       labels=LABELS)
+        dropped_size = CounterMetricFamily("lossbed_impairment_dropped_bytes",
+                                           "IP bytes of the packets the impairment dropped "
+                                           "on the path", labels=LABELS)
         size = CounterMetricFamily("lossbed_impairment_seen_bytes",
                                    "IP bytes of the packets the impairment point sized (nft, "
                                    "bpf: every packet seen; netem: those it sent on)",
@@ -126,11 +130,13 @@ class ImpairmentCollector:
             labels = [path.host, path.path, path.direction]
             seen.add_metric(labels, path.seen_packets)
             dropped.add_metric(labels, path.dropped_packets)
+            if path.dropped_bytes is not None:
+                dropped_size.add_metric(labels, path.dropped_bytes)
             size.add_metric(labels, counted.sized_bytes)
             target.add_metric(labels, path.target_loss)
             if path.measured_loss is not None:
                 measured.add_metric(labels, path.measured_loss)
-        return [seen, dropped, size, target, measured]
+        return [seen, dropped, size, dropped_size, target, measured]
 
     def _coverage(self, reading: verify.Reading) -> list:
         share = GaugeMetricFamily("lossbed_impairment_coverage_ratio",

@@ -16,6 +16,7 @@ Every slot (one per path) is one element of an array map:
     u64 bursts, run, max_burst                         runs of consecutive drops
     u64 max_bad_ns     GE: a Bad state older than this is left (0: no time limit)
     u64 bad_since_ns   GE: when the Bad state was entered (bpf_ktime_get_ns)
+    u64 dropped_bytes  (atomic add; last: a field added keeps the others' offsets)
 
 The Gilbert-Elliott step mirrors netem's loss_gilb_ell(): in the current state, first draw
 the transition, then draw the loss with the probability of the state the packet arrived in.
@@ -48,7 +49,7 @@ from testbed.profiles.model import Bernoulli, GilbertElliott, Match
 
 FIELDS = ("model", "thr_loss", "thr_p", "thr_r", "thr_bad", "thr_good", "rng", "ge_state",
           "seen_packets", "seen_bytes", "dropped_packets", "bursts", "run", "max_burst",
-          "max_bad_ns", "bad_since_ns")
+          "max_bad_ns", "bad_since_ns", "dropped_bytes")
 OFF = {name: 8 * i for i, name in enumerate(FIELDS)}
 VALUE_SIZE = 8 * len(FIELDS)
 MODEL_CLEAN, MODEL_BERNOULLI, MODEL_GE = 0, 1, 2
@@ -236,6 +237,8 @@ def build(direction: str, match: Match, slots: list[tuple[int, str]], map_fd: in
     a.label("drop")
     a.mov(R1, 1)
     a.atomic_add64(R6, OFF["dropped_packets"], R1)
+    a.load(8, R1, FP, _LEN)
+    a.atomic_add64(R6, OFF["dropped_bytes"], R1)
     a.load(8, R1, R6, OFF["run"])
     a.jump_if(R1, "!=", 0, "drop_run")
     a.mov(R2, 1)

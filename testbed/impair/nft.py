@@ -171,12 +171,14 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
     for rule in plan.rules:
         tag = _tag(rule)
         seen_packets, seen_bytes = values.get(f"seen_{tag}", (0, 0))
+        dropped_packets, dropped_bytes = values.get(f"drop_{tag}", (0, 0))
         if rule.direction == "egress":
             # The egress hook sees the Ethernet header too; ingress sees the IP packet.
             seen_bytes -= ETH_HEADER_BYTES * seen_packets
+            dropped_bytes -= ETH_HEADER_BYTES * dropped_packets
         out.append(LinkCounters(
             host=plan.host, direction=rule.direction, peer=rule.peer, path=rule.path(plan.host),
-            seen_packets=seen_packets, dropped_packets=values.get(f"drop_{tag}", (0, 0))[0],
-            sized_bytes=seen_bytes, sized_packets=seen_packets,
+            seen_packets=seen_packets, dropped_packets=dropped_packets,
+            sized_bytes=seen_bytes, sized_packets=seen_packets, dropped_bytes=dropped_bytes,
         ))
     return out

@@ -42,6 +42,7 @@ class PathReport:
     mean_packet_bytes: float | None
     superpackets: bool
     bursts: int | None = None
+    dropped_bytes: int | None = None  # IP-level
     mean_burst: float | None = None
     target_mean_burst: float | None = None
     max_burst: int | None = None
@@ -95,6 +96,7 @@ def _path_report(counters, rule, mtu: int) -> PathReport:
         mean_packet_bytes=counters.mean_packet_bytes,
         superpackets=bool(counters.mean_packet_bytes and counters.mean_packet_bytes > mtu),
         bursts=counters.bursts, max_burst=counters.max_burst,
+        dropped_bytes=counters.dropped_bytes,
         mean_burst=k / counters.bursts if counters.bursts else None,
         target_mean_burst=loss.mean_burst_length() if loss else None,
     )

@@ -10,11 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import replace
 
 import pytest
 import torch
 
+from harness.live_metrics import Served
 from harness.train import run
 from harness.train.config import TrainConfig
 from testbed import clusters
@@ -150,7 +152,24 @@ def test_each_run_of_a_launch_measures_its_own_loss_and_socket_drops(cluster, tm
     cfg = TrainConfig(steps=STEPS, batch=8, seq_len=64, log_every=100, variant="unbiased")
     runs = [run.Run(cfg, "random-loss", ("loss_pct=5",)),
             run.Run(cfg, "random-loss", ("loss_pct=30",)), run.Run(cfg, "clean")]
-    low, high, clean = run.train_runs(cluster, runs, tmp_path, echo=lambda _: None)
+    # with metrics served (--metrics-port): every rank's live marks reach the endpoint
+    served = Served.start(cluster, 0, "127.0.0.1", "train-x", 0.9, echo=lambda _: None)
+    marks = []
+    taken = served.run.take_live
+    served.run.take_live = lambda said: (marks.append(said), taken(said))
+    try:
+        low, high, clean = run.train_runs(cluster, runs, tmp_path, echo=lambda _: None,
+                                          metrics=served)
+        with urllib.request.urlopen(served.endpoint.url, timeout=10) as reply:
+            text = reply.read().decode()
+    finally:
+        served.stop()
+    assert {m.rank for m in marks} == {0, 1, 2, 3}
+    # the collectives' times and their missing packets, live (the runs under loss missed
+    # some), and what the endpoint serves of them
+    assert max(m.count for m in marks) > 0 and max(m.missing for m in marks) > 0
+    assert 'lossbed_run_collective_seconds_count{job="train-x"}' in text
+    assert 'lossbed_run_missing_ratio{job="train-x"}' in text
     for rec, target in ((low, 0.05), (high, 0.30)):
         seen = rec["measured_packets"]
         dropped = round(rec["measured_loss"] * seen)

@@ -86,9 +86,10 @@ def test_the_plain_pytorch_example_goes_lossy_under_lossbed_run(cluster, tmp_pat
     assert summary["drift"] is None  # the gradient hook keeps every replica equal
     # every field of a run that moved data is filled in, but those that say nothing went
     # wrong or was asked (#66: a declared field stuck at its default is caught here)
-    # (tokens_per_s: this script reports no tokens to lossbed.report)
     assert sorted(k for k, v in summary.items() if v is None) == [
-        "drift", "invalid", "stopped_by", "timeout_s", "tokens_per_s"], summary
+        "drift", "invalid", "stopped_by", "timeout_s"], summary
+    # its tokens (32 samples a rank a step, reported as it goes) over the run's time
+    assert summary["script"]["tokens"] == 40 * 32 * 3 and summary["tokens_per_s"] > 0
     assert math.isfinite(summary["script"]["final_loss"])
     assert sorted(p.name for p in (tmp_path / "plain" / "ranks").iterdir()) == [
         "rank0.json", "rank1.json", "rank2.json"]
@@ -224,7 +225,8 @@ def test_an_interrupt_stops_the_job_and_clears_the_impairment(cluster, tmp_path)
     """SIGTERM, which lossbed takes the way it takes Ctrl-C (testbed.cli: the same
     KeyboardInterrupt; a SIGINT may be ignored by a process started in the background):
     the job stops, and even workers that ignore SIGTERM (torchrun's way to stop them) are
-    gone: torchrun is killed after its grace, and what it left is found by the job's id."""
+    gone: torchrun is killed after its grace (--grace-s), and what it left is found by the
+    job's id."""
     import signal
     import subprocess
     import sys
@@ -240,8 +242,8 @@ def test_an_interrupt_stops_the_job_and_clears_the_impairment(cluster, tmp_path)
         "runpy.run_path(sys.argv[0], run_name='__main__')\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness.cli", "run", "--cluster", cluster.name, "--profile",
-         "random-loss", "--loss", str(LOSS), "--out", str(tmp_path / "stopped"), "--",
-         "torchrun", str(stubborn)],
+         "random-loss", "--loss", str(LOSS), "--out", str(tmp_path / "stopped"),
+         "--grace-s", "3", "--", "torchrun", str(stubborn)],
         cwd=REPO, env={**os.environ, "PYTHONPATH": with_repo_on_path()},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -251,8 +253,12 @@ def test_an_interrupt_stops_the_job_and_clears_the_impairment(cluster, tmp_path)
     assert engine.read_record(cluster) is not None, "the profile was never applied"
     time.sleep(2)
     proc.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
     rest = proc.communicate(timeout=120)[1]
     assert proc.returncode == 130, rest[-2000:]
+    # torchrun got --grace-s to stop its workers (not the 20 s it gets by default), then was
+    # killed, and its stubborn workers with it
+    assert time.monotonic() - signalled < 15, rest[-2000:]
     assert "interrupted" in rest
     assert json.loads((tmp_path / "stopped" / "summary.json").read_text())["exit_code"] == 130
     assert_nothing_left(cluster)

@@ -76,9 +76,15 @@ def test_prometheus_sees_the_drop_ratio_and_coverage_the_run_reports(cluster, tm
         dropped = prometheus.value(
             f"sum(max_over_time(lossbed_impairment_dropped_packets_total{WINDOW}))")
         seen = prometheus.value(f"sum(max_over_time(lossbed_impairment_packets_total{WINDOW}))")
+        dropped_bytes = prometheus.value(
+            f"sum(max_over_time(lossbed_impairment_dropped_bytes_total{WINDOW}))")
+        seen_bytes = prometheus.value(
+            f"sum(max_over_time(lossbed_impairment_seen_bytes_total{WINDOW}))")
         covered = prometheus.value(f"last_over_time(lossbed_impairment_coverage_ratio{WINDOW})")
         missing = prometheus.value(f"last_over_time(lossbed_run_missing_ratio{WINDOW})")
         steps = prometheus.value(f"max_over_time(lossbed_run_step{WINDOW})")
+        tokens_per_s = prometheus.value(
+            f"max_over_time(lossbed_run_tokens_per_second{WINDOW})")
         calls = prometheus.value(
             f"max_over_time(lossbed_run_collective_seconds_count{WINDOW})")
         target = prometheus.value(
@@ -86,9 +92,14 @@ def test_prometheus_sees_the_drop_ratio_and_coverage_the_run_reports(cluster, tm
     # the drop ratio over the run, as Prometheus stored it, is verify's measured loss
     assert seen and abs(dropped / seen - summary["measured_loss"]) < 0.005, (
         dropped, seen, summary["measured_loss"])
+    # the bytes it dropped, as a share of those it saw: the same loss, counted in bytes
+    assert seen_bytes and abs(dropped_bytes / seen_bytes - dropped / seen) < 0.02, (
+        dropped_bytes, seen_bytes)
     assert abs(covered - summary["coverage"]["fraction"]) < 0.01, (covered, summary["coverage"])
     assert target == pytest.approx(LOSS)
     assert 0 < steps <= summary["steps"] and calls > 0
+    # the script reports its tokens as it goes: served live, as the summary divides them
+    assert 0 < tokens_per_s < 3 * summary["tokens_per_s"], (tokens_per_s, summary)
     assert abs(missing - summary["missing_fraction"]) < 0.03, (missing, summary)
     assert f"[metrics] on http://127.0.0.1:{port}/metrics" in err
 

@@ -19,6 +19,7 @@ from testbed import clusters
 from testbed.clusters import netns as netns_cluster
 from testbed.host.hosts import is_running, processes_in_namespaces
 from testbed.impair import traffic
+from tests import prometheus_server
 from tests.helpers import REPO, lossbed, unique_name, with_repo_on_path
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -172,6 +173,8 @@ def test_unreachable_host_or_rejected_key_applies_nothing_anywhere(cluster, inve
     assert impaired(cluster) == {}
 
 
+@pytest.mark.skipif(prometheus_server.pushgateway_available() is not None,
+                    reason=str(prometheus_server.pushgateway_available()))
 def test_the_nightly_workflow_commands_run_with_a_tiny_matrix(cluster, inventory, tmp_path):
     """The nightly workflow's bench step (random loss; the burst step is the same command),
     its compare step and its clear step, each its own script, run from the controller
@@ -209,14 +212,30 @@ def test_the_nightly_workflow_commands_run_with_a_tiny_matrix(cluster, inventory
     burst_step = steps["Bench under burst loss (1%, 5%, 10%)"]
     assert burst_step == random_step.replace("random-loss", "burst-loss").replace(
         "--loss 0 0.01", "--loss 0.01")
-    bench = step(random_step)
-    assert bench.returncode == 0, bench.stderr[-3000:]
+    # the bench pushes its verdicts where the cluster has a Pushgateway (the workflow's
+    # $PUSH): a real one here, in the controller's namespace, where the step runs
+    with prometheus_server.pushgateway(tmp_path / "pushgateway",
+                                       f"lossbed-{cluster.name}-ctl") as (gateway, held):
+        env["PUSH"] = f"--metrics-push {gateway}"
+        bench = step(random_step)
+        assert bench.returncode == 0, bench.stderr[-3000:]
+        pushed = held()
     summary = tmp_path / "results" / "random-loss" / "summary.json"
     (tmp_path / "results" / "burst-loss").mkdir()
     (tmp_path / "results" / "burst-loss" / "summary.json").write_text(summary.read_text())
     rows = {"random-loss": json.loads(summary.read_text())["rows"]}
     pairs = {(r["variant"], r["loss"]) for r in rows["random-loss"]}
     assert {("reliable", 0.0), ("unbiased", 0.1)} <= pairs, pairs
+    # every verdict of the summary is what the Pushgateway holds for Prometheus, labelled by
+    # variant and loss
+    for row in rows["random-loss"]:
+        said = ("withheld" if row["verdict_withheld"] else row["verdict"]) or "none"
+        held_rows = [line for line in pushed.splitlines()
+                     if line.startswith("lossbed_bench_verdict{")
+                     and f'variant="{row["variant"]}"' in line
+                     and f'loss="{row["loss"]:g}"' in line]
+        assert len(held_rows) == 1 and f'verdict="{said}"' in held_rows[0] \
+            and held_rows[0].endswith(" 1"), (row, pushed)
     # The compare step: the first night stores the baseline, the next compares with it.
     compare = steps["Compare with the stored baseline"]
     first = step(compare)

@@ -108,3 +108,13 @@ def test_the_benchs_own_options_are_its_specs_fields_written_nowhere_else():
     args = _subparser("bench").parse_args(["--hosts", "3", "--no-stability", "--mtu", "9000"])
     made = BenchSpec(**options.values(BenchSpec, args, BENCH_OPTIONS))
     assert (made.hosts, made.stability, made.mtu) == (3, False, 9000)
+
+
+def test_an_option_given_at_its_default_is_told_from_one_not_given():
+    """A given cluster's bench refuses a --hosts other than its own, so it must know
+    whether --hosts was given at all: `--hosts 4` is, the default 4 is not."""
+    bench = _subparser("bench")
+    asked, left = bench.parse_args(["--hosts", "4"]), bench.parse_args([])
+    assert asked.hosts == left.hosts == 4
+    assert options.given(asked, "hosts") and not options.given(left, "hosts")
+    assert not options.given(asked, "seeds")

@@ -94,6 +94,27 @@ def test_slurm_and_another_cluster_are_refused_together_and_slurm_is_found_in_a_
     assert "SLURM_JOB_NODELIST: job 7 names no nodes" in done.stderr
 
 
+def test_a_bench_asking_for_more_hosts_than_its_allocation_is_refused_and_none_takes_all():
+    import argparse
+    from types import SimpleNamespace
+
+    from harness.cli import bench_hosts
+
+    two = SimpleNamespace(name="slurm-42", hosts=[object(), object()])
+    in_job = argparse.Namespace(slurm=True, cluster=None, inventory=None)
+    with pytest.raises(UsageError) as err:
+        bench_hosts(4, two, in_job)
+    assert err.value.field == "--hosts" and str(err.value).startswith(
+        "--hosts: 4 hosts asked, but the Slurm allocation has 2"), str(err.value)
+    assert "Leave --hosts out (the bench runs on all 2), or allocate 4 nodes" in str(err.value)
+    # not asked, or asked as many: the allocation's; a bench of its own: --hosts or 4
+    assert bench_hosts(None, two, in_job) == bench_hosts(2, two, in_job) == 2
+    assert bench_hosts(None, None, in_job) == 4 and bench_hosts(3, None, in_job) == 3
+    named = argparse.Namespace(slurm=False, cluster="c1", inventory=None)
+    with pytest.raises(UsageError, match="3 hosts asked, but cluster slurm-42 has 2"):
+        bench_hosts(3, two, named)
+
+
 # ---- the admin's configuration and policy ---------------------------------------------------
 
 def config(**changes) -> policy.AgentConfig:
