@@ -32,6 +32,7 @@ MODULE_FIX = {
                  "(lossbed up --kind vm) for netem-only impairments (delay, rate, reorder)",
     "ifb": "modprobe ifb (ingress impairment with netem)",
     "act_mirred": "modprobe act_mirred (ingress impairment with netem)",
+    "act_gact": "modprobe act_gact (netem's dropped bytes; without it only its packets)",
     "cls_bpf": "modprobe cls_bpf (the bpf backend)",
     "nf_tables": "modprobe nf_tables (the nft backend)",
     "sch_htb": "modprobe sch_htb (rate limits)",

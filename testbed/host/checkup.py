@@ -23,7 +23,8 @@ from testbed.impair import coverage
 COMMANDS = ("ip", "tc", "nft", "ethtool")
 # kernel modules by the feature they give; a feature is there when its module is built in,
 # loaded, or installed for the running kernel
-MODULES = ("sch_netem", "ifb", "act_mirred", "cls_bpf", "nf_tables", "sch_htb", "rdma_rxe")
+MODULES = ("sch_netem", "ifb", "act_mirred", "act_gact", "cls_bpf", "nf_tables", "sch_htb",
+           "rdma_rxe")
 CAP_NET_ADMIN = 12
 
 

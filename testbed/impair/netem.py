@@ -17,6 +17,7 @@ pyroute2's own encoders, with only the keywords those encoders implement.
 
 from __future__ import annotations
 
+import errno
 import logging
 from dataclasses import dataclass, field
 
@@ -173,9 +174,23 @@ def _tree(ipr, plan: HostPlan, device: Device, dev_index: int) -> None:
         ipr.tc("add-class", "htb", dev_index, class_id(slot), parent=ROOT,
                rate=CLASS_RATE_BYTES_S, ceil=CLASS_RATE_BYTES_S)
         netem_nla.create(ipr, msg)
+    counted = True
     for f in filters(plan, device):
-        ipr.tc("add-filter", "u32", dev_index, parent=ROOT, prio=f["prio"], protocol=ETH_P_IP,
-               target=f["target"], keys=f["keys"])
+        # A path's filters pass its packets on with an action that does nothing else: its
+        # counters are the bytes the path saw, netem's those it sent (and holds), the rest
+        # it dropped: netem counts its drops in packets alone
+        action = {"action": "ok"} if counted and f["target"] != EXEMPT_CLASS else {}
+        try:
+            ipr.tc("add-filter", "u32", dev_index, parent=ROOT, prio=f["prio"],
+                   protocol=ETH_P_IP, target=f["target"], keys=f["keys"], **action)
+        except NetlinkError as err:
+            if not action or err.code not in (errno.ENOENT, errno.EOPNOTSUPP):
+                raise
+            # a kernel without act_gact: the path's drops in packets only (doctor says so)
+            log.info("%s: no act_gact, netem's dropped bytes are not counted", plan.host)
+            counted = False
+            ipr.tc("add-filter", "u32", dev_index, parent=ROOT, prio=f["prio"],
+                   protocol=ETH_P_IP, target=f["target"], keys=f["keys"])
 
 
 def _remove(ipr, ifname: str) -> bool:
@@ -223,13 +238,15 @@ def read_exempt(host, plan: HostPlan, handles: dict) -> list[ExemptCounters]:
 
 
 def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
-    """netem's own counters: a path's leaf saw sent + dropped packets, dropped what it lost."""
+    """netem's own counters: a path's leaf saw sent + dropped packets, dropped what it lost;
+    the bytes it dropped are those its filters passed on less those it sent and holds."""
     out = []
     with host.netlink() as ipr:
         for device in devices(plan):
             index = ipr.link_lookup(ifname=_device_name(plan, device))[0]
             leaves = {q["handle"]: q for q in ipr.get_qdiscs(index=index)
                       if q.get_attr("TCA_KIND") == "netem"}
+            classified = _bytes_classified(ipr, index)
             for slot, rule in enumerate(device.rules):
                 q = leaves.get(leaf_handle(slot))
                 stats = q.get_attr("TCA_STATS2") if q is not None else None
@@ -239,12 +256,35 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
                 sent_b = basic["bytes"] if basic else 0
                 dropped = queue["drops"] if queue else 0
                 backlog = queue["qlen"] if queue else 0
+                # (all as Ethernet frames, the IFB and the NIC alike: the IP size is 14
+                # bytes less a packet)
+                to_path = classified.get(class_id(slot))
+                dropped_b = (None if to_path is None else
+                             to_path - sent_b - (queue["backlog"] if queue else 0)
+                             - ETH_HEADER_BYTES * dropped)
                 out.append(LinkCounters(
                     host=plan.host, direction=rule.direction, peer=rule.peer,
                     path=rule.path(plan.host), seen_packets=sent_p + dropped + backlog,
                     dropped_packets=dropped,
-                    # netem counts bytes of the packets it sent, as Ethernet frames (the IFB
-                    # and the NIC alike): take the 14-byte header off for the IP size.
                     sized_bytes=sent_b - ETH_HEADER_BYTES * sent_p, sized_packets=sent_p,
+                    dropped_bytes=dropped_b,
                 ))
     return out
+
+
+def _bytes_classified(ipr, index: int) -> dict[int, int]:
+    """The bytes each path's filters passed to its class (their actions' counters), by
+    class; a class whose filters count nothing (a tree from before they did) is absent."""
+    total: dict[int, int] = {}
+    for f in ipr.get_filters(index=index, parent=ROOT):
+        options = f.get_attr("TCA_OPTIONS")
+        target = options.get_attr("TCA_U32_CLASSID") if options is not None else None
+        actions = options.get_attr("TCA_U32_ACT") if options is not None else None
+        if target is None or actions is None:
+            continue
+        for action in actions.get("attrs", []):
+            stats = action[1].get_attr("TCA_ACT_STATS")
+            basic = stats.get_attr("TCA_STATS_BASIC") if stats is not None else None
+            if basic is not None:
+                total[target] = total.get(target, 0) + basic["bytes"]
+    return total

@@ -18,7 +18,7 @@ from testbed import profiles
 from testbed.clusters import netns as netns_cluster
 from testbed.clusters import state
 from testbed.host.hosts import processes_in_namespaces
-from testbed.impair import engine, traffic
+from testbed.impair import engine, traffic, verify
 from tests.helpers import (
     NOTHING,
     REPO,
@@ -227,8 +227,13 @@ def test_same_random_profile_gives_the_same_loss_on_namespaces_and_on_vms(vms, m
     apply(vms, "random-loss", ["loss_pct=10"])
     try:
         vm = send_between_vms(vms, DATAGRAMS)
+        path = next(p for p in verify.verify(vms).paths if p.path == "h2->h1")
     finally:
         engine.clear(vms)
+    # netem counts its drops in packets; the bytes it dropped, from its filters' counters,
+    # are those packets' bytes (each datagram: 1000 B of payload, 1028 B of IP)
+    assert path.dropped_packets > 0 and path.dropped_bytes == 1028 * path.dropped_packets, (
+        path, vm)
     local = make_cluster(hosts=2)
     apply(local, "random-loss", ["loss_pct=10"])
     try:

@@ -124,7 +124,7 @@ def test_provision_converges_over_ssh_then_changes_nothing(vms, inventory):
         assert re.search(r"(?m)^sch_netem ", loaded) and re.search(r"(?m)^ifb ", loaded)
         assert int(guest(vms, h.name, "cat", "/proc/sys/net/core/rmem_max")) == 67108864
         assert guest(vms, h.name, "cat", "/etc/modules-load.d/lossbed.conf").splitlines() == [
-            "sch_netem", "ifb", "act_mirred", "cls_u32", "sch_htb"]
+            "sch_netem", "ifb", "act_mirred", "act_gact", "cls_u32", "sch_htb"]
         assert guest(vms, h.name, "cat", "/etc/sysctl.d/90-lossbed.conf") == (
             "net.core.rmem_max = 67108864\nnet.core.wmem_max = 67108864\n")
         # what needs vendor tools or hardware is skipped with the reason, not faked

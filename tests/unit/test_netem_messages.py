@@ -254,3 +254,35 @@ def test_encoding_survives_pyroute2_using_its_own_tcmsg_first():
     assert qopt[0] > 0                                      # latency in ticks
     assert struct.unpack("=q", attrs["LATENCY64"][1]) == (40_000_000,)
     assert struct.unpack("=Q", attrs["PRNG_SEED"][1]) == (3,)
+
+
+class _RecordingNetlink:
+    """What _tree asks of netlink, recorded; a filter with an action refused as a kernel
+    without act_gact refuses it (ENOENT), where `gact` is False."""
+
+    def __init__(self, gact: bool):
+        self.gact, self.filters = gact, []
+
+    def tc(self, command, kind=None, index=None, handle=None, **kwargs):
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        if command == "add-filter":
+            if "action" in kwargs and not self.gact:
+                raise NetlinkError(2, "No such file or directory")
+            self.filters.append(kwargs)
+
+
+@pytest.mark.parametrize("gact", [True, False])
+def test_a_paths_filters_count_its_bytes_and_without_act_gact_still_steer_it(gact,
+                                                                            monkeypatch):
+    monkeypatch.setattr(netem_nla, "create", lambda ipr, msg: None)
+    hp = plan.build(profiles.load("random-loss"), HOSTS, "netem").hosts[0]
+    dev = netem.devices(hp)[0]
+    ipr = _RecordingNetlink(gact)
+    netem._tree(ipr, hp, dev, 7)
+    paths = [f for f in ipr.filters if f["target"] != netem.EXEMPT_CLASS]
+    exempt = [f for f in ipr.filters if f["target"] == netem.EXEMPT_CLASS]
+    assert len(ipr.filters) == len(netem.filters(hp, dev)) and paths and exempt
+    # each path's filters: an action that only passes the packet on, and counts it
+    assert all(f.get("action") == ("ok" if gact else None) for f in paths)
+    assert all("action" not in f for f in exempt)  # (its class counts it already)

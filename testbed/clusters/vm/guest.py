@@ -34,8 +34,8 @@ import time
 PORT_NAME = "lossbed.0"
 CONFIG = "/sys/firmware/qemu_fw_cfg/by_name/opt/lossbed/config/raw"
 MERGING_FEATURE = re.compile(r"(-segmentation$|^tx-gso-|^rx-gro|^rx-lro$|^rx-udp-gro-forwarding$)")
-BASE_MODULES = ("virtio_net", "virtio_console", "sch_netem", "ifb", "act_mirred", "cls_u32",
-                "sch_htb", "sch_ingress", "cls_bpf", "nf_tables")
+BASE_MODULES = ("virtio_net", "virtio_console", "sch_netem", "ifb", "act_mirred", "act_gact",
+                "cls_u32", "sch_htb", "sch_ingress", "cls_bpf", "nf_tables")
 
 
 def log(message: str) -> None:
