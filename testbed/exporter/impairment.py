@@ -6,7 +6,7 @@ counting, two outlets.
     lossbed_impairment_profile_info             the profile, its backend, direction, cluster
     lossbed_impairment_packets_total            packets the impairment point saw  } per host,
     lossbed_impairment_dropped_packets_total    packets it dropped                } path and
-    lossbed_impairment_seen_bytes_total         IP bytes of the packets it sized  } direction
+    lossbed_impairment_seen_bytes_total         IP bytes of the packets it saw    } direction
     lossbed_impairment_dropped_bytes_total      IP bytes of those it dropped
     lossbed_impairment_configured_loss_ratio    the profile's loss on the path (its stationary
                                                 rate)
@@ -115,8 +115,8 @@ class ImpairmentCollector:
                                            "IP bytes of the packets the impairment dropped "
                                            "on the path", labels=LABELS)
         size = CounterMetricFamily("lossbed_impairment_seen_bytes",
-                                   "IP bytes of the packets the impairment point sized (nft, "
-                                   "bpf: every packet seen; netem: those it sent on)",
+                                   "IP bytes of the packets the impairment point saw on the "
+                                   "path",
                                    labels=LABELS)
         target = GaugeMetricFamily("lossbed_impairment_configured_loss_ratio",
                                    "the profile's loss rate on the path (stationary)",
@@ -132,7 +132,8 @@ class ImpairmentCollector:
             dropped.add_metric(labels, path.dropped_packets)
             if path.dropped_bytes is not None:
                 dropped_size.add_metric(labels, path.dropped_bytes)
-            size.add_metric(labels, counted.sized_bytes)
+            if counted.seen_bytes is not None:
+                size.add_metric(labels, counted.seen_bytes)
             target.add_metric(labels, path.target_loss)
             if path.measured_loss is not None:
                 measured.add_metric(labels, path.measured_loss)

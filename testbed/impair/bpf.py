@@ -183,7 +183,8 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
                          path=rule.path(plan.host), seen_packets=v["seen_packets"],
                          dropped_packets=v["dropped_packets"],
                          sized_bytes=v["seen_bytes"], sized_packets=v["seen_packets"],
-                         dropped_bytes=v["dropped_bytes"], bursts=v["bursts"],
+                         seen_bytes=v["seen_bytes"], dropped_bytes=v["dropped_bytes"],
+                         bursts=v["bursts"],
                          max_burst=v["max_burst"])
             for rule, v in zip(plan.rules, values, strict=True)]
 

@@ -20,8 +20,10 @@ class LinkCounters:
     # and bpf: every packet seen; netem: the packets it sent on): the super-packet detector
     sized_bytes: int = 0
     sized_packets: int = 0
-    # IP-level bytes of the dropped packets (netem counts its drops in packets: its path's
-    # filters count the bytes it was given; None for a tree from before they did)
+    # IP-level bytes of every packet seen, and of the dropped ones (netem sizes only what it
+    # sent and counts its drops in packets: its path's filters count the bytes it was
+    # given; None for a tree from before they did, or a kernel without act_gact)
+    seen_bytes: int | None = None
     dropped_bytes: int | None = None
     bursts: int | None = None      # runs of consecutive drops (bpf backend only)
     max_burst: int | None = None   # the longest run since the plan was applied (not windowed)
@@ -39,15 +41,18 @@ class LinkCounters:
             dropped_packets=self.dropped_packets - earlier.dropped_packets,
             sized_bytes=self.sized_bytes - earlier.sized_bytes,
             sized_packets=self.sized_packets - earlier.sized_packets,
-            dropped_bytes=(self.dropped_bytes - earlier.dropped_bytes
-                           if self.dropped_bytes is not None
-                           and earlier.dropped_bytes is not None else None),
+            seen_bytes=_less(self.seen_bytes, earlier.seen_bytes),
+            dropped_bytes=_less(self.dropped_bytes, earlier.dropped_bytes),
             bursts=(self.bursts - earlier.bursts if self.bursts is not None
                     and earlier.bursts is not None else None),
             max_burst=self.max_burst)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _less(now: int | None, earlier: int | None) -> int | None:
+    return now - earlier if now is not None and earlier is not None else None
 
 
 @dataclass

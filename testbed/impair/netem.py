@@ -267,6 +267,8 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
                     path=rule.path(plan.host), seen_packets=sent_p + dropped + backlog,
                     dropped_packets=dropped,
                     sized_bytes=sent_b - ETH_HEADER_BYTES * sent_p, sized_packets=sent_p,
+                    seen_bytes=(None if to_path is None else
+                                to_path - ETH_HEADER_BYTES * (sent_p + dropped + backlog)),
                     dropped_bytes=dropped_b,
                 ))
     return out

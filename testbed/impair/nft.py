@@ -179,6 +179,7 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
         out.append(LinkCounters(
             host=plan.host, direction=rule.direction, peer=rule.peer, path=rule.path(plan.host),
             seen_packets=seen_packets, dropped_packets=dropped_packets,
-            sized_bytes=seen_bytes, sized_packets=seen_packets, dropped_bytes=dropped_bytes,
+            sized_bytes=seen_bytes, sized_packets=seen_packets, seen_bytes=seen_bytes,
+            dropped_bytes=dropped_bytes,
         ))
     return out

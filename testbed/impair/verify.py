@@ -42,6 +42,7 @@ class PathReport:
     mean_packet_bytes: float | None
     superpackets: bool
     bursts: int | None = None
+    seen_bytes: int | None = None     # IP-level
     dropped_bytes: int | None = None  # IP-level
     mean_burst: float | None = None
     target_mean_burst: float | None = None
@@ -96,7 +97,7 @@ def _path_report(counters, rule, mtu: int) -> PathReport:
         mean_packet_bytes=counters.mean_packet_bytes,
         superpackets=bool(counters.mean_packet_bytes and counters.mean_packet_bytes > mtu),
         bursts=counters.bursts, max_burst=counters.max_burst,
-        dropped_bytes=counters.dropped_bytes,
+        seen_bytes=counters.seen_bytes, dropped_bytes=counters.dropped_bytes,
         mean_burst=k / counters.bursts if counters.bursts else None,
         target_mean_burst=loss.mean_burst_length() if loss else None,
     )

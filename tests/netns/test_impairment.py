@@ -54,6 +54,7 @@ def test_bernoulli_loss_matches_the_target_and_the_receivers(four_hosts, backend
         assert by_path[path].mean_packet_bytes <= four_hosts.mtu  # wire packets, no GSO
         # and the bytes it dropped: every datagram is 1000 B of payload, 1028 B of IP
         assert by_path[path].dropped_bytes == count.lost * 1028, path
+        assert by_path[path].seen_bytes == count.sent * 1028, path
     # Binomial 4-sigma bound on the total: a correct impairment fails this with odds of
     # about 6e-5 per case (6 cases here: ~4e-4 for the whole test).
     n, k, p = result.sent, result.lost, loss_pct / 100

@@ -234,6 +234,8 @@ def test_same_random_profile_gives_the_same_loss_on_namespaces_and_on_vms(vms, m
     # are those packets' bytes (each datagram: 1000 B of payload, 1028 B of IP)
     assert path.dropped_packets > 0 and path.dropped_bytes == 1028 * path.dropped_packets, (
         path, vm)
+    # (the bytes it saw: every datagram sent, as verify counts the packets it saw)
+    assert path.seen_bytes == 1028 * path.seen_packets, (path, vm)
     local = make_cluster(hosts=2)
     apply(local, "random-loss", ["loss_pct=10"])
     try:
