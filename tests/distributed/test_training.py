@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import replace
@@ -154,22 +156,32 @@ def test_each_run_of_a_launch_measures_its_own_loss_and_socket_drops(cluster, tm
             run.Run(cfg, "random-loss", ("loss_pct=30",)), run.Run(cfg, "clean")]
     # with metrics served (--metrics-port): every rank's live marks reach the endpoint
     served = Served.start(cluster, 0, "127.0.0.1", "train-x", 0.9, echo=lambda _: None)
-    marks = []
+    marks, scraped, done = [], [], threading.Event()
     taken = served.run.take_live
     served.run.take_live = lambda said: (marks.append(said), taken(said))
+
+    def scrape():  # as Prometheus would, while the runs go
+        while not done.wait(0.25):
+            with urllib.request.urlopen(served.endpoint.url, timeout=10) as reply:
+                scraped.append(reply.read().decode())
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
     try:
         low, high, clean = run.train_runs(cluster, runs, tmp_path, echo=lambda _: None,
                                           metrics=served)
-        with urllib.request.urlopen(served.endpoint.url, timeout=10) as reply:
-            text = reply.read().decode()
     finally:
+        done.set()
+        scraper.join()
         served.stop()
     assert {m.rank for m in marks} == {0, 1, 2, 3}
     # the collectives' times and their missing packets, live (the runs under loss missed
-    # some), and what the endpoint serves of them
+    # some), as the endpoint served them during the runs (each run's marks start anew)
     assert max(m.count for m in marks) > 0 and max(m.missing for m in marks) > 0
-    assert 'lossbed_run_collective_seconds_count{job="train-x"}' in text
-    assert 'lossbed_run_missing_ratio{job="train-x"}' in text
+    assert any(re.search(r'lossbed_run_missing_ratio\{job="train-x"\} 0\.[0-9]*[1-9]', t)
+               for t in scraped), scraped[-1:]
+    assert any(re.search(r'lossbed_run_collective_seconds_count\{job="train-x"\} [1-9]', t)
+               for t in scraped), scraped[-1:]
     for rec, target in ((low, 0.05), (high, 0.30)):
         seen = rec["measured_packets"]
         dropped = round(rec["measured_loss"] * seen)
