@@ -14,6 +14,7 @@ cluster's namespaces still run is then killed with them (slurmstepd is reparente
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -59,9 +60,13 @@ class Slurm:
         return [h.name for h in self.cluster.hosts]
 
     def daemons(self) -> list[int]:
-        """The PIDs of munged, slurmctld (and its slurmscriptd), the slurmds and the agents:
-        what runs in the nodes' namespaces between jobs."""
-        return [*self.pids, *_children(self.ctld_pid)]
+        """The PIDs of munged, slurmctld (and its slurmscriptd), the slurmds and the agents,
+        and the hosts' own sshd where they have a management network: what runs in the
+        nodes' namespaces between jobs."""
+        from testbed.clusters import sshd
+
+        sshds = [sshd.running_pid(self.cluster.state_dir, h) for h in self.cluster.hosts]
+        return [*self.pids, *_children(self.ctld_pid), *filter(None, sshds)]
 
     def env(self) -> dict[str, str]:
         """What a Slurm command needs to find this Slurm (inherited by the jobs)."""
@@ -153,6 +158,7 @@ def role_files(**variables) -> dict[str, str]:
     role = REPO / "ansible" / "roles" / "lossbed_slurm"
     values = {**yaml.safe_load((role / "defaults" / "main.yml").read_text()), **variables}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["to_json"] = json.dumps  # (Ansible's filter of that name)
     for _ in range(5):  # (defaults name other defaults)
         values = {k: env.from_string(v).render(values) if isinstance(v, str) else v
                   for k, v in values.items()}
@@ -164,12 +170,15 @@ def role_files(**variables) -> dict[str, str]:
 
 def _write_conf(folder: Path, cluster) -> Path:
     first = cluster.hosts[0]
-    nodes = "\n".join(f"NodeName={h.name} NodeHostname={h.name} NodeAddr={h.address} CPUs=2 "
+    # Slurm on the management network where the hosts have one (the data plane apart, as on
+    # a GPU cluster: the agent's policy names the data-plane addresses)
+    nodes = "\n".join(f"NodeName={h.name} NodeHostname={h.name} "
+                      f"NodeAddr={h.mgmt_address or h.address} CPUs=2 "
                       "RealMemory=1000 State=UNKNOWN" for h in cluster.hosts)
     conf = folder / "slurm.conf"
     conf.write_text(f"""\
 ClusterName=lossbedtest
-SlurmctldHost={CTLD_HOSTNAME}({first.address})
+SlurmctldHost={CTLD_HOSTNAME}({first.mgmt_address or first.address})
 SlurmctldPort={CTLD_PORT}
 SlurmdPort={SLURMD_PORT}
 SlurmUser=root
@@ -283,7 +292,8 @@ def slurm_on(cluster, folder: Path, *, allowed: list[str], max_loss: float = 0.5
         lossbed_slurm_interface=cluster.hosts[0].ifname, lossbed_slurm_project=str(REPO),
         lossbed_slurm_python=sys.executable, lossbed_slurm_config=str(agent_conf),
         lossbed_slurm_socket=f"{folder}/agent/{{node}}.sock",
-        lossbed_slurm_state=f"{folder}/agent", lossbed_slurm_epilog_dir=f"{folder}/epilog.d")
+        lossbed_slurm_state=f"{folder}/agent", lossbed_slurm_epilog_dir=f"{folder}/epilog.d",
+        lossbed_slurm_addresses={h.name: h.address for h in cluster.hosts if h.mgmt_address})
     (folder / "epilog.d").mkdir(mode=0o755)
     for dest, content in written.items():
         if dest.endswith(".service"):

@@ -2,7 +2,8 @@
 sbatch script (or anywhere SLURM_JOB_ID is set and no other cluster is named).
 
     hosts      the job's nodes (SLURM_JOB_NODELIST, expanded as `scontrol show hostnames`
-               does), in that order, each at its NodeAddr
+               does), in that order, each at its NodeAddr or, where the admin's policy
+               names another (its `addresses`: a data-plane NIC on its own network), there
     commands   through srun, one step per command on one node (--overlap: beside the job's
                other steps); torchrun's agents too, one per node, the rendezvous on the first
     impairment the node's lossbed agent (testbed/slurm/agent.py), which runs as root and
@@ -207,6 +208,9 @@ def from_allocation(env=None, *, lease_s: float = DEFAULT_LEASE_S) -> SlurmClust
         described = list(pool.map(_describe, hosts))
     for host, facts in zip(hosts, described, strict=True):
         host.ifname = facts["interface"]
+        if facts.get("address") and facts["address"] != host.address:
+            # the data plane is another network than Slurm's: the agent's admin says where
+            host.mgmt_address, host.address = host.address, facts["address"]
     mtus = {facts["mtu"] for facts in described}
     if len(mtus) != 1 or None in mtus:
         raise ClusterError("the nodes' data-plane interfaces differ in MTU or lack one: "

@@ -121,14 +121,16 @@ class Agent:
             found = ipr.link_lookup(ifname=self.config.interface)
             mtu = ipr.get_links(found[0])[0].get_attr("IFLA_MTU") if found else None
         return {"node": self.node, "interface": self.config.interface, "mtu": mtu,
+                "address": dict(self.config.addresses).get(self.node),  # (None: NodeAddr)
                 "allowed_profiles": list(self.config.allowed_profiles),
                 "max_loss": self.config.max_loss, "lease_s": self.config.lease_s,
                 "holder": self.holder()}
 
     def _apply(self, job: scontrol.Job, payload: dict):
         profile = policy.judge_profile(self.config, payload.get("profile") or {})
+        nodes = list(job.nodes)
         policy.judge_plan(self.config, profile, payload.get("plan") or {}, self.node,
-                          scontrol.node_addresses(list(job.nodes)))
+                          self.config.addresses_of(nodes, scontrol.node_addresses(nodes)))
         asked = payload.get("lease_s")
         lease_s = min(float(asked), self.config.lease_s) if isinstance(asked, int | float) \
             and asked > 0 else self.config.lease_s

@@ -11,6 +11,9 @@ default /etc/lossbed/slurm-agent.yaml, or the file LOSSBED_SLURM_AGENT_CONF name
     socket: /run/lossbed/slurm-agent.sock   # where jobs reach the agent ({node}: its name)
     state: /run/lossbed/slurm-agent         # which job holds the node's impairment
     lease_s: 120           # an impairment outlives its job's last renewal this long at most
+    addresses:             # each node's address on `interface`'s network, where that is not
+      gpu01: 10.10.0.1     # its NodeAddr (Slurm on the management network, the data plane
+      gpu02: 10.10.0.2     # on another NIC); a node not named here: its NodeAddr
 
 A job names a profile, and the agent loads that name from its own lossbed: a job cannot
 bring a profile file of its own, nor change its impairments (--set), only pick its loss rate
@@ -22,6 +25,7 @@ reason.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -31,6 +35,7 @@ from pathlib import Path
 from testbed import checks, yamlfile
 from testbed.errors import LossbedError, UsageError
 
+CLEAN = "clean"  # the profile that impairs nothing
 CONFIG_ENV = "LOSSBED_SLURM_AGENT_CONF"
 DEFAULT_CONFIG = Path("/etc/lossbed/slurm-agent.yaml")
 DEFAULT_SOCKET = "/run/lossbed/slurm-agent.sock"
@@ -59,6 +64,7 @@ class AgentConfig:
     socket: str = DEFAULT_SOCKET
     state: str = DEFAULT_STATE
     lease_s: float = 120.0
+    addresses: tuple[tuple[str, str], ...] = ()  # (node, data-plane address), as written
     source: str = str(DEFAULT_CONFIG)
 
     def __post_init__(self):
@@ -80,10 +86,26 @@ class AgentConfig:
                 and self.lease_s > 0):
             raise ConfigError(f"{where}: lease_s: {self.lease_s!r} is not a positive number "
                               "of seconds: e.g. lease_s: 120")
+        for node, address in self.addresses:
+            if not isinstance(node, str) or not _NAME.fullmatch(node):
+                raise ConfigError(f"{where}: addresses: {node!r} is not a node name: name "
+                                  "each node as Slurm does, e.g. gpu01: 10.10.0.1")
+            try:
+                ipaddress.IPv4Address(address)
+            except (ValueError, TypeError):
+                raise ConfigError(f"{where}: addresses: {node}: {address!r} is not an IPv4 "
+                                  "address: give the node's address on the data-plane NIC, "
+                                  "e.g. gpu01: 10.10.0.1") from None
         for field, value in (("socket", self.socket), ("state", self.state)):
             if not isinstance(value, str) or not value.startswith("/") or ".." in value:
                 raise ConfigError(f"{where}: {field}: {value!r} must be an absolute path "
                                   "without '..'")
+
+    def addresses_of(self, nodes: list[str], node_addr: dict[str, str]) -> dict[str, str]:
+        """Each of `nodes`' address on the data plane: the admin's `addresses` where it
+        names the node, else its NodeAddr (`node_addr`, as slurmctld has it)."""
+        written = dict(self.addresses)
+        return {n: written.get(n) or node_addr[n] for n in nodes}
 
     def socket_path(self, node: str) -> Path:
         """Where the agent of `node` listens ({node} in the template is its name)."""
@@ -114,7 +136,8 @@ def load_config(path: str | Path | None = None) -> AgentConfig:
         raise ConfigError(f"{path}: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a mapping (key: value lines)")
-    known = {"allowed_profiles", "interface", "max_loss", "socket", "state", "lease_s"}
+    known = {"allowed_profiles", "interface", "max_loss", "socket", "state", "lease_s",
+             "addresses"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{path}: unknown field {unknown[0]!r}: the fields are "
@@ -122,9 +145,14 @@ def load_config(path: str | Path | None = None) -> AgentConfig:
     for needed in ("allowed_profiles", "interface"):
         if needed not in data:
             raise ConfigError(f"{path}: {needed} is missing: docs/guides/slurm.md shows one")
-    profiles = data["allowed_profiles"]
+    profiles, addresses = data["allowed_profiles"], data.get("addresses") or {}
+    if not isinstance(addresses, dict):
+        raise ConfigError(f"{path}: addresses: must map each node to its data-plane address, "
+                          "e.g. gpu01: 10.10.0.1")
     return AgentConfig(**{**data, "allowed_profiles": tuple(profiles)
-                          if isinstance(profiles, list) else ()}, source=str(path))
+                          if isinstance(profiles, list) else (),
+                          "addresses": tuple((str(n), a) for n, a in addresses.items())},
+                       source=str(path))
 
 
 def judge_profile(config: AgentConfig, asked: dict):
@@ -138,7 +166,9 @@ def judge_profile(config: AgentConfig, asked: dict):
         wanted = Profile.model_validate(asked)
     except Exception as err:
         raise Refused(f"the profile sent is not a lossbed profile: {err}") from None
-    if wanted.name not in config.allowed_profiles:
+    # (clean changes no packet, it only counts them: a bench's lossless reference runs
+    # under it, allowed without the admin naming it, as lossbed has it and no other way)
+    if wanted.name not in (*config.allowed_profiles, CLEAN):
         raise Refused(f"profile {wanted.name!r} is not allowed on this cluster (the admin "
                       f"allows: {', '.join(config.allowed_profiles)}; {config.source})")
     base = profiles.load(wanted.name)
@@ -192,8 +222,8 @@ def judge_plan(config: AgentConfig, profile, host_plan: dict, node: str,
         raise Refused(f"the plan impairs {hp.ifname!r}; the admin allows {config.interface!r} "
                       "alone")
     if hp.address != addresses.get(node):
-        raise Refused(f"the plan gives node {node} the address {hp.address}, Slurm "
-                      f"{addresses.get(node)}")
+        raise Refused(f"the plan gives node {node} the address {hp.address}; its data-plane "
+                      f"address is {addresses.get(node)}")
     if hp.match != profile.match:
         raise Refused("the plan's traffic match is not the one its profile names")
     for rule in hp.rules:

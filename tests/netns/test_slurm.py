@@ -33,7 +33,9 @@ MAX_LOSS = 0.2  # the admin's
 @pytest.fixture(scope="module")
 def slurm():
     name = unique_name()
-    cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=2, name=name))
+    # with a management network (ssh): Slurm there, the data plane on eth0, as on a GPU
+    # cluster; the agents' policy maps each node to its data-plane address
+    cluster = netns_cluster.up(netns_cluster.ClusterSpec(hosts=2, name=name, ssh=True))
     # (a folder every user can enter: the jobs run as nobody; pytest's own is root's alone)
     folder = Path(tempfile.mkdtemp(prefix="lossbed-slurm-"))
     folder.chmod(0o755)
@@ -83,14 +85,29 @@ def assert_nodes_left_nothing(slurm) -> None:
     assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left]
 
 
-def test_an_sbatch_job_runs_lossbed_run_under_loss_as_a_user_without_root(slurm):
+def test_an_sbatch_job_runs_lossbed_run_and_bench_under_loss_as_a_user_without_root(slurm):
+    """One job: the doctor, `lossbed run --slurm` at 10% loss, a bench asking for more hosts
+    than the allocation has (refused before anything runs), then a tiny `lossbed bench
+    --slurm` (the nightly workflow's matrix shrunk: one lossy variant at 10%)."""
     wd = workdir(slurm, "run")
     doctor = (f"{sys.executable} -m harness.cli doctor --slurm\n"
               "echo \"doctor exit $?\"\n")
-    job = slurm.sbatch(doctor + lossbed_run(wd / "out", "--loss", str(LOSS)), user=USER,
-                       workdir=wd)
+    bench = (f"{sys.executable} -m harness.cli bench --slurm --profile random-loss --loss "
+             f"{LOSS} --steps 2 --seeds 1 --variants unbiased --preset tiny --speed-steps 2 "
+             "--realisations 1 --no-stability")
+    job = slurm.sbatch(doctor + lossbed_run(wd / "out", "--loss", str(LOSS))
+                       + f"{bench} --hosts 3 --out {wd}/refused\necho \"hosts exit $?\"\n"
+                       + f"{bench} --out {wd}/bench\necho \"bench exit $?\"\n",
+                       user=USER, workdir=wd)
     assert slurm.wait(job) == "COMPLETED"
     said = (wd / "job.out").read_text()
+    assert "--hosts: 3 hosts asked, but the Slurm allocation has 2" in said, said[-4000:]
+    assert "hosts exit 2" in said and not (wd / "refused").exists(), said[-4000:]
+    assert "bench exit 0" in said, said[-4000:]
+    rows = json.loads((wd / "bench" / "summary.json").read_text())["rows"]
+    assert {(r["variant"], r["loss"]) for r in rows} >= {("reliable", 0.0), ("unbiased", LOSS)}
+    lossy = next(r for r in rows if r["variant"] == "unbiased")
+    assert 0.0 < lossy["measured_loss"] < 0.2 and lossy["ppl"] > 1, lossy
     # the doctor on the node finds everything the role installed: both agents, the Epilog
     assert "doctor exit 0" in said and "everything this run needs is there" in said, said
     assert re.search(r"\ball +agent +answers: impairs eth0", said), said  # (both nodes)

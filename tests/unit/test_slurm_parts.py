@@ -135,6 +135,12 @@ def config(**changes) -> policy.AgentConfig:
     ("allowed_profiles: [random-loss]\ninterface: eth1\nlease: 5\n", "unknown field 'lease'"),
     ("allowed_profiles: [random-loss]\ninterface: eth1\nlease_s: -1\n", "lease_s: -1"),
     ("- a\n", "must be a mapping"),
+    ("allowed_profiles: [random-loss]\ninterface: eth1\naddresses: [10.0.0.1]\n",
+     "addresses: must map each node to its data-plane address"),
+    ("allowed_profiles: [random-loss]\ninterface: eth1\naddresses: {n1: 10.0.0.300}\n",
+     "addresses: n1: '10.0.0.300' is not an IPv4 address"),
+    ("allowed_profiles: [random-loss]\ninterface: eth1\naddresses: {'../n1': 10.0.0.1}\n",
+     "addresses: '../n1' is not a node name"),
 ])
 def test_the_admins_configuration_is_refused_by_field(tmp_path, text, said):
     path = tmp_path / "agent.yaml"
@@ -172,6 +178,14 @@ def test_an_allowed_profile_passes_at_its_own_rate_at_a_loss_asked_and_at_none()
     assert policy.judge_profile(config(), profile.model_dump(mode="json")) == profile
 
 
+def test_clean_which_impairs_nothing_passes_unnamed_and_only_as_it_is():
+    """A bench's lossless reference runs under `clean` (its packets counted, none changed):
+    allowed without the admin naming it; the same name with an impairment is not."""
+    assert policy.judge_profile(config(), asked("clean")).name == "clean"
+    with pytest.raises(policy.Refused, match="differs from the admin's beyond its loss"):
+        policy.judge_profile(config(), asked("clean", "delay_ms=5"))
+
+
 @pytest.mark.parametrize(("request_", "said"), [
     (asked("wan"), "profile 'wan' is not allowed on this cluster (the admin allows: "
                    "random-loss, burst-loss"),
@@ -193,6 +207,24 @@ def host_plan(profile, node="n1", **changes) -> dict:
 
 
 ADDRESSES = {"n1": "10.0.0.1", "n2": "10.0.0.2"}
+
+
+def test_the_data_plane_addresses_are_the_admins_where_it_names_them(tmp_path):
+    """Slurm on the management network, the data plane on another NIC: the policy maps
+    each node to its data-plane address; a node it does not name keeps its NodeAddr."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("allowed_profiles: [random-loss]\ninterface: eth1\n"
+                    "addresses: {n1: 10.0.0.1, n2: 10.0.0.2}\n")
+    loaded = policy.load_config(path)
+    node_addr = {"n1": "192.168.0.1", "n2": "192.168.0.2", "n3": "192.168.0.3"}
+    assert loaded.addresses_of(["n1", "n2", "n3"], node_addr) == {
+        **ADDRESSES, "n3": "192.168.0.3"}
+    assert config().addresses_of(["n1"], node_addr) == {"n1": "192.168.0.1"}
+    # a plan on the management addresses is refused where the data plane is elsewhere
+    profile = profiles.load("random-loss", loss=0.1)
+    with pytest.raises(policy.Refused, match="its data-plane address is 10.0.0.1"):
+        policy.judge_plan(loaded, profile, host_plan(profile, address="192.168.0.1"), "n1",
+                          loaded.addresses_of(["n1", "n2"], node_addr))
 
 
 def test_the_plan_of_an_allowed_profile_on_the_jobs_nodes_passes():
