@@ -88,13 +88,18 @@ def prometheus_scraping(targets: list[str], folder: Path):
             time.sleep(0.2)
         yield Prometheus(url)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        _stop(proc, log)
+
+
+def _stop(proc: subprocess.Popen, log) -> None:
+    """A server of the tests': asked to stop, killed if it will not, its log closed."""
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
 
 
 PUSHGATEWAY = "prometheus-pushgateway"  # (Debian's name for it)
@@ -139,10 +144,4 @@ def pushgateway(folder: Path, netns: str | None = None):
                 time.sleep(0.2)
         yield url, held
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        _stop(proc, log)
