@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.host.hosts import is_running, kill_namespace_processes
+from testbed.host.hosts import is_running, kill_namespace_processes, processes_in_namespaces
 
 REPO = Path(__file__).resolve().parents[1]
 CTLD_PORT, SLURMD_PORT = 16817, 16818
@@ -89,11 +89,13 @@ class Slurm:
 
     def sbatch(self, script: str, *, user: str | None = None, workdir: Path,
                nodes: int = 2) -> str:
-        """Submit `script` (a shell script's body) to `nodes` nodes; the job's id."""
+        """Submit `script` (a shell script's body) to `nodes` nodes; the job's id. Not
+        requeued when a node fails (Slurm's default for batch jobs): an experiment's run
+        is not started again on its own."""
         path = workdir / "job.sh"
         path.write_text("#!/bin/sh\n" + script)
         path.chmod(0o755)
-        done = self.command(["sbatch", "--parsable", f"--nodes={nodes}",
+        done = self.command(["sbatch", "--parsable", "--no-requeue", f"--nodes={nodes}",
                              f"--chdir={workdir}", f"--output={workdir}/job.out",
                              str(path)], user=user)
         return done.stdout.strip().split(";")[0]
@@ -127,6 +129,22 @@ class Slurm:
             time.sleep(0.3)
         raise AssertionError(f"nodes not idle after {timeout:.0f} s: {done.stdout}"
                              f"{self.logs()}")
+
+    def lose(self, host) -> None:
+        """The node goes down as a machine does: its links down, then every process on it
+        killed outright (slurmd, the job's steps, lossbed's agent: none gets to say or
+        clear anything). It stays down."""
+        links = subprocess.run(["ip", "-n", host.namespace, "-o", "link", "show"],
+                               capture_output=True, text=True, check=True).stdout
+        for line in links.splitlines():
+            name = line.split(":")[1].strip().split("@")[0]
+            if name != "lo":
+                subprocess.run(["ip", "-n", host.namespace, "link", "set", "dev", name,
+                                "down"], check=True)
+        for pids in processes_in_namespaces([host.namespace]).values():
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}"

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 KIND = "slurm"
 DEFAULT_LEASE_S = 120.0
 AGENT_TIMEOUT_S = 120.0
+# what srun says when the job it would add a step to has ended
+JOB_ENDED = ("has expired", "already completing or completed", "Job has already finished")
 ALLOCATION_FIX = ("Run it inside an allocation: salloc -N 2 lossbed run --slurm ..., or "
                   "from an sbatch script")
 
@@ -100,10 +102,15 @@ class SrunHost:
                                f"{AGENT_TIMEOUT_S:.0f} s (a node lost?)") from None
         lines = [ln for ln in done.stdout.decode(errors="replace").splitlines()
                  if ln.startswith("{")]
+        said = done.stderr.decode(errors="replace").strip()
+        if not lines and any(words in said for words in JOB_ENDED):
+            # (cancelled, timed out, a node failed: Slurm says which in the job's output)
+            raise ClusterError(f"node {self.name}: the Slurm job ended before lossbed was "
+                               f"done there ({said.splitlines()[-1]}): its Epilog clears "
+                               "what the job held on its nodes")
         if not lines:
             raise ClusterError(f"node {self.name}: srun gave no answer (exit "
-                               f"{done.returncode}): "
-                               f"{done.stderr.decode(errors='replace').strip()[-1500:]}")
+                               f"{done.returncode}): {said[-1500:]}")
         reply = json.loads(lines[-1])
         if "error" in reply:
             from testbed.slurm.policy import Refused

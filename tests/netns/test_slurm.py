@@ -205,3 +205,49 @@ def test_a_disallowed_profile_is_refused_and_a_failing_ranks_message_comes_back(
     assert summary["applied"] and summary["stopped_by"] == "rank 1's error", summary
     slurm.idle()
     assert_nodes_left_nothing(slurm)
+
+
+def test_a_node_lost_mid_run_ends_the_job_and_leaves_nothing_on_the_others(slurm):
+    """The second node goes down mid-run as a machine does (its links down, every process on
+    it killed: slurmd, the job's steps, lossbed's agent), and is marked down as a health
+    check does (`scontrol update ... State=DOWN`; Slurm itself would after SlurmdTimeout):
+    Slurm ends the job (not requeued); the first node is left with nothing of the job (its
+    Epilog cleared it, no process stays); the job's output has Slurm's reason (node failure)
+    and lossbed's word that the job ended before it cleared, and who clears. Last in the
+    module: the lost node stays down."""
+    wd = workdir(slurm, "node-lost")
+    job = slurm.sbatch(f"export PYTHONPATH={REPO}\n{sys.executable} -m harness.cli train "
+                       f"--slurm --profile random-loss --loss {LOSS} --variant unbiased "
+                       "--steps 100000\necho \"train exit $?\"\n", user=USER, workdir=wd)
+    held = [Path(slurm.folder) / "agent" / f"{h.name}.json" for h in slurm.cluster.hosts]
+    deadline = time.monotonic() + 180
+    while not all(p.exists() for p in held):
+        assert time.monotonic() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), \
+            (wd / "job.out").read_text()[-3000:]
+        time.sleep(0.2)
+    first, lost = slurm.cluster.hosts
+    time.sleep(2)  # (training under the impairment)
+    slurm.lose(lost)
+    slurm.command(["scontrol", "update", f"NodeName={lost.name}", "State=DOWN",
+                   "Reason=lost"])
+    ended = slurm.wait(job, timeout=120)
+    said = (wd / "job.out").read_text()
+    assert ended in ("NODE_FAIL", "FAILED", "CANCELLED"), (ended, said[-3000:])
+    # the node left: nothing of the job's (no impairment, no holder, no process)
+    deadline = time.monotonic() + 60
+    while node_impaired(first) or held[0].exists():
+        assert time.monotonic() < deadline, (said[-3000:], slurm.logs())
+        time.sleep(0.25)
+    deadline = time.monotonic() + 10
+    while True:
+        left = [p for pids in processes_in_namespaces([first.namespace]).values()
+                for p in pids if is_running(p) and p not in slurm.daemons()]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left]
+    said = (wd / "job.out").read_text()
+    # Slurm says why the job ended; lossbed, that it could not clear and who does
+    assert "CANCELLED AT" in said and "DUE TO NODE FAILURE" in said, said[-3000:]
+    assert f"node {lost.name}: the Slurm job ended before lossbed was done there" in said, \
+        said[-3000:]

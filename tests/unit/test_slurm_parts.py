@@ -81,6 +81,19 @@ def test_without_srun_the_allocation_says_what_to_load(monkeypatch):
         slurm_cluster.from_allocation(JOB)
 
 
+def test_a_step_refused_because_the_job_ended_says_so_and_who_clears(monkeypatch):
+    """After scancel, a timeout or a node failure, srun refuses new steps: lossbed says the
+    job ended and that the Epilog clears, not only what srun printed."""
+    ended = subprocess.CompletedProcess([], 1, b"", b"srun: error: Slurm job 5 has expired\n")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: ended)
+    host = slurm_cluster.SrunHost(name="n2", address="10.0.0.2", job="5")
+    with pytest.raises(Exception) as err:
+        host.agent_call("clear", {})
+    assert str(err.value) == ("node n2: the Slurm job ended before lossbed was done there "
+                              "(srun: error: Slurm job 5 has expired): its Epilog clears "
+                              "what the job held on its nodes")
+
+
 def _no_command(*args, **kwargs):
     raise AssertionError(f"a command ran: {args}")
 
