@@ -100,12 +100,12 @@ def bench_hosts(asked: int | None, cluster, args) -> int:
     if cluster is None:
         return asked if asked is not None else BenchSpec.hosts  # (the declared default)
     if asked is not None and asked != len(cluster.hosts):
-        where = ("the Slurm allocation" if in_slurm(args) else f"cluster {cluster.name}")
+        slurm = in_slurm(args)
+        where = "the Slurm allocation" if slurm else f"cluster {cluster.name}"
         raise UsageError("--hosts", f"{asked} hosts asked, but {where} has "
                          f"{len(cluster.hosts)}",
                          f"Leave --hosts out (the bench runs on all {len(cluster.hosts)}), "
-                         f"or {'allocate' if in_slurm(args) else 'give a cluster of'} "
-                         f"{asked} nodes")
+                         f"or {'allocate' if slurm else 'give a cluster of'} {asked} nodes")
     return len(cluster.hosts)
 
 

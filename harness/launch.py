@@ -172,11 +172,8 @@ def run(cluster: Cluster, module: str, args: list[str], *, timeout_s: float = 60
                 sink.append(line)
                 if echo:
                     echo(line.rstrip("\n"))
-                if live_marks and line.startswith('{"' + rank_protocol.LIVE_MARK):
-                    said = rank_protocol.read_mark(line)
-                    if said is not None and (mark := rank_protocol.Live.from_payload(
-                            said[1])) is not None:
-                        live(mark)
+                if live_marks and (said := rank_protocol.Live.read(line)) is not None:
+                    live(said)
 
         def answer(line: str) -> None:
             reply = answer_rank0(line.rstrip("\n"))

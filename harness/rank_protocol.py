@@ -309,6 +309,15 @@ class Live:
         return mark(LIVE_MARK, dataclasses.asdict(self))
 
     @classmethod
+    def read(cls, line: str) -> Live | None:
+        """The live mark a rank's line says, or None for any other line (or shape)."""
+        if not line.startswith('{"' + LIVE_MARK):  # (every line of every rank comes here)
+            return None
+        said = read_mark(line)
+        return cls.from_payload(said[1]) if said is not None and said[0] == LIVE_MARK \
+            else None
+
+    @classmethod
     def from_payload(cls, payload) -> Live | None:
         try:
             said = cls(**payload)

@@ -96,7 +96,7 @@ class ImpairmentCollector:
             # a profile applied anew (a bench's next run): its counters start again from 0,
             # and so does the coverage's window, from this reading
             self.since, self._applied_at = reading, record.get("applied_at")
-        families = [applied, *self._paths(report, reading), *self._coverage(reading),
+        families = [applied, *self._paths(report), *self._coverage(reading),
                     *self._lease(reading)]
         info = InfoMetricFamily("lossbed_impairment_profile", "the profile lossbed applied",
                                 labels=["cluster"])
@@ -105,7 +105,7 @@ class ImpairmentCollector:
             "direction": str((record.get("profile") or {}).get("direction", ""))})
         return [*families, info]
 
-    def _paths(self, report: verify.Report, reading: verify.Reading) -> list:
+    def _paths(self, report: verify.Report) -> list:
         seen = CounterMetricFamily("lossbed_impairment_packets",
                                    "packets the impairment point saw on the path", labels=LABELS)
         dropped = CounterMetricFamily("lossbed_impairment_dropped_packets",
@@ -124,16 +124,14 @@ class ImpairmentCollector:
         measured = GaugeMetricFamily("lossbed_impairment_measured_loss_ratio",
                                      "dropped over seen packets since the profile was applied",
                                      labels=LABELS)
-        # (the report's paths are the reading's counters in order: host by host, rule by rule)
-        counted_in_order = [c for host in reading.counters for c in host]
-        for path, counted in zip(report.paths, counted_in_order, strict=True):
+        for path in report.paths:
             labels = [path.host, path.path, path.direction]
             seen.add_metric(labels, path.seen_packets)
             dropped.add_metric(labels, path.dropped_packets)
             if path.dropped_bytes is not None:
                 dropped_size.add_metric(labels, path.dropped_bytes)
-            if counted.seen_bytes is not None:
-                size.add_metric(labels, counted.seen_bytes)
+            if path.seen_bytes is not None:
+                size.add_metric(labels, path.seen_bytes)
             target.add_metric(labels, path.target_loss)
             if path.measured_loss is not None:
                 measured.add_metric(labels, path.measured_loss)

@@ -184,8 +184,7 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
                          dropped_packets=v["dropped_packets"],
                          sized_bytes=v["seen_bytes"], sized_packets=v["seen_packets"],
                          seen_bytes=v["seen_bytes"], dropped_bytes=v["dropped_bytes"],
-                         bursts=v["bursts"],
-                         max_burst=v["max_burst"])
+                         bursts=v["bursts"], max_burst=v["max_burst"])
             for rule, v in zip(plan.rules, values, strict=True)]
 
 

@@ -43,8 +43,7 @@ class LinkCounters:
             sized_packets=self.sized_packets - earlier.sized_packets,
             seen_bytes=_less(self.seen_bytes, earlier.seen_bytes),
             dropped_bytes=_less(self.dropped_bytes, earlier.dropped_bytes),
-            bursts=(self.bursts - earlier.bursts if self.bursts is not None
-                    and earlier.bursts is not None else None),
+            bursts=_less(self.bursts, earlier.bursts),
             max_burst=self.max_burst)
 
     def to_dict(self) -> dict:

@@ -174,6 +174,10 @@ def _tree(ipr, plan: HostPlan, device: Device, dev_index: int) -> None:
         ipr.tc("add-class", "htb", dev_index, class_id(slot), parent=ROOT,
                rate=CLASS_RATE_BYTES_S, ceil=CLASS_RATE_BYTES_S)
         netem_nla.create(ipr, msg)
+    def add(f: dict, **action) -> None:
+        ipr.tc("add-filter", "u32", dev_index, parent=ROOT, prio=f["prio"], protocol=ETH_P_IP,
+               target=f["target"], keys=f["keys"], **action)
+
     counted = True
     for f in filters(plan, device):
         # A path's filters pass its packets on with an action that does nothing else: its
@@ -181,16 +185,14 @@ def _tree(ipr, plan: HostPlan, device: Device, dev_index: int) -> None:
         # it dropped: netem counts its drops in packets alone
         action = {"action": "ok"} if counted and f["target"] != EXEMPT_CLASS else {}
         try:
-            ipr.tc("add-filter", "u32", dev_index, parent=ROOT, prio=f["prio"],
-                   protocol=ETH_P_IP, target=f["target"], keys=f["keys"], **action)
+            add(f, **action)
         except NetlinkError as err:
             if not action or err.code not in (errno.ENOENT, errno.EOPNOTSUPP):
                 raise
             # a kernel without act_gact: the path's drops in packets only (doctor says so)
             log.info("%s: no act_gact, netem's dropped bytes are not counted", plan.host)
             counted = False
-            ipr.tc("add-filter", "u32", dev_index, parent=ROOT, prio=f["prio"],
-                   protocol=ETH_P_IP, target=f["target"], keys=f["keys"])
+            add(f)
 
 
 def _remove(ipr, ifname: str) -> bool:
@@ -256,20 +258,20 @@ def read_counters(host, plan: HostPlan, handles: dict) -> list[LinkCounters]:
                 sent_b = basic["bytes"] if basic else 0
                 dropped = queue["drops"] if queue else 0
                 backlog = queue["qlen"] if queue else 0
-                # (all as Ethernet frames, the IFB and the NIC alike: the IP size is 14
-                # bytes less a packet)
+                held_b = queue["backlog"] if queue else 0
+                # All counted as Ethernet frames (the IFB and the NIC alike): the IP size is
+                # 14 bytes less a packet. What the path's filters passed on is what netem
+                # sent, holds and dropped.
+                seen_p = sent_p + dropped + backlog
                 to_path = classified.get(class_id(slot))
-                dropped_b = (None if to_path is None else
-                             to_path - sent_b - (queue["backlog"] if queue else 0)
-                             - ETH_HEADER_BYTES * dropped)
+                seen_b = None if to_path is None else to_path - ETH_HEADER_BYTES * seen_p
+                sent_ip = sent_b - ETH_HEADER_BYTES * sent_p
+                held_ip = held_b - ETH_HEADER_BYTES * backlog
                 out.append(LinkCounters(
                     host=plan.host, direction=rule.direction, peer=rule.peer,
-                    path=rule.path(plan.host), seen_packets=sent_p + dropped + backlog,
-                    dropped_packets=dropped,
-                    sized_bytes=sent_b - ETH_HEADER_BYTES * sent_p, sized_packets=sent_p,
-                    seen_bytes=(None if to_path is None else
-                                to_path - ETH_HEADER_BYTES * (sent_p + dropped + backlog)),
-                    dropped_bytes=dropped_b,
+                    path=rule.path(plan.host), seen_packets=seen_p, dropped_packets=dropped,
+                    sized_bytes=sent_ip, sized_packets=sent_p, seen_bytes=seen_b,
+                    dropped_bytes=None if seen_b is None else seen_b - sent_ip - held_ip,
                 ))
     return out
 

@@ -123,18 +123,25 @@ def test_an_sbatch_job_runs_lossbed_run_and_bench_under_loss_as_a_user_without_r
     assert_nodes_left_nothing(slurm)
 
 
+def held_by(slurm, job: str, wd: Path) -> list[Path]:
+    """Until every node's agent holds its impairment for the job, while the job waits or
+    runs; the holder files (one per node, in the cluster's order)."""
+    held = [Path(slurm.folder) / "agent" / f"{h.name}.json" for h in slurm.cluster.hosts]
+    deadline = time.monotonic() + 180
+    while not all(p.exists() for p in held):
+        assert time.monotonic() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), \
+            (wd / "job.out").read_text()[-3000:]
+        time.sleep(0.2)
+    return held
+
+
 def test_scancel_mid_run_leaves_nothing_on_any_node(slurm):
     """lossbed's own training (`train --slurm`) this time, cancelled once it is impaired."""
     wd = workdir(slurm, "cancel")
     job = slurm.sbatch(f"export PYTHONPATH={REPO}\n{sys.executable} -m harness.cli train "
                        f"--slurm --profile random-loss --loss {LOSS} --variant unbiased "
                        "--steps 100000\n", user=USER, workdir=wd)
-    held = [Path(slurm.folder) / "agent" / f"{h.name}.json" for h in slurm.cluster.hosts]
-    deadline = time.monotonic() + 180
-    while not all(p.exists() for p in held):  # the impairment is on, on every node
-        assert time.monotonic() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), \
-            (wd / "job.out").read_text()[-3000:]
-        time.sleep(0.2)
+    held = held_by(slurm, job, wd)
     assert all(json.loads(p.read_text())["job"] == job for p in held)
     slurm.command(["scancel", job], user=USER)
     assert slurm.wait(job) == "CANCELLED"
@@ -159,12 +166,7 @@ def test_a_controller_lost_mid_run_leaves_the_lease_to_revert_every_node(slurm):
                        f"--slurm --lease-s 4 --profile random-loss --loss {LOSS} "
                        f"--variant unbiased --steps 100000 &\necho $! > {wd}/controller\n"
                        "wait\nsleep 600\n", user=USER, workdir=wd)
-    held = [Path(slurm.folder) / "agent" / f"{h.name}.json" for h in slurm.cluster.hosts]
-    deadline = time.monotonic() + 180
-    while not all(p.exists() for p in held):
-        assert time.monotonic() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), \
-            (wd / "job.out").read_text()[-3000:]
-        time.sleep(0.2)
+    held_by(slurm, job, wd)
     assert all(node_impaired(h) for h in slurm.cluster.hosts)
     os.kill(int((wd / "controller").read_text()), signal.SIGKILL)
     lost_at = time.monotonic()
@@ -219,12 +221,7 @@ def test_a_node_lost_mid_run_ends_the_job_and_leaves_nothing_on_the_others(slurm
     job = slurm.sbatch(f"export PYTHONPATH={REPO}\n{sys.executable} -m harness.cli train "
                        f"--slurm --profile random-loss --loss {LOSS} --variant unbiased "
                        "--steps 100000\necho \"train exit $?\"\n", user=USER, workdir=wd)
-    held = [Path(slurm.folder) / "agent" / f"{h.name}.json" for h in slurm.cluster.hosts]
-    deadline = time.monotonic() + 180
-    while not all(p.exists() for p in held):
-        assert time.monotonic() < deadline and slurm.state(job) in ("PENDING", "RUNNING"), \
-            (wd / "job.out").read_text()[-3000:]
-        time.sleep(0.2)
+    held = held_by(slurm, job, wd)
     first, lost = slurm.cluster.hosts
     time.sleep(2)  # (training under the impairment)
     slurm.lose(lost)
