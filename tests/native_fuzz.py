@@ -259,6 +259,22 @@ if __name__ == "__main__":
         else:
             raise AssertionError(f"a resend from fragment {first_fragment}, index "
                                  f"{index_first}, copy {copy} was sent")
+    # sends by index (a pipelined broadcast): too few or too many, negative, past 32 bits,
+    # not an int64 array
+    for indexes in (np.array([3], np.int64), np.array([3, 4, 5], np.int64),
+                    np.array([3, -1], np.int64), np.array([3, 2**32], np.int64),
+                    np.array([3, 4], np.int32)):
+        try:
+            sender.send(bytes(16), 0, MACS[1], 0, 0, STEP, BUCKET, 0, x,
+                        np.array([0, 6], np.int64), np.array([6, 12], np.int64), 9, 4, 0, 0,
+                        0, -1, 0, 0, 0, indexes)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"a send by indexes {indexes.tolist()} was sent")
+    sender.send(bytes(16), 0, MACS[1], 0, 0, STEP, BUCKET, 0, x, np.array([0, 6], np.int64),
+                np.array([6, 12], np.int64), 9, 4, 1, 0, 0, -1, 0, 0, 0,
+                np.array([2, 8], np.int64))  # and one that fits, sent
     big = np.zeros(70_000, np.float32)  # 70,000 fragments of one value: over 65535
     try:
         sender.send(bytes(16), 0, MACS[1], 0, 0, STEP, BUCKET, 0, big,

@@ -38,17 +38,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harness.collectives import end_markers
+from harness.collectives import end_markers, pipeline
 from harness.collectives.alignment import RankLost, StepAlignment
 from harness.collectives.deadline import Deadline
 from harness.collectives.end_markers import END_COPIES, LateEndSender
 from harness.collectives.layout import Layout
+from harness.collectives.pipeline import EarlyBroadcast
 from harness.collectives.rebuild import ESTIMATORS, rebuild
-from harness.collectives.step import Stage, Step, StepBuffers, StepStats, as_batch
+from harness.collectives.step import Stage, Step, StepBuffers, StepStats
 from harness.names import LOSSY_STAGES
 from harness.transport import header as hdr
-from harness.transport.early import EarlyStash
-from harness.transport.verdicts import EARLY, count_verdict
 
 if TYPE_CHECKING:
     # torch is imported only where tensors come in: the collective itself is numpy's, and a
@@ -73,7 +72,7 @@ class LossyCollective:
                  deadline: Deadline | None = None, key_prefix: str = "lossbed/collective",
                  end_copies: int = END_COPIES, align_every: int = 1,
                  wait_for_all: bool = False, lossy_stage: str = "both",
-                 background_late_ends: bool = False):
+                 background_late_ends: bool = False, pipelined: bool = True):
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {estimator!r}: use one of "
                              f"{', '.join(ESTIMATORS)}")
@@ -107,14 +106,18 @@ class LossyCollective:
         self._reduce_expected = 0
         self._reduce_missing = 0
         # Running totals a caller reads around a training step, to say why it was slow
+        # (broadcast_early_packets: own packets broadcast before the reduce stage ended)
         self.totals = {"align_s": 0.0, "reduce_deadlines_hit": 0, "broadcast_deadlines_hit": 0,
-                       "collective_steps": 0}
+                       "collective_steps": 0, "broadcast_early_packets": 0}
         self.buffers = StepBuffers(transport)
         # The transport is one thread's at a time (its use_lock): a step holds it, and so
         # does the late markers' background sender for each send it makes between steps.
         self._turn = threading.Condition(transport.use_lock)
         self.late_ends = LateEndSender(transport, self.rank, self.world, self._turn,
                                        background=background_late_ends)
+        # whole packets of the own shard broadcast while the rest of its reduce stage comes
+        self.pipelined = pipelined and pipeline.applies(transport, estimator, lossy_stage,
+                                                        self.buffers.fragment_floats)
 
     @property
     def loss_rate(self) -> float:
@@ -135,10 +138,16 @@ class LossyCollective:
     # ---- one step -------------------------------------------------------------------------
 
     def _send_shard(self, layout: Layout, x: np.ndarray, stage: int, shard: int, dest: int,
-                    step: int, bucket: int) -> None:
+                    step: int, bucket: int, only: np.ndarray | None = None) -> None:
+        """A shard's packets (`only` those, by index) to `dest`, then its end markers."""
         starts, ends = layout.packet_arrays(shard)
         copies = 0 if self.transport.semantics.reliable else self.end_copies
-        self.transport.send_packets(dest, stage, step, bucket, shard, x, starts, ends, copies)
+        if only is None or len(only) == len(starts):
+            self.transport.send_packets(dest, stage, step, bucket, shard, x, starts, ends,
+                                        copies)
+        else:
+            self.transport.send_packets(dest, stage, step, bucket, shard, x, starts[only],
+                                        ends[only], copies, indexes=only, count=len(starts))
 
     def _receive_until(self, deadline: float, until, handle, handle_batch) -> None:
         """transport.receive_until, sending late end markers as they fall due meanwhile."""
@@ -149,14 +158,16 @@ class LossyCollective:
                 self.late_ends.send_due()
                 return
 
-    def _receive(self, state: Step, until, budget: float, stage: Stage | None = None) -> bool:
+    def _receive(self, state: Step, until, budget: float, stage: Stage | None = None,
+                 after_batch=None) -> bool:
         """Receive until `until()` or the budget runs out; True if the deadline was hit.
 
         With `stage`, lateness is told from loss: a source of that stage that has sent us
         nothing yet (stage.silent) is waited for, up to the deadline's ceiling from the
         start of this wait, and a source first heard from since the last look gets one more
         budget for the rest of its packets. Only then is what is still missing lost: on a
-        loaded machine a peer still computing its backward pass is not a lossy link."""
+        loaded machine a peer still computing its backward pass is not a lossy link.
+        after_batch(), if given, runs after every batch received (the pipelined broadcast)."""
         started = time.monotonic()
         deadline = started + budget
 
@@ -164,7 +175,10 @@ class LossyCollective:
             return state.handle(head, payload, self.transport.stash)
 
         def handle_batch(data, rows):
-            return state.handle_batch(data, rows, self.transport.stash)
+            verdicts = state.handle_batch(data, rows, self.transport.stash)
+            if after_batch is not None:
+                after_batch()
+            return verdicts
 
         silent = stage.silent() if stage is not None else None
         patience = max(budget, self.deadline.floor_s)
@@ -186,18 +200,21 @@ class LossyCollective:
         return not until()
 
     def _run(self, contribution: np.ndarray, shared: np.ndarray, bucket: int,
-             on_reduced) -> StepStats:
+             on_reduced, pipelined: bool = False) -> StepStats:
         """One step. `contribution` is what this rank sends to the owners (gradients);
         `shared` is what owners broadcast and everyone receives into (the result, or the
-        parameters). on_reduced(start, end, estimate) writes the owner's shard of `shared`."""
+        parameters). on_reduced(start, end, estimate) writes the owner's shard of `shared`.
+        pipelined: whether the own shard may be broadcast packet by packet as it becomes
+        whole (where on_reduced only writes the estimate: pipeline.py)."""
         with self._turn:  # (the transport is the step's until it ends)
             self.late_ends.raise_error()
-            stats = self._run_step(contribution, shared, bucket, on_reduced)
+            stats = self._run_step(contribution, shared, bucket, on_reduced,
+                                   pipelined and self.pipelined)
             self.late_ends.step_ended()
         return stats
 
     def _run_step(self, contribution: np.ndarray, shared: np.ndarray, bucket: int,
-                  on_reduced) -> StepStats:
+                  on_reduced, pipelined: bool) -> StepStats:
         layout, total = self.buffers.size(contribution.size)
         # Steps are numbered by the transport, so collectives sharing it (several
         # estimators, or a collective and RPS) never take each other's packets.
@@ -212,10 +229,11 @@ class LossyCollective:
                      infer_ends=self.end_copies > 0,
                      fragment_floats=self.buffers.fragment_floats,
                      staging=self.buffers.staging(contribution.size, layout))
-        self._replay(state, self.transport.take_stash())
+        state.replay(self.transport.take_stash(), self.transport.stash, self.transport.counters)
         reliable = self.transport.semantics.reliable
-        reduce_hit, reduce_since = self._reduce(state, layout, contribution, on_reduced)
-        bcast_hit = self._broadcast(state, layout, shared, reduce_since)
+        early = EarlyBroadcast(self.transport, state, layout, shared) if pipelined else None
+        reduce_hit, reduce_since = self._reduce(state, layout, contribution, on_reduced, early)
+        bcast_hit = self._broadcast(state, layout, shared, reduce_since, early)
         reduce_expected = int(state.reduce.expected.sum()) if self.lossy_reduce else 0
         reduce_missing = state.reduce.left if self.lossy_reduce else 0
         bcast_expected = int(state.bcast.expected.sum()) if self.lossy_broadcast else 0
@@ -245,9 +263,10 @@ class LossyCollective:
         return self.transport.semantics.reliable or self.wait_for_all
 
     def _reduce(self, state: Step, layout: Layout, contribution: np.ndarray,
-                on_reduced) -> tuple[bool, float]:
+                on_reduced, early: EarlyBroadcast | None) -> tuple[bool, float]:
         """The reduce stage: our contribution to every other owner, then wait for ours and
-        rebuild the own shard. (Whether the deadline was hit, when our waiting began.)"""
+        rebuild the own shard, broadcasting its whole packets meanwhile if `early`.
+        (Whether the deadline was hit, when our waiting began.)"""
         start, end = state.own
         if not self.lossy_reduce:
             # delivered in full (lossy_stage="broadcast"): the exact mean
@@ -261,7 +280,8 @@ class LossyCollective:
                                  bucket)
         since = time.monotonic()
         budget = RC_STAGE_TIMEOUT_S if self._patient() else self.deadline.budget(kind)
-        hit = self._receive(state, state.reduce.over, budget, state.reduce)
+        hit = self._receive(state, state.reduce.over, budget, state.reduce,
+                            early.after_batch if early is not None else None)
         self.deadline.observe(kind, max(state.reduce.last_at - since, 0.0))
         state.accept_reduce = False
         self._reduce_expected += int(state.reduce.expected.sum())
@@ -273,19 +293,22 @@ class LossyCollective:
         return hit, since
 
     def _broadcast(self, state: Step, layout: Layout, shared: np.ndarray,
-                   reduce_since: float) -> bool:
-        """The broadcast stage: our shard to everyone, then wait for the others'. Whether
-        the deadline was hit."""
+                   reduce_since: float, early: EarlyBroadcast | None) -> bool:
+        """The broadcast stage: our shard to everyone (what `early` did not send yet), then
+        wait for the others'. Whether the deadline was hit."""
         if not self.lossy_broadcast:
             # delivered in full (lossy_stage="reduce"): every owner's shard over gloo, so no
             # rank keeps a stale value
             _reliable_broadcast(shared, layout, self.world)
             return False
         step, bucket, kind = state.step, state.bucket, f"broadcast:{shared.size}"
+        rest = early.rest() if early is not None else None
+        if rest is not None:
+            self.totals["broadcast_early_packets"] += early.packets - len(rest)
         for dest in range(self.world):
             if dest != self.rank:
                 self._send_shard(layout, shared, hdr.STAGE_BROADCAST, self.rank, dest, step,
-                                 bucket)
+                                 bucket, rest)
         # An owner broadcasts once its own reduce stage ends, which may be long after ours
         # did: until then it is silent, and _receive waits for it up to the ceiling, then
         # gives it one more budget. So the broadcast's deadline is its own budget, from now,
@@ -309,26 +332,6 @@ class LossyCollective:
         self.deadline.observe(kind, max(state.bcast.last_at - since, 0.0))
         return hit
 
-    def _replay(self, state: Step, stash: EarlyStash) -> None:
-        """The packets that came for this step during the last one: its data packets and
-        fragments in one call of the compiled core (a rank that fell behind catches up at
-        its speed), the rest (end markers, packets of later steps) one at a time. Every
-        verdict is counted (a kept packet can still be malformed or not finite) but that of
-        one kept again for a later step, which was counted early when it came."""
-        counters = self.transport.counters
-        now, rest = [], []
-        for unit in stash:
-            (now if unit[0].step == state.step and unit[0].stage in hdr.STAGE_NAMES
-             else rest).append(unit)
-        if now:
-            verdicts = state.handle_batch(*as_batch(now), self.transport.stash)
-            for verdict, count in verdicts.items():
-                count_verdict(counters, verdict, count)
-        for head, payload in rest:
-            verdict = state.handle(head, memoryview(payload), self.transport.stash)
-            if verdict != EARLY:
-                count_verdict(counters, verdict)
-
     # ---- what callers use ---------------------------------------------------------------
 
     def allreduce(self, tensor: torch.Tensor | np.ndarray, bucket: int = 0) -> StepStats:
@@ -339,7 +342,7 @@ class LossyCollective:
         def write_mean(start, end, estimate):
             x[start:end] = estimate
 
-        return self._run(x, x, bucket, write_mean)
+        return self._run(x, x, bucket, write_mean, pipelined=True)
 
     def sharded_update(self, grads: torch.Tensor, params: torch.Tensor, step_fn,
                        bucket: int = 0) -> StepStats:

@@ -30,6 +30,7 @@ from harness.transport.verdicts import (
     MALFORMED,
     NONFINITE,
     STALE,
+    count_verdict,
 )
 
 
@@ -164,6 +165,25 @@ class Step:
 
     def incomplete_messages(self) -> int:
         return self.reduce.incomplete() + self.bcast.incomplete()
+
+    def replay(self, kept: EarlyStash, stash: EarlyStash, counters) -> None:
+        """The packets that came for this step during the last one (`kept`): its data
+        packets and fragments in one call of the compiled core (a rank that fell behind
+        catches up at its speed), the rest (end markers, packets of later steps, kept again
+        in `stash`) one at a time. Every verdict is counted in `counters` (a kept packet can
+        still be malformed or not finite) but that of one kept again for a later step, which
+        was counted early when it came."""
+        now, rest = [], []
+        for unit in kept:
+            (now if unit[0].step == self.step and unit[0].stage in hdr.STAGE_NAMES
+             else rest).append(unit)
+        if now:
+            for verdict, count in self.handle_batch(*as_batch(now), stash).items():
+                count_verdict(counters, verdict, count)
+        for head, payload in rest:
+            verdict = self.handle(head, memoryview(payload), stash)
+            if verdict != EARLY:
+                count_verdict(counters, verdict)
 
     def handle(self, head: hdr.Header, payload: memoryview, stash: EarlyStash) -> str:
         """One unit (an RC message, a packet kept early or left over from a batch) or a raw

@@ -237,7 +237,7 @@ static int wait_writable(int fd) {
 
 /* Sender.send(sockaddr, dest, mac, seq_first, stage, step, bucket, shard, x, starts, ends,
  *             count, end_stage, copies, first_copy[, fragment_floats, psn_first,
- *             index_first, first_fragment, copy])
+ *             index_first, first_fragment, copy, indexes])
  *   -> (datagrams_sent, ends_sent, payload_bytes_sent, segmented_sends, gso_refused)
  *
  * Packet i carries x's float32 values [starts[i], ends[i]) and says index i of `count`;
@@ -249,7 +249,10 @@ static int wait_writable(int fd) {
  * datagram (fragments and end markers included). psn_first >= 0 (RC): data datagram k
  * carries psn psn_first + k, which the caller has reserved in its send flow.
  * Sending again (RC's go-back-N): packet i says index index_first + i, the first packet
- * starts at its fragment first_fragment, and every data datagram carries copy `copy`. */
+ * starts at its fragment first_fragment, and every data datagram carries copy `copy`.
+ * indexes (int64, one per packet, or None): packet i says index indexes[i] instead, for
+ * packets of a shard that are not consecutive (an owner broadcasting the packets it has
+ * rebuilt so far: harness/collectives/pipeline.py). */
 static PyObject *Sender_send(SenderObject *self, PyObject *args) {
     Py_buffer addr, x, starts, ends;
     PyObject *mac_obj;
@@ -259,14 +262,35 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
     Py_ssize_t fragment_floats = 0, index_first = 0, first_fragment = 0;
     long long psn_first = -1;
     int data_copy = 0;
+    PyObject *indexes_obj = Py_None;
+    Py_buffer indexes = {0};
     EVP_CIPHER_CTX *mac;
-    if (!PyArg_ParseTuple(args, "y*iOKiIiiy*y*y*Iiii|nLnni", &addr, &dest, &mac_obj,
+    if (!PyArg_ParseTuple(args, "y*iOKiIiiy*y*y*Iiii|nLnniO", &addr, &dest, &mac_obj,
                           &seq_first, &stage, &step, &bucket, &shard, &x, &starts, &ends,
                           &count, &end_stage, &copies, &first_copy, &fragment_floats,
-                          &psn_first, &index_first, &first_fragment, &data_copy))
+                          &psn_first, &index_first, &first_fragment, &data_copy,
+                          &indexes_obj))
         return NULL;
     PyObject *result = NULL;
     const char *bad = NULL;
+    const int64_t *idx = NULL;
+    if (indexes_obj != Py_None) {
+        if (PyObject_GetBuffer(indexes_obj, &indexes, PyBUF_SIMPLE) < 0) goto done;
+        idx = indexes.buf;
+        if (indexes.len != starts.len) {
+            bad = "indexes: an int64 array, one index per packet";
+        } else {
+            for (Py_ssize_t i = 0; i < indexes.len / 8; i++)
+                if (idx[i] < 0 || idx[i] > 0xFFFFFFFFLL) {
+                    bad = "indexes: the packets' indexes must fit 32 bits";
+                    break;
+                }
+        }
+        if (bad) {
+            PyErr_SetString(PyExc_ValueError, bad);
+            goto done;
+        }
+    }
     if (mac_arg(mac_obj, &mac) < 0) goto done;
     if (addr.len != sizeof(struct sockaddr_in)) bad = "sockaddr must be a 16-byte sockaddr_in";
     else if (starts.len != ends.len || starts.len % 8) bad = "starts and ends: int64 arrays of one length";
@@ -349,7 +373,8 @@ static PyObject *Sender_send(SenderObject *self, PyObject *args) {
         wr16(h + O_SHARD, (uint16_t)shard);
         wr16(h + O_FRAGMENT, (uint16_t)(data ? fragment : 0));
         wr16(h + O_FRAGMENTS, (uint16_t)pieces);
-        wr32(h + O_INDEX, data ? (uint32_t)(index_first + packet) : count);
+        wr32(h + O_INDEX, !data ? count
+                          : (uint32_t)(idx ? idx[packet] : index_first + packet));
         wr32(h + O_COUNT, count);
         wr32(h + O_LENGTH, (uint32_t)len);
         if (data && psn_first >= 0) wr32(h + O_PSN, (uint32_t)(psn_first + k));
@@ -425,6 +450,7 @@ done:
     PyBuffer_Release(&x);
     PyBuffer_Release(&starts);
     PyBuffer_Release(&ends);
+    if (indexes.obj) PyBuffer_Release(&indexes);
     return result;
 }
 

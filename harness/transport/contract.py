@@ -64,10 +64,12 @@ class Transport(Protocol):
         """The number of the next collective step; every rank numbers steps alike."""
 
     def send_packets(self, dest: int, stage: int, step: int, bucket: int, shard: int,
-                     x: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                     end_copies: int = 0) -> None:
+                     x: np.ndarray, starts: np.ndarray, ends: np.ndarray, end_copies: int = 0,
+                     *, indexes: np.ndarray | None = None, count: int | None = None) -> None:
         """Every unit of one shard to `dest`: unit i carries x[starts[i]:ends[i]], then
-        `end_copies` end markers on the same path."""
+        `end_copies` end markers on the same path. Some units of a shard: `indexes` says
+        which (unit i is the shard's indexes[i]) and `count` how many the shard has (the end
+        markers say it); the markers may then follow no unit."""
 
     def send_end(self, dest: int, stage: int, step: int, bucket: int, shard: int, count: int,
                  copies: int, first_copy: int = 0) -> None:

@@ -77,18 +77,19 @@ class Sender:
              bucket: int, shard: int, x: np.ndarray, starts: np.ndarray, ends: np.ndarray,
              count: int, copies: int = 0, first_copy: int = 0, fragment_floats: int = 0,
              psn_first: int = -1, index_first: int = 0, first_fragment: int = 0,
-             copy: int = 0) -> Sent:
+             copy: int = 0, indexes: np.ndarray | None = None) -> Sent:
         """Packets x[starts[i]:ends[i]] (float32; int64 bounds) of `shard` to rank `dest` at
         `to` (sockaddr_in), each index index_first + i of `count`, then `copies` end
         markers numbered from first_copy. fragment_floats > 0 cuts packets longer than
         that into fragments (UC, RC messages). mac: the sender's Mac (None: unsealed), with
         one seq per datagram reserved from seq_first. RC (psn_first >= 0): data datagram k
         carries psn psn_first + k; a resend starts at first_fragment of its first packet
-        and carries `copy`."""
+        and carries `copy`. indexes (int64, one per packet): packet i says indexes[i]
+        instead of index_first + i (packets of a shard that are not consecutive)."""
         return Sent(*self._sender.send(
             to, dest, mac, seq_first, stage, step, bucket & 0xFFFF, shard, x, starts, ends,
             count, hdr.END_OF[stage], copies, first_copy, fragment_floats, psn_first,
-            index_first, first_fragment, copy))
+            index_first, first_fragment, copy, indexes))
 
 
 # ---- receiving ------------------------------------------------------------------------------

@@ -133,8 +133,7 @@ class UdpTransport:
                  "authenticated" if self.auth else "NOT authenticated (no job key)")
 
     @property
-    def segments(self) -> int:
-        """Datagrams one send may carry (1: no UDP GSO; 1 once the route refused it)."""
+    def segments(self) -> int:  # datagrams one send may carry (1: no GSO, or it was refused)
         return self._tx.segments
 
     @property
@@ -162,19 +161,21 @@ class UdpTransport:
     # ---- sending ------------------------------------------------------------------------
 
     def send_packets(self, dest: int, stage: int, step: int, bucket: int, shard: int,
-                     x: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                     end_copies: int = 0) -> None:
-        """All packets of one shard to `dest` at once: packet i carries x[starts[i]:ends[i]]
-        (float32), sent straight from x's memory. Then `end_copies` end markers (see
-        send_end), in the same system call."""
-        n = len(starts)
+                     x: np.ndarray, starts: np.ndarray, ends: np.ndarray, end_copies: int = 0,
+                     *, indexes: np.ndarray | None = None, count: int | None = None) -> None:
+        """All packets of one shard (or those `indexes` names, of `count`: contract.py) to
+        `dest` at once: packet i carries x[starts[i]:ends[i]] (float32), sent straight from
+        x's memory. Then `end_copies` end markers (see send_end), in the same system call."""
+        n = len(starts) if count is None else count
         if self.rc is not None:
+            if indexes is not None:
+                raise ValueError("indexes: RC sends a shard's packets by runs, not by index")
             self.rc.send(dest, stage, step, bucket, shard, x, starts, ends)
             if n and end_copies:
                 self.send_end(dest, stage, step, bucket, shard, n, end_copies)
             return
         self._send_batch(dest, stage, step, bucket, shard, x, starts, ends, n,
-                         end_copies if n else 0, 0)
+                         end_copies if n else 0, 0, indexes)
 
     def send_end(self, dest: int, stage: int, step: int, bucket: int, shard: int, count: int,
                  copies: int, first_copy: int = 0) -> None:
@@ -185,16 +186,16 @@ class UdpTransport:
                          _NO_PACKETS, count, copies, first_copy)  # all in one system call
 
     def _send_batch(self, dest, stage, step, bucket, shard, x, starts, ends, count, copies,
-                    first_copy) -> None:
-        """Packets x[starts[i]:ends[i]] and `copies` end markers, built, sealed and sent by
-        the compiled core in one call."""
+                    first_copy, indexes=None) -> None:
+        """The packets and `copies` end markers, built, sealed and sent in one compiled call."""
         total = self._datagrams(starts, ends) + copies
         auth = self.auth
         self._sent(self._tx.send(
             to=self._sockaddrs[dest], dest=dest, mac=auth.mac if auth else None,
             seq_first=auth.reserve(total) if auth else 0, stage=stage, step=step,
-            bucket=bucket, shard=shard, x=x, starts=starts, ends=ends, count=count,
-            copies=copies, first_copy=first_copy, fragment_floats=self.fragment_floats))
+            bucket=bucket, shard=shard, x=x, starts=starts, ends=ends, indexes=indexes,
+            count=count, copies=copies, first_copy=first_copy,
+            fragment_floats=self.fragment_floats))
 
     def _sent(self, sent: native.Sent) -> None:
         """Count what one call of the compiled sender sent."""

@@ -268,13 +268,13 @@ class VerbsTransport:
             self.counters.bytes_sent += len(payload)
 
     def send_packets(self, dest: int, stage: int, step: int, bucket: int, shard: int,
-                     x: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                     end_copies: int = 0) -> None:
-        """All messages of one shard to `dest` (message i: x[starts[i]:ends[i]]), then
-        `end_copies` end markers."""
-        view = memoryview(x).cast("B")
-        n = len(starts)
-        for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+                     x: np.ndarray, starts: np.ndarray, ends: np.ndarray, end_copies: int = 0,
+                     *, indexes: np.ndarray | None = None, count: int | None = None) -> None:
+        """All messages of one shard (or those `indexes` names, of `count`) to `dest`
+        (message i: x[starts[i]:ends[i]]), then `end_copies` end markers."""
+        view, n = memoryview(x).cast("B"), len(starts) if count is None else count
+        numbers = range(len(starts)) if indexes is None else indexes.tolist()
+        for index, start, end in zip(numbers, starts.tolist(), ends.tolist(), strict=True):
             self.send(dest, stage, step, bucket, shard, index, n, view[4 * start:4 * end])
         if n and end_copies:
             self.send_end(dest, stage, step, bucket, shard, n, end_copies)

@@ -93,12 +93,16 @@ class _SlowSender:
             return self.sender.send(**fields)
         time.sleep(self.before_s)
         half = len(starts) // 2 if self.stall_s else 0
+        # (a pipelined broadcast names its packets' indexes: each half its own)
+        indexes = fields.get("indexes")
         first = self.sender.send(**{**fields, "starts": starts[:half], "ends": ends[:half],
-                                    "copies": 0, "first_copy": 0})
+                                    "copies": 0, "first_copy": 0,
+                                    "indexes": None if indexes is None else indexes[:half]})
         time.sleep(self.stall_s)
         rest_went = self.sender.send(**{**fields, "seq_first": fields["seq_first"] + half,
                                         "starts": starts[half:], "ends": ends[half:],
-                                        "index_first": half})
+                                        "index_first": half,
+                                        "indexes": None if indexes is None else indexes[half:]})
         return native.Sent(first.data + rest_went.data, rest_went.ends,
                            first.nbytes + rest_went.nbytes,
                            first.segmented + rest_went.segmented,
