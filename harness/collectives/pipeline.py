@@ -35,8 +35,10 @@ from harness.transport import header as hdr
 # The estimators whose estimate of a packet every source delivered is sum / world (rebuild.py)
 PIPELINED_ESTIMATORS = ("zero_fill", "received_mean")
 # A send of whole packets to every peer once this share of the shard is whole and not sent
-# yet: 8 sends a stage at most before its end, each still many packets to a peer
-SHARE_PER_SEND = 8
+# yet: 4 sends a stage at most before its end, each still many packets to a peer (each send
+# and each look costs the receiving rank's time: on a machine whose cores are all busy,
+# that is the stage's time)
+SHARE_PER_SEND = 4
 
 
 def applies(transport, estimator: str, lossy_stage: str, fragment_floats: int) -> bool:
@@ -60,13 +62,13 @@ class EarlyBroadcast:
         self.sent = np.zeros(self.packets, dtype=bool)
         self.least = max(1, -(-self.packets // SHARE_PER_SEND))
         self.peers = [j for j in range(self.world) if j != self.rank]
-        self._left = -1  # the reduce stage's packets still due at the last look
+        self._left = int(state.reduce.expected.sum())  # its packets still due at the last look
 
     def after_batch(self) -> None:
         """Rebuild and broadcast the packets that became whole, if there are enough."""
         reduce = self.state.reduce
-        if reduce.left == self._left or not self.state.accept_reduce:
-            return  # no reduce packet came since the last look (or the stage is over)
+        if self._left - reduce.left < self.least or not self.state.accept_reduce:
+            return  # (each packet that comes makes one whole at most: look once `least` came)
         self._left = reduce.left
         whole = reduce.got[self.peers, :self.packets].all(axis=0) & ~self.sent
         if np.count_nonzero(whole) >= self.least:

@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 KIND = "slurm"
 DEFAULT_LEASE_S = 120.0
 AGENT_TIMEOUT_S = 120.0
+# A clear waits less: it runs as the job ends, when Slurm gives lossbed KillWait seconds
+# (30 by default) before it kills it, and srun to a node that died but is not declared down
+# yet does not return. What a clear could not reach, the node's Epilog clears at job end
+# (and its agent's lease reverts if the node comes back before that).
+CLEAR_TIMEOUT_S = 20.0
 # what srun says when the job it would add a step to has ended
 JOB_ENDED = ("has expired", "already completing or completed", "Job has already finished")
 ALLOCATION_FIX = ("Run it inside an allocation: salloc -N 2 lossbed run --slurm ..., or "
@@ -93,13 +98,15 @@ class SrunHost:
         """One operation by the node's lossbed agent (through testbed.slurm.client there)."""
         request = json.dumps({"payload": payload}).encode()
         argv = [self.python, "-m", "testbed.slurm.client", op]
+        waits = CLEAR_TIMEOUT_S if op == "clear" else AGENT_TIMEOUT_S
         try:
-            done = subprocess.run(self.srun_argv(argv), capture_output=True,
-                                  timeout=AGENT_TIMEOUT_S, input=request,
-                                  env=self._env({"PYTHONPATH": self.project}))
+            done = subprocess.run(self.srun_argv(argv), capture_output=True, timeout=waits,
+                                  input=request, env=self._env({"PYTHONPATH": self.project}))
         except subprocess.TimeoutExpired:
-            raise ClusterError(f"node {self.name}: no answer from srun in "
-                               f"{AGENT_TIMEOUT_S:.0f} s (a node lost?)") from None
+            raise ClusterError(f"node {self.name}: no answer from srun in {waits:.0f} s (a "
+                               "node lost?)" + (": its Epilog clears what the job held there "
+                                                "when the job ends" if op == "clear" else "")
+                               ) from None
         lines = [ln for ln in done.stdout.decode(errors="replace").splitlines()
                  if ln.startswith("{")]
         said = done.stderr.decode(errors="replace").strip()

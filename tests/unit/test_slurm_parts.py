@@ -94,6 +94,34 @@ def test_a_step_refused_because_the_job_ended_says_so_and_who_clears(monkeypatch
                               "what the job held on its nodes")
 
 
+def test_a_clear_to_a_node_that_does_not_answer_ends_within_its_bound(monkeypatch, tmp_path):
+    """A node that died but is not declared down yet: srun to it does not return. The clear
+    at a run's end (Slurm's KillWait after SIGTERM is 30 s by default) gives up after
+    CLEAR_TIMEOUT_S, kills its srun and says who clears; other calls wait AGENT_TIMEOUT_S.
+    (The old code waited 120 s for a clear too, past KillWait: on a cluster whose process
+    tracking lost lossbed, it outlived its job; the real lost node: tests/netns/test_slurm.py.)"""
+    import time
+
+    srun = tmp_path / "srun"
+    srun.write_text(f"#!/bin/sh\necho $$ > {tmp_path}/pid\nexec sleep 600\n")
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(slurm_cluster, "CLEAR_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(slurm_cluster, "AGENT_TIMEOUT_S", 2.0)
+    host = slurm_cluster.SrunHost(name="n2", address="10.0.0.2", job="5")
+    for op, bound, said in (("clear", 1.0, "no answer from srun in 1 s (a node lost?): its "
+                             "Epilog clears what the job held there when the job ends"),
+                            ("describe", 2.0, "no answer from srun in 2 s (a node lost?)")):
+        started = time.monotonic()
+        with pytest.raises(Exception) as err:
+            host.agent_call(op, {})
+        assert bound <= time.monotonic() - started < bound + 5
+        assert str(err.value) == f"node n2: {said}"
+        pid = int((tmp_path / "pid").read_text())
+        assert not os.path.exists(f"/proc/{pid}") or \
+            open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"  # srun was killed
+
+
 def _no_command(*args, **kwargs):
     raise AssertionError(f"a command ran: {args}")
 
