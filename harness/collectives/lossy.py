@@ -286,6 +286,9 @@ class LossyCollective:
         state.accept_reduce = False
         self._reduce_expected += int(state.reduce.expected.sum())
         self._reduce_missing += state.reduce.left
+        if early is not None:  # (gradient mode: what on_reduced would write, written)
+            early.rebuild_rest(self.estimator, state.counts())
+            return hit, since
         # rebuilt in place: the sums are not needed once the estimate is made
         on_reduced(start, end, rebuild(self.estimator, state.total, state.counts(),
                                        contribution[start:end], self.world, self.loss_rate,

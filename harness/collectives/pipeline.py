@@ -9,8 +9,11 @@ has come; its estimate is then the sum over the world, divided by the world, wha
 still missing elsewhere in the shard: for the estimators that say so (zero_fill and
 received_mean: count == world there), the value the end of the stage would write, to the
 bit. So those packets are rebuilt and broadcast as soon as enough of them are whole
-(`least`: one send per peer is not worth a few packets); the stage's end rebuilds the whole
-shard as before and broadcasts only what did not go yet, with the end markers.
+(`least`: one send per peer is not worth a few packets); the stage's end rebuilds the rest
+and broadcasts what did not go yet, with the end markers. Each packet is rebuilt once,
+straight into the tensor (without the pipeline the stage rebuilds into its sums, then
+copies: on a machine whose cores are all busy, a second pass over the shard costs more
+than the overlap gains).
 
 Where it does not apply (lossy.LossyCollective decides, `pipelines`):
     rescale          its estimate of a whole packet depends on the loss rate, which this
@@ -29,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.collectives.layout import Layout
+from harness.collectives.rebuild import rebuild
 from harness.collectives.step import Step
 from harness.transport import header as hdr
 
@@ -88,17 +92,34 @@ class EarlyBroadcast:
                                         indexes=indexes, count=self.packets)
         self.sent[indexes] = True
 
+    def rebuild_rest(self, estimator: str, counts) -> None:
+        """The stage's end: the packets not broadcast yet rebuilt into `shared` as rebuild.py
+        does (`counts`: Step.counts()), straight into it; the others are there already."""
+        total = self.state.total
+
+        def estimate(first: int, end: int, out: np.ndarray) -> None:
+            # (own: `out` itself, still the contribution: the estimators pipelined never read it)
+            rebuild(estimator, total[first:end], counts if np.ndim(counts) == 0
+                    else counts[first:end], out, self.world, 0.0, out=out)
+
+        self._write(self.rest(), estimate)
+
     def _write_estimates(self, indexes: np.ndarray) -> None:
-        """shared's slots of these whole packets = their sums / world (as rebuild writes
-        them at the stage's end; the sums stay in state.total for it)."""
-        state, per_packet = self.state, self.state.layout.per_packet
-        own_start, own_end = state.own
-        full = (own_end - own_start) // per_packet  # packets that hold per_packet values
-        rows = indexes[indexes < full]
-        if len(rows):
-            sums = state.total[:full * per_packet].reshape(full, per_packet)
-            into = self.shared[own_start:own_start + full * per_packet].reshape(full, per_packet)
-            into[rows] = np.divide(sums[rows], self.world)
-        if full < self.packets and indexes[-1] == full:  # the last, shorter packet
-            into = self.shared[own_start + full * per_packet:own_end]
-            np.divide(state.total[full * per_packet:], self.world, out=into)
+        """shared's slots of these whole packets = their sums / world (what rebuild writes
+        for them at the stage's end), run by run of consecutive packets."""
+        total, world = self.state.total, self.world
+        self._write(indexes, lambda first, end, out: np.divide(total[first:end], world,
+                                                               out=out))
+
+    def _write(self, indexes: np.ndarray, estimate) -> None:
+        """estimate(first, end, out) for each run of consecutive packets among `indexes`:
+        [first, end) in the own shard's values, `out` their place in `shared`."""
+        if not len(indexes):
+            return
+        per_packet, (own_start, own_end) = self.state.layout.per_packet, self.state.own
+        breaks = np.flatnonzero(np.diff(indexes) != 1) + 1
+        firsts = indexes[np.concatenate(([0], breaks))] * per_packet
+        ends = np.minimum((indexes[np.concatenate((breaks - 1, [len(indexes) - 1]))] + 1)
+                          * per_packet, own_end - own_start)
+        for first, end in zip(firsts.tolist(), ends.tolist(), strict=True):
+            estimate(first, end, self.shared[own_start + first:own_start + end])
