@@ -123,27 +123,33 @@ def watch(path: Path, ifname: str, clear, retry_max_s: float = 30.0) -> str:
 
 
 class Keeper:
-    """Controller side: renew every host's lease until stopped (a daemon thread)."""
+    """Controller side: renew every host's lease until stopped, each host from a daemon
+    thread of its own: a host that does not answer (a lost node, srun or SSH waiting for
+    it) delays no other host's renewal, whose lease would otherwise run out mid-run."""
 
     def __init__(self, cluster, every_s: float):
         if not every_s > 0:  # 0 or NaN would renew in a tight loop
             raise ValueError(f"renewing every {every_s} s: the lease must be positive")
         self.cluster, self.every_s = cluster, every_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="lease-keeper")
+        self._threads = [threading.Thread(target=self._run, args=(host,), daemon=True,
+                                          name=f"lease-keeper-{host.name}")
+                         for host in cluster.hosts]
 
     def __enter__(self):
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
-        self._thread.join(5)
+        deadline = time.monotonic() + 5  # (a thread still waiting on its host is a daemon)
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
-    def _run(self):
+    def _run(self, host):
         while not self._stop.wait(self.every_s):
-            for host in self.cluster.hosts:
-                try:
-                    host.agent_call("renew", {})
-                except Exception as err:  # the watchdog will clear it: say so, go on
-                    log.warning("could not renew the lease on %s: %s", host.name, err)
+            try:
+                host.agent_call("renew", {})
+            except Exception as err:  # the watchdog will clear it: say so, go on
+                log.warning("could not renew the lease on %s: %s", host.name, err)

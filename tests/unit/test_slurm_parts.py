@@ -122,6 +122,41 @@ def test_a_clear_to_a_node_that_does_not_answer_ends_within_its_bound(monkeypatc
             open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"  # srun was killed
 
 
+def test_a_host_that_does_not_answer_delays_no_other_hosts_lease_renewal():
+    """The controller renews each host's lease on its own: while a lost node's renewal
+    hangs (srun waits for the node until Slurm declares it down), the others' are renewed
+    on time and their impairment does not revert mid-run. (The old keeper renewed the hosts
+    one after the other in one thread: the host behind the lost one waited with it.)"""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from testbed.host import lease
+
+    never = threading.Event()
+    renewed: list[float] = []
+
+    class Lost:
+        name = "n1"
+
+        def agent_call(self, op, payload):
+            never.wait(30)
+
+    class Alive:
+        name = "n2"
+
+        def agent_call(self, op, payload):
+            assert op == "renew"
+            renewed.append(time.monotonic())
+
+    started = time.monotonic()
+    with lease.Keeper(SimpleNamespace(hosts=[Lost(), Alive()]), every_s=0.05):
+        time.sleep(0.6)
+        never.set()  # (the lost node answers at last, so that stopping need not wait)
+    assert len(renewed) >= 5, renewed  # every 0.05 s for 0.6 s, on a busy machine: >= 5
+    assert renewed[0] - started < 0.3
+
+
 def _no_command(*args, **kwargs):
     raise AssertionError(f"a command ran: {args}")
 
