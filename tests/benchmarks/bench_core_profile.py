@@ -1,15 +1,19 @@
-"""Where a lossy all-reduce's time goes, per call of the compiled core: four ranks as
-processes on loopback (127.0.0.1 only), rank 0 under cProfile, sealed or not.
+"""Where a lossy all-reduce's time goes, per call of the compiled core: four ranks (--ranks)
+as processes on loopback (127.0.0.1 only), rank 0 under cProfile, sealed or not.
 
     .venv/bin/python -m tests.benchmarks.bench_core_profile [--mtu 9000] [--mib 4]
-        [--iters 40] [--unsealed] [--perf [--top 15]] [--flamegraph FILE.svg]
+        [--iters 40] [--ranks 4] [--unsealed] [--no-pipeline] [--perf [--top 15]]
+        [--flamegraph FILE.svg]
+
+--no-pipeline: an owner broadcasts its shard only once its reduce stage has ended
+(harness/collectives/pipeline.py off), for a before/after of the pipeline in one sitting.
 
 Prints, for rank 0, the seconds per all-reduce spent in each call of _wire (send: build,
 seal and the sendmmsg system calls; receive: recvmmsg; screen: header checks and the MACs;
 apply: placing and summing payloads), in waiting for datagrams (poll), in the estimator's
 rebuild, and in everything else (Python), and one JSON line.
 
---perf asks the kernel instead (perf record on all four ranks, no cProfile): the CPU time
+--perf asks the kernel instead (perf record on all the ranks, no cProfile): the CPU time
 of the ranks by where it was spent, the kernel included, which cProfile cannot see into
 (its sendmmsg and recvmmsg copies, the network stack, the scheduler): the kernel's copies,
 the rest of the kernel, the MAC (libcrypto), the compiled core by function, Python, numpy,
@@ -46,7 +50,6 @@ import numpy as np
 from tests.benchmarks import flamegraph
 
 PORT = 29741
-WORLD = 4
 
 
 def rank_main(rank: int, args, out, go=None, ready=None) -> None:
@@ -56,13 +59,13 @@ def rank_main(rank: int, args, out, go=None, ready=None) -> None:
     from harness.runtime import keep_startup_out_of_collector
     from harness.transport.udp import UdpTransport
 
-    store = dist.TCPStore("127.0.0.1", PORT, WORLD, is_master=rank == 0,
+    store = dist.TCPStore("127.0.0.1", PORT, args.ranks, is_master=rank == 0,
                           timeout=timedelta(seconds=60))
-    t = UdpTransport(rank, WORLD, "127.0.0.1", store, mtu=args.mtu,
+    t = UdpTransport(rank, args.ranks, "127.0.0.1", store, mtu=args.mtu,
                      key=None if args.unsealed else bytes(32), segmentation=True)
     # align_every=0: the ranks meet in the store before the first step only, as in training
     # and collective-bench; aligning every step profiled two store round trips per step too
-    c = LossyCollective(t, store, align_every=0)
+    c = LossyCollective(t, store, align_every=0, pipelined=not args.no_pipeline)
     keep_startup_out_of_collector()  # as a rank starts (see there)
     x = np.random.default_rng(rank).standard_normal(args.mib << 18).astype(np.float32)
     for _ in range(5):
@@ -136,19 +139,19 @@ def categorise(report: str) -> dict[str, float]:
 
 
 def _start_waiting_ranks(args):
-    """The four ranks, started: each says `ready` after its warm-up and waits for `go`
+    """The ranks, started: each says `ready` after its warm-up and waits for `go`
     before its measured all-reduces (so a profiler attaches in between)."""
     ctx = multiprocessing.get_context("spawn")
     out, go, ready = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=rank_main, args=(r, args, out, go, ready))
-             for r in range(WORLD)]
+             for r in range(args.ranks)]
     for p in procs:
         p.start()
     return procs, out, go, ready
 
 
 def perf_main(args) -> None:
-    """The --perf view: perf record on the four ranks during the measured all-reduces."""
+    """The --perf view: perf record on the ranks during the measured all-reduces."""
     perf = shutil.which("perf")
     if perf is None:
         raise SystemExit("--perf needs perf (Debian: apt-get install linux-perf)")
@@ -176,11 +179,11 @@ def perf_main(args) -> None:
              "--show-nr-samples", "-q", "-g", "none"], capture_output=True, text=True,
             check=True).stdout
     total = sum(int(m[1]) for m in re.finditer(r"^\s*[0-9.]+%\s+(\d+)\s", report, re.M))
-    cpu_s = total / hz  # the four ranks' CPU-seconds while perf recorded
+    cpu_s = total / hz  # the ranks' CPU-seconds while perf recorded
     shares = categorise(report)
     per_call = cpu_s / args.iters
     cores = os.cpu_count() or 1
-    print(f"4 ranks, {args.mib} MiB all-reduce, MTU {args.mtu}, "
+    print(f"{args.ranks} ranks, {args.mib} MiB all-reduce, MTU {args.mtu}, "
           f"{'unsealed' if args.unsealed else 'sealed'}: {result['wall_s'] * 1e3:.1f} ms per "
           f"all-reduce; the ranks used {per_call * 1e3:.1f} CPU-ms per all-reduce, "
           f"{cpu_s / (seconds * cores):.0%} of the {cores} cores while perf recorded")
@@ -270,7 +273,7 @@ def flamegraph_main(args) -> None:
                            if "rank_main (" in line)
         Path(args.flamegraph).with_suffix(".folded").write_text(folded)  # (to read as text)
         Path(args.flamegraph).write_text(flamegraph.svg(folded, (
-            f"rank 0 of 4, {args.mib} MiB lossy all-reduce, MTU {args.mtu}, "
+            f"rank 0 of {args.ranks}, {args.mib} MiB lossy all-reduce, MTU {args.mtu}, "
             f"{'unsealed' if args.unsealed else 'sealed'} (py-spy --native)")))
         shares = stack_shares(folded)
     print(f"rank 0, {args.mib} MiB all-reduce, MTU {args.mtu}, "
@@ -292,8 +295,11 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=4)
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--unsealed", action="store_true")
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--no-pipeline", action="store_true",
+                        help="the owner's broadcast waits for its whole reduce stage")
     parser.add_argument("--perf", action="store_true",
-                        help="perf record on all four ranks (kernel included) instead of "
+                        help="perf record on all the ranks (kernel included) instead of "
                              "cProfile on rank 0")
     parser.add_argument("--top", type=int, default=15,
                         help="with --perf: how many of the busiest symbols to list")
@@ -309,7 +315,7 @@ def main() -> None:
         return
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, args, out)) for r in range(WORLD)]
+    procs = [ctx.Process(target=rank_main, args=(r, args, out)) for r in range(args.ranks)]
     for p in procs:
         p.start()
     result = out.get(timeout=600)
