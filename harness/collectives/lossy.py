@@ -231,7 +231,8 @@ class LossyCollective:
                      staging=self.buffers.staging(contribution.size, layout))
         state.replay(self.transport.take_stash(), self.transport.stash, self.transport.counters)
         reliable = self.transport.semantics.reliable
-        early = EarlyBroadcast(self.transport, state, layout, shared) if pipelined else None
+        early = (EarlyBroadcast(self.transport, state, layout, shared, self.estimator)
+                 if pipelined else None)
         reduce_hit, reduce_since = self._reduce(state, layout, contribution, on_reduced, early)
         bcast_hit = self._broadcast(state, layout, shared, reduce_since, early)
         reduce_expected = int(state.reduce.expected.sum()) if self.lossy_reduce else 0
@@ -287,7 +288,7 @@ class LossyCollective:
         self._reduce_expected += int(state.reduce.expected.sum())
         self._reduce_missing += state.reduce.left
         if early is not None:  # (gradient mode: what on_reduced would write, written)
-            early.rebuild_rest(self.estimator, state.counts())
+            early.rebuild_rest(state.counts())
             return hit, since
         # rebuilt in place: the sums are not needed once the estimate is made
         on_reduced(start, end, rebuild(self.estimator, state.total, state.counts(),

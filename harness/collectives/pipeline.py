@@ -58,8 +58,10 @@ class EarlyBroadcast:
     after_batch() is called after every received batch of the reduce stage; rest() says
     which packets the stage's end still has to send."""
 
-    def __init__(self, transport, state: Step, layout: Layout, shared: np.ndarray):
+    def __init__(self, transport, state: Step, layout: Layout, shared: np.ndarray,
+                 estimator: str):
         self.transport, self.state, self.shared = transport, state, shared
+        self.estimator = estimator
         self.rank, self.world = state.rank, layout.world
         self.packets = layout.packets(self.rank)
         self.starts, self.ends = layout.packet_arrays(self.rank)
@@ -92,24 +94,28 @@ class EarlyBroadcast:
                                         indexes=indexes, count=self.packets)
         self.sent[indexes] = True
 
-    def rebuild_rest(self, estimator: str, counts) -> None:
-        """The stage's end: the packets not broadcast yet rebuilt into `shared` as rebuild.py
-        does (`counts`: Step.counts()), straight into it; the others are there already."""
-        total = self.state.total
+    def rebuild_rest(self, counts) -> None:
+        """The stage's end: the packets not broadcast yet rebuilt into `shared` (`counts`:
+        Step.counts()), straight into it; the others are there already."""
+        self._rebuild(self.rest(), counts)
+
+    def _rebuild(self, indexes: np.ndarray, counts) -> None:
+        """The estimator's value of these packets, written into `shared` (rebuild.py: the
+        owner's estimate, one function wherever it is made). own: `shared`'s slots
+        themselves, which still hold this rank's contribution there; the loss rate is
+        not passed: the estimators pipelined read neither."""
+        total, estimator = self.state.total, self.estimator
 
         def estimate(first: int, end: int, out: np.ndarray) -> None:
-            # (own: `out` itself, still the contribution: the estimators pipelined never read it)
             rebuild(estimator, total[first:end], counts if np.ndim(counts) == 0
                     else counts[first:end], out, self.world, 0.0, out=out)
 
-        self._write(self.rest(), estimate)
+        self._write(indexes, estimate)
 
     def _write_estimates(self, indexes: np.ndarray) -> None:
-        """shared's slots of these whole packets = their sums / world (what rebuild writes
-        for them at the stage's end), run by run of consecutive packets."""
-        total, world = self.state.total, self.world
-        self._write(indexes, lambda first, end, out: np.divide(total[first:end], world,
-                                                               out=out))
+        """shared's slots of these whole packets rebuilt (every contribution came: a count of
+        world), run by run of consecutive packets."""
+        self._rebuild(indexes, np.float32(self.world))
 
     def _write(self, indexes: np.ndarray, estimate) -> None:
         """estimate(first, end, out) for each run of consecutive packets among `indexes`:

@@ -303,7 +303,8 @@ def test_a_slopes_interval_is_students_t_over_its_residuals():
 
 
 # Planted rebuilds in the real collective (harness.collectives.lossy calls rebuild for the
-# owner's estimate): rows 1b and 1d must fail on them
+# owner's estimate, and pipeline.py for the packets it broadcasts before the reduce stage
+# ends): rows 1b and 1d must fail on them
 
 
 def _own_value_rebuild(estimator, total, count, own, world, loss_rate, out=None):
@@ -331,9 +332,10 @@ def _biased_rebuild(estimator, total, count, own, world, loss_rate, out=None):
 ])
 def test_rows_1b_and_1d_fail_on_a_planted_rebuild_in_the_real_collective(
         monkeypatch, planted, estimator, case, steps):
-    from harness.collectives import lossy
+    from harness.collectives import lossy, pipeline
 
     monkeypatch.setattr(lossy, "rebuild", planted)
+    monkeypatch.setattr(pipeline, "rebuild", planted)
     checks, detail = aggregation.collective_checks(estimator, case, steps)
     assert combine(checks) == FAILS, [c.to_dict() for c in checks]
     # measured on what the collective did: its drop mask dropped, its rate was measured
