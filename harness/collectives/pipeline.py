@@ -15,7 +15,7 @@ straight into the tensor (without the pipeline the stage rebuilds into its sums,
 copies: on a machine whose cores are all busy, a second pass over the shard costs more
 than the overlap gains).
 
-Where it does not apply (lossy.LossyCollective decides, `pipelines`):
+Where it does not apply (applies(), which lossy.LossyCollective asks):
     rescale          its estimate of a whole packet depends on the loss rate, which this
                      step's reduce stage is still changing;
     parameter mode   the owner's optimizer steps its whole shard once (sharded_update);
